@@ -1,0 +1,232 @@
+#define _GNU_SOURCE
+#include "cpuserver.h"
+
+#include <errno.h>
+#include <linux/userfaultfd.h>
+#include <poll.h>
+#include <sched.h>
+#include <signal.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/eventfd.h>
+#include <sys/ioctl.h>
+#include <sys/mman.h>
+#include <time.h>
+#include <unistd.h>
+
+#define MSG_BATCH 64
+#define MAX_PENDING 4096
+
+struct odp_fs {
+	int uffd;
+	int stopfd;
+	int evfd;
+	unsigned around;
+	long ps;
+	void *zero; // read-only zero mapping of around pages
+	pthread_t thread;
+
+	pthread_mutex_t qmu; // protects the event queue below
+	struct uffd_msg *q;
+	int qhead, qlen, qcap;
+
+	odp_fs_stats st; // updated with __atomic builtins, read by odp_fs_stats_read
+};
+
+static uint64_t now_ns(void) {
+	struct timespec ts;
+	clock_gettime(CLOCK_MONOTONIC, &ts);
+	return (uint64_t)ts.tv_sec * 1000000000ull + (uint64_t)ts.tv_nsec;
+}
+
+static void add(uint64_t *p, uint64_t v) { __atomic_fetch_add(p, v, __ATOMIC_RELAXED); }
+
+static void queue_event(odp_fs *fs, const struct uffd_msg *m) {
+	pthread_mutex_lock(&fs->qmu);
+	if (fs->qlen == fs->qcap) {
+		int ncap = fs->qcap ? fs->qcap * 2 : 64;
+		struct uffd_msg *nq = malloc(sizeof(*nq) * (size_t)ncap);
+		if (nq == NULL) { // keep the event by spinning on memory: never drop it
+			pthread_mutex_unlock(&fs->qmu);
+			sched_yield();
+			queue_event(fs, m);
+			return;
+		}
+		for (int i = 0; i < fs->qlen; i++)
+			nq[i] = fs->q[(fs->qhead + i) % fs->qcap];
+		free(fs->q);
+		fs->q = nq;
+		fs->qhead = 0;
+		fs->qcap = ncap;
+	}
+	fs->q[(fs->qhead + fs->qlen) % fs->qcap] = *m;
+	fs->qlen++;
+	pthread_mutex_unlock(&fs->qmu);
+	uint64_t one = 1;
+	ssize_t w = write(fs->evfd, &one, sizeof one);
+	(void)w;
+	add(&fs->st.events, 1);
+}
+
+int odp_fs_pop_events(odp_fs *fs, void *out, int max) {
+	struct uffd_msg *o = out;
+	pthread_mutex_lock(&fs->qmu);
+	int n = 0;
+	while (n < max && fs->qlen > 0) {
+		o[n++] = fs->q[fs->qhead];
+		fs->qhead = (fs->qhead + 1) % fs->qcap;
+		fs->qlen--;
+	}
+	if (fs->qlen == 0) {
+		uint64_t v;
+		ssize_t r = read(fs->evfd, &v, sizeof v); // drain the doorbell
+		(void)r;
+	}
+	pthread_mutex_unlock(&fs->qmu);
+	return n;
+}
+
+static void wake(odp_fs *fs, uint64_t page) {
+	struct uffdio_range r = {.start = page, .len = (uint64_t)fs->ps};
+	ioctl(fs->uffd, UFFDIO_WAKE, &r);
+}
+
+static void account(odp_fs *fs, uint64_t t0) {
+	uint64_t d = now_ns() - t0;
+	add(&fs->st.service_ns, d);
+	if (d > __atomic_load_n(&fs->st.max_service_ns, __ATOMIC_RELAXED))
+		__atomic_store_n(&fs->st.max_service_ns, d, __ATOMIC_RELAXED);
+}
+
+// resolve returns 0 when the fault is served, EAGAIN when it must be retried. Counters
+// are updated before the faulting thread is woken, so they are exact once it runs.
+static int resolve(odp_fs *fs, uint64_t addr, uint64_t flags, uint64_t t0) {
+	uint64_t page = addr & ~((uint64_t)fs->ps - 1);
+	struct uffdio_copy c = {.dst = page, .src = (uint64_t)fs->zero, .len = (uint64_t)fs->ps,
+	                        .mode = UFFDIO_COPY_MODE_DONTWAKE};
+	if (ioctl(fs->uffd, UFFDIO_COPY, &c) != 0) {
+		int e = errno;
+		if (e == EAGAIN) {
+			add(&fs->st.retries, 1);
+			return EAGAIN;
+		}
+		// EEXIST: installed meanwhile (by the NIC's resolver); anything else: the
+		// range is gone. Either way wake the faulting thread; it retries the access.
+		add(e == EEXIST ? &fs->st.exist : &fs->st.errors, 1);
+		account(fs, t0);
+		wake(fs, page);
+		return 0;
+	}
+	add(&fs->st.pages, 1);
+	if (fs->around > 1) {
+		// Forward fault-around, best effort: stops at the first present page and fails
+		// as a whole past the end of the registered range.
+		struct uffdio_copy a = {.dst = page + (uint64_t)fs->ps, .src = (uint64_t)fs->zero,
+		                        .len = (uint64_t)fs->ps * (fs->around - 1), .mode = UFFDIO_COPY_MODE_DONTWAKE};
+		ioctl(fs->uffd, UFFDIO_COPY, &a);
+		if (a.copy > 0)
+			add(&fs->st.pages, (uint64_t)a.copy / (uint64_t)fs->ps);
+	}
+	if (flags & UFFD_PAGEFAULT_FLAG_WRITE)
+		add(&fs->st.write_faults, 1);
+	add(&fs->st.faults, 1);
+	account(fs, t0);
+	wake(fs, page);
+	return 0;
+}
+
+typedef struct pending { uint64_t addr, flags, t0; } pending;
+
+static void *loop(void *arg) {
+	odp_fs *fs = arg;
+	sigset_t all;
+	sigfillset(&all);
+	pthread_sigmask(SIG_BLOCK, &all, NULL);
+
+	struct uffd_msg msgs[MSG_BATCH];
+	pending pend[MAX_PENDING]; // 96 KiB of the thread's stack
+	int npend = 0;
+	for (;;) {
+		struct pollfd p[2] = {{.fd = fs->uffd, .events = POLLIN}, {.fd = fs->stopfd, .events = POLLIN}};
+		int pr = poll(p, 2, npend ? 0 : -1);
+		if (pr < 0 && errno != EINTR)
+			break;
+		if (p[1].revents)
+			break;
+		if (p[0].revents & (POLLERR | POLLHUP | POLLNVAL))
+			break;
+		if (npend < MAX_PENDING - MSG_BATCH) {
+			ssize_t n = read(fs->uffd, msgs, sizeof msgs);
+			uint64_t t0 = now_ns();
+			for (ssize_t i = 0; n > 0 && i < n / (ssize_t)sizeof(msgs[0]); i++) {
+				if (msgs[i].event == UFFD_EVENT_PAGEFAULT) {
+					pend[npend++] = (pending){msgs[i].arg.pagefault.address, msgs[i].arg.pagefault.flags, t0};
+				} else {
+					queue_event(fs, &msgs[i]);
+				}
+			}
+		}
+		int keep = 0;
+		for (int i = 0; i < npend; i++) {
+			if (resolve(fs, pend[i].addr, pend[i].flags, pend[i].t0) == EAGAIN)
+				pend[keep++] = pend[i];
+		}
+		npend = keep;
+		if (npend)
+			sched_yield(); // an event is pending; it is read on the next turn
+	}
+	return NULL;
+}
+
+odp_fs *odp_fs_start(int uffd, unsigned around, int *err) {
+	odp_fs *fs = calloc(1, sizeof *fs);
+	if (fs == NULL) {
+		*err = ENOMEM;
+		return NULL;
+	}
+	fs->uffd = uffd;
+	fs->around = around ? around : 1;
+	fs->ps = sysconf(_SC_PAGESIZE);
+	fs->stopfd = eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK);
+	fs->evfd = eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK);
+	fs->zero = mmap(NULL, (size_t)fs->ps * fs->around, PROT_READ, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+	pthread_mutex_init(&fs->qmu, NULL);
+	if (fs->stopfd < 0 || fs->evfd < 0 || fs->zero == MAP_FAILED) {
+		*err = errno;
+		goto fail;
+	}
+	int e = pthread_create(&fs->thread, NULL, loop, fs);
+	if (e != 0) {
+		*err = e;
+		goto fail;
+	}
+	return fs;
+fail:
+	if (fs->stopfd >= 0) close(fs->stopfd);
+	if (fs->evfd >= 0) close(fs->evfd);
+	if (fs->zero != MAP_FAILED && fs->zero != NULL) munmap(fs->zero, (size_t)fs->ps * fs->around);
+	pthread_mutex_destroy(&fs->qmu);
+	free(fs);
+	return NULL;
+}
+
+void odp_fs_stop(odp_fs *fs) {
+	uint64_t one = 1;
+	ssize_t w = write(fs->stopfd, &one, sizeof one);
+	(void)w;
+	pthread_join(fs->thread, NULL);
+	close(fs->stopfd);
+	close(fs->evfd);
+	munmap(fs->zero, (size_t)fs->ps * fs->around);
+	pthread_mutex_destroy(&fs->qmu);
+	free(fs->q);
+	free(fs);
+}
+
+void odp_fs_stats_read(odp_fs *fs, odp_fs_stats *out) {
+	uint64_t *src = (uint64_t *)&fs->st, *dst = (uint64_t *)out;
+	for (size_t i = 0; i < sizeof(*out) / sizeof(uint64_t); i++)
+		dst[i] = __atomic_load_n(&src[i], __ATOMIC_RELAXED);
+}
+
+int odp_fs_event_fd(odp_fs *fs) { return fs->evfd; }

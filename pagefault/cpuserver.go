@@ -1,0 +1,106 @@
+package pagefault
+
+/*
+#cgo CFLAGS: -O2 -Wall
+#include "cpuserver.h"
+*/
+import "C"
+
+import (
+	"fmt"
+	"sync"
+	"time"
+	"unsafe"
+
+	"golang.org/x/sys/unix"
+)
+
+// CPUServer serves the page faults that application threads take on a userfaultfd's
+// registered ranges. It runs in a C pthread, so a goroutine blocked in a fault (which
+// keeps its P, even inside copy()) is served however many Ps are held: no deadlock at
+// any GOMAXPROCS, and no stall of the garbage collector beyond one fault's service time.
+// Faults are resolved with zero-filled private pages (UFFDIO_COPY, never the shared zero
+// page, so a page's frame does not change on a later write). Non-pagefault events
+// (REMOVE, UNMAP, REMAP, FORK) are queued and handed to Go through Events.
+type CPUServer struct {
+	mu sync.Mutex // protects fs against Stop racing the other methods
+	fs *C.odp_fs
+}
+
+// CPUServerStats are the server's counters.
+type CPUServerStats struct {
+	Faults, WriteFaults, Pages, Exist, Retries, Errors, Events uint64
+	ServiceTime, MaxServiceTime                                  time.Duration
+}
+
+// StartCPUServer starts a server on u. around is the number of pages installed per
+// fault (fault-around; 1 installs just the faulting page).
+func StartCPUServer(u *FD, around int) (*CPUServer, error) {
+	if around < 1 || around > 1024 {
+		return nil, fmt.Errorf("pagefault: fault-around %d out of range [1, 1024]", around)
+	}
+	var e C.int
+	fs := C.odp_fs_start(C.int(u.fd), C.unsigned(around), &e)
+	if fs == nil {
+		return nil, fmt.Errorf("pagefault: start CPU fault server: %w", unix.Errno(e))
+	}
+	return &CPUServer{fs: fs}, nil
+}
+
+// Stop stops and joins the server thread. Faults taken afterwards are not served, so
+// stop only after the ranges are unregistered or no longer touched.
+func (s *CPUServer) Stop() {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.fs != nil {
+		C.odp_fs_stop(s.fs)
+		s.fs = nil
+	}
+}
+
+// Stats reads the counters.
+func (s *CPUServer) Stats() CPUServerStats {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.fs == nil {
+		return CPUServerStats{}
+	}
+	var st C.odp_fs_stats
+	C.odp_fs_stats_read(s.fs, &st)
+	return CPUServerStats{
+		Faults: uint64(st.faults), WriteFaults: uint64(st.write_faults), Pages: uint64(st.pages),
+		Exist: uint64(st.exist), Retries: uint64(st.retries), Errors: uint64(st.errors),
+		Events: uint64(st.events), ServiceTime: time.Duration(st.service_ns),
+		MaxServiceTime: time.Duration(st.max_service_ns),
+	}
+}
+
+// EventFd returns an eventfd that is readable while events are queued. It is owned by
+// the server and closed by Stop.
+func (s *CPUServer) EventFd() int {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.fs == nil {
+		return -1
+	}
+	return int(C.odp_fs_event_fd(s.fs))
+}
+
+// Events moves queued non-pagefault events into dst and returns how many it moved.
+func (s *CPUServer) Events(dst []Msg) (int, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.fs == nil || len(dst) == 0 {
+		return 0, nil
+	}
+	raw := make([]byte, MsgSize*len(dst))
+	n := int(C.odp_fs_pop_events(s.fs, unsafe.Pointer(&raw[0]), C.int(len(dst))))
+	for i := 0; i < n; i++ {
+		m, err := DecodeMsg(raw[i*MsgSize:])
+		if err != nil {
+			return i, err
+		}
+		dst[i] = m
+	}
+	return n, nil
+}

@@ -1,0 +1,38 @@
+// CPU fault server: a pthread that reads a userfaultfd and resolves the faults that
+// application threads take on on-demand memory, so that no Go P is needed to serve them
+// (see NOTES.md, "The Go runtime hazard"). Non-pagefault events are queued in C memory
+// and announced on an eventfd; the thread never blocks on Go.
+#ifndef ODPEMU_CPUSERVER_H
+#define ODPEMU_CPUSERVER_H
+
+#include <stdint.h>
+#include <pthread.h>
+
+typedef struct odp_fs_stats {
+	uint64_t faults;       // pagefault messages served
+	uint64_t write_faults; // of which write faults
+	uint64_t pages;        // pages installed (including fault-around)
+	uint64_t exist;        // faults found already resolved (EEXIST), woken
+	uint64_t retries;      // EAGAIN retries (event pending)
+	uint64_t errors;       // faults that could not be resolved (range gone), woken
+	uint64_t events;       // non-pagefault events queued for Go
+	uint64_t service_ns;   // sum over faults of read-to-resolved time
+	uint64_t max_service_ns;
+} odp_fs_stats;
+
+typedef struct odp_fs odp_fs;
+
+// odp_fs_start starts a server on uffd. around is the number of pages installed per
+// fault (the faulting page plus around-1 following ones, when missing). It returns NULL
+// and sets *err to an errno on failure.
+odp_fs *odp_fs_start(int uffd, unsigned around, int *err);
+// odp_fs_stop stops the thread, joins it and frees the server.
+void odp_fs_stop(odp_fs *fs);
+void odp_fs_stats_read(odp_fs *fs, odp_fs_stats *out);
+// odp_fs_event_fd is an eventfd that is readable while events are queued.
+int odp_fs_event_fd(odp_fs *fs);
+// odp_fs_pop_events moves up to max queued 32-byte uffd_msg records into out and
+// returns how many.
+int odp_fs_pop_events(odp_fs *fs, void *out, int max);
+
+#endif

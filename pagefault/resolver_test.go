@@ -1,0 +1,117 @@
+package pagefault
+
+import (
+	"bytes"
+	"testing"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+	"golang.org/x/sys/unix"
+)
+
+func newResolver(t testing.TB, u *FD, src Source) *Resolver {
+	t.Helper()
+	pm, err := OpenPagemap()
+	require.NoError(t, err)
+	t.Cleanup(func() { pm.Close() })
+	r, err := NewResolver(u, pm, src)
+	require.NoError(t, err)
+	t.Cleanup(func() { r.Close() })
+	return r
+}
+
+func TestResolverInstallsOnlyMissing(t *testing.T) {
+	const npages = 600 // more than one batch
+	b := region(t, npages)
+	present := map[int]bool{0: true, 3: true, 4: true, 300: true, npages - 1: true}
+	for p := range present {
+		b[p*int(PageSize)+1] = 0x5a // touched before registration
+	}
+	u := registered(t, b, 0)
+	r := newResolver(t, u, nil)
+	out := make([]PagemapEntry, npages)
+	st, err := r.Resolve(addr(b), out)
+	require.NoError(t, err)
+	assert.Equal(t, npages-len(present), st.Installed)
+	assert.Zero(t, st.Raced)
+	for p, e := range out {
+		require.True(t, e.Present(), "page %d present", p)
+		if r.pm.PFNsReadable() {
+			require.NotZero(t, e.PFN(), "page %d frame", p)
+		}
+		want := byte(0)
+		if present[p] {
+			want = 0x5a
+		}
+		require.Equal(t, want, b[p*int(PageSize)+1], "page %d", p)
+	}
+	// A second resolve finds everything present and installs nothing.
+	st, err = r.Resolve(addr(b), out)
+	require.NoError(t, err)
+	assert.Equal(t, ResolveStats{}, st)
+}
+
+type patternSource struct{ base uintptr }
+
+func (s patternSource) Fill(a uintptr, dst []byte) (bool, error) {
+	for i := 0; i < len(dst); i += int(PageSize) {
+		p := byte((a - s.base) / PageSize)
+		for j := 0; j < int(PageSize); j++ {
+			dst[i+j] = p + byte(i/int(PageSize))
+		}
+	}
+	return false, nil
+}
+
+func TestResolverUsesSource(t *testing.T) {
+	const npages = 32
+	b := region(t, npages)
+	u := registered(t, b, 0)
+	r := newResolver(t, u, patternSource{addr(b)})
+	out := make([]PagemapEntry, 8)
+	_, err := r.Resolve(addr(b)+8*PageSize, out)
+	require.NoError(t, err)
+	for p := 8; p < 16; p++ {
+		require.Equal(t, bytes.Repeat([]byte{byte(p)}, int(PageSize)), b[p*int(PageSize):(p+1)*int(PageSize)])
+	}
+}
+
+func TestResolverErrors(t *testing.T) {
+	b := region(t, 4)
+	u := registered(t, b, 0)
+	r := newResolver(t, u, nil)
+	out := make([]PagemapEntry, 1)
+	_, err := r.Resolve(addr(b)+1, out)
+	assert.ErrorIs(t, err, unix.EINVAL)
+
+	require.NoError(t, u.Unregister(addr(b), uintptr(len(b))))
+	_, err = r.Resolve(addr(b), out)
+	assert.ErrorIs(t, err, ErrUnmapped)
+}
+
+func BenchmarkResolve(b *testing.B) {
+	for _, around := range []int{1, 16, 64} {
+		b.Run(map[int]string{1: "around=1", 16: "around=16", 64: "around=64"}[around], func(b *testing.B) {
+			const npages = 16384
+			mem := region(b, npages)
+			u := registered(b, mem, 0)
+			r := newResolver(b, u, nil)
+			out := make([]PagemapEntry, around)
+			p := 0
+			b.ResetTimer()
+			for i := 0; i < b.N; i++ {
+				if p+around > npages {
+					b.StopTimer()
+					require.NoError(b, unix.Madvise(mem, unix.MADV_DONTNEED))
+					p = 0
+					b.StartTimer()
+				}
+				if _, err := r.Resolve(addr(mem)+uintptr(p)*PageSize, out); err != nil {
+					b.Fatal(err)
+				}
+				p += around
+			}
+			b.ReportMetric(float64(b.Elapsed().Nanoseconds())/float64(b.N*around), "ns/page")
+		})
+	}
+}

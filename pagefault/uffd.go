@@ -1,0 +1,316 @@
+// Package pagefault binds userfaultfd(2) and builds odpemu's fault machinery on it: a
+// resolver that makes page ranges present from a page source with ioctls (the NIC's
+// network page fault path, which never takes a CPU fault), and a CPU fault server that
+// serves application threads touching on-demand memory without needing a Go P.
+//
+// Only memory that odpemu mmaps itself may be registered; never the Go heap.
+package pagefault
+
+import (
+	"encoding/binary"
+	"errors"
+	"fmt"
+	"os"
+	"strings"
+	"sync"
+	"unsafe"
+
+	"golang.org/x/sys/unix"
+)
+
+// Sentinel errors. Errors returned by this package wrap one of these or a unix.Errno.
+var (
+	// ErrExist means a page in the range was already present (EEXIST).
+	ErrExist = errors.New("pagefault: page already present")
+	// ErrAgain means a non-cooperative event is pending and the ioctl must be retried
+	// once the event has been read (EAGAIN).
+	ErrAgain = errors.New("pagefault: event pending, retry")
+	// ErrUnmapped means the destination range is no longer registered or mapped.
+	ErrUnmapped = errors.New("pagefault: range not registered or unmapped")
+	// ErrClosed is returned by operations on a closed FD.
+	ErrClosed = errors.New("pagefault: userfaultfd closed")
+	// ErrUnsupported means the running kernel lacks a needed feature or ioctl.
+	ErrUnsupported = errors.New("pagefault: not supported by this kernel")
+)
+
+// Mode says which kind of userfaultfd was created.
+type Mode int
+
+const (
+	// ModeKernel reports faults taken in user and kernel mode (read(2) into a
+	// registered range, GUP). Needs CAP_SYS_PTRACE, vm.unprivileged_userfaultfd=1 or
+	// access to /dev/userfaultfd.
+	ModeKernel Mode = iota
+	// ModeUserOnly (UFFD_USER_MODE_ONLY) reports only user-mode faults; kernel-mode
+	// accesses to missing pages of a registered range fail with EFAULT.
+	ModeUserOnly
+)
+
+func (m Mode) String() string {
+	if m == ModeUserOnly {
+		return "user-mode-only"
+	}
+	return "kernel+user"
+}
+
+// FD is an open userfaultfd after the API handshake. Its ioctl methods are safe for
+// concurrent use; Close must not race with them.
+type FD struct {
+	fd       int
+	mode     Mode
+	features Feature // negotiated
+	ioctls   uint64
+	source   string // "syscall" or "/dev/userfaultfd"
+}
+
+// Options configure Open.
+type Options struct {
+	// Features requested in the handshake. Features the kernel lacks are an error
+	// wrapping ErrUnsupported.
+	Features Feature
+	// UserModeOnly forces UFFD_USER_MODE_ONLY even when kernel-mode faults are allowed.
+	UserModeOnly bool
+}
+
+// Open creates a non-blocking, close-on-exec userfaultfd: the syscall first, then
+// /dev/userfaultfd, then, if both are refused, UFFD_USER_MODE_ONLY. It then performs the
+// UFFDIO_API handshake with opts.Features.
+func Open(opts Options) (*FD, error) {
+	fd, mode, src, err := create(opts.UserModeOnly)
+	if err != nil {
+		return nil, err
+	}
+	u := &FD{fd: fd, mode: mode, source: src}
+	api := uffdioAPI{API: uffdAPI, Features: uint64(opts.Features)}
+	if err := ioctl(fd, ioctlAPI, unsafe.Pointer(&api)); err != nil {
+		unix.Close(fd)
+		if err == unix.EINVAL {
+			return nil, fmt.Errorf("UFFDIO_API features %v: %w", opts.Features, ErrUnsupported)
+		}
+		return nil, fmt.Errorf("UFFDIO_API: %w", err)
+	}
+	u.features = Feature(api.Features)
+	u.ioctls = api.Ioctls
+	return u, nil
+}
+
+func create(forceUser bool) (fd int, mode Mode, src string, err error) {
+	flags := uintptr(unix.O_CLOEXEC | unix.O_NONBLOCK)
+	if !forceUser {
+		r, _, e := unix.Syscall(unix.SYS_USERFAULTFD, flags, 0, 0)
+		if e == 0 {
+			return int(r), ModeKernel, "syscall", nil
+		}
+		if e != unix.EPERM {
+			return -1, 0, "", fmt.Errorf("userfaultfd: %w", e)
+		}
+		if dev, derr := unix.Open("/dev/userfaultfd", unix.O_RDWR|unix.O_CLOEXEC, 0); derr == nil {
+			r, _, e := unix.Syscall(unix.SYS_IOCTL, uintptr(dev), ioctlNew, flags)
+			unix.Close(dev)
+			if e == 0 {
+				return int(r), ModeKernel, "/dev/userfaultfd", nil
+			}
+		}
+	}
+	r, _, e := unix.Syscall(unix.SYS_USERFAULTFD, flags|userModeOnly, 0, 0)
+	if e != 0 {
+		return -1, 0, "", fmt.Errorf("userfaultfd(UFFD_USER_MODE_ONLY): %w", e)
+	}
+	return int(r), ModeUserOnly, "syscall", nil
+}
+
+// Fd returns the file descriptor. It stays owned by the FD.
+func (u *FD) Fd() int { return u.fd }
+
+// Mode reports whether kernel-mode faults are delivered.
+func (u *FD) Mode() Mode { return u.mode }
+
+// Features returns the features the kernel reported in the handshake.
+func (u *FD) Features() Feature { return u.features }
+
+// Close closes the descriptor. Registrations die with it.
+func (u *FD) Close() error {
+	if u.fd < 0 {
+		return ErrClosed
+	}
+	err := unix.Close(u.fd)
+	u.fd = -1
+	return err
+}
+
+// Register registers [start, start+length) (page aligned) and returns the ioctls the
+// kernel allows on the range as a bit mask of ioctl ordinals.
+func (u *FD) Register(start, length uintptr, mode RegisterMode) (uint64, error) {
+	r := uffdioRegister{Range: uffdioRange{uint64(start), uint64(length)}, Mode: uint64(mode)}
+	if err := ioctl(u.fd, ioctlRegister, unsafe.Pointer(&r)); err != nil {
+		return 0, fmt.Errorf("UFFDIO_REGISTER %#x+%#x: %w", start, length, err)
+	}
+	return r.Ioctls, nil
+}
+
+// Unregister unregisters [start, start+length).
+func (u *FD) Unregister(start, length uintptr) error {
+	r := uffdioRange{uint64(start), uint64(length)}
+	if err := ioctl(u.fd, ioctlUnregister, unsafe.Pointer(&r)); err != nil {
+		return fmt.Errorf("UFFDIO_UNREGISTER %#x+%#x: %w", start, length, err)
+	}
+	return nil
+}
+
+// Wake wakes threads waiting on faults in [start, start+length).
+func (u *FD) Wake(start, length uintptr) error {
+	r := uffdioRange{uint64(start), uint64(length)}
+	if err := ioctl(u.fd, ioctlWake, unsafe.Pointer(&r)); err != nil {
+		return fmt.Errorf("UFFDIO_WAKE: %w", err)
+	}
+	return nil
+}
+
+// Copy atomically installs length bytes from src at dst (both page aligned) and wakes
+// waiters unless dontWake. It returns the number of bytes installed. A partial copy
+// (the kernel's EAGAIN with progress) returns fewer bytes and a nil error: call again
+// from there. With no progress the error says why: ErrExist when the first page is
+// present, ErrAgain while a non-cooperative event is pending.
+func (u *FD) Copy(dst, src, length uintptr, dontWake bool) (uintptr, error) {
+	c := uffdioCopy{Dst: uint64(dst), Src: uint64(src), Len: uint64(length)}
+	if dontWake {
+		c.Mode = copyModeDontWake
+	}
+	err := ioctl(u.fd, ioctlCopy, unsafe.Pointer(&c))
+	return result("UFFDIO_COPY", c.Copy, err)
+}
+
+// Zeropage maps the zero page over [start, start+length); see Copy for the results.
+func (u *FD) Zeropage(start, length uintptr, dontWake bool) (uintptr, error) {
+	z := uffdioZeropage{Range: uffdioRange{uint64(start), uint64(length)}}
+	if dontWake {
+		z.Mode = zeropageModeDontWake
+	}
+	err := ioctl(u.fd, ioctlZeropage, unsafe.Pointer(&z))
+	return result("UFFDIO_ZEROPAGE", z.Zeropage, err)
+}
+
+// result interprets a mapping ioctl's signed result field (bytes done, or -errno).
+func result(op string, done int64, err error) (uintptr, error) {
+	if done > 0 {
+		if err == unix.EAGAIN {
+			err = nil // partial: the caller continues from the progress
+		}
+		return uintptr(done), classify(op, err)
+	}
+	return 0, classify(op, err)
+}
+
+func classify(op string, err error) error {
+	switch err {
+	case nil:
+		return nil
+	case unix.EEXIST:
+		return ErrExist
+	case unix.EAGAIN:
+		return ErrAgain
+	case unix.ENOENT, unix.EFAULT, unix.ESRCH:
+		return fmt.Errorf("%s: %w (%v)", op, ErrUnmapped, err)
+	case unix.EBADF:
+		return ErrClosed
+	}
+	return fmt.Errorf("%s: %w", op, err)
+}
+
+func ioctl(fd int, req uintptr, arg unsafe.Pointer) error {
+	if fd < 0 {
+		return ErrClosed
+	}
+	_, _, e := unix.Syscall(unix.SYS_IOCTL, uintptr(fd), req, uintptr(arg))
+	if e != 0 {
+		return e
+	}
+	return nil
+}
+
+// Msg is a decoded struct uffd_msg.
+type Msg struct {
+	Event Event
+	// Pagefault: Flags (PagefaultFlag*), Address, and ThreadID with FeatureThreadID.
+	Flags    uint64
+	Address  uint64
+	ThreadID uint32
+	// Fork: the child's userfaultfd.
+	UFD uint32
+	// Remap: From, To, Len. Remove and Unmap: Start, End.
+	From, To, Len uint64
+	Start, End    uint64
+}
+
+// ErrShortMsg is returned by DecodeMsg for a buffer shorter than MsgSize.
+var ErrShortMsg = errors.New("pagefault: short uffd_msg")
+
+// DecodeMsg decodes one 32-byte uffd_msg.
+func DecodeMsg(b []byte) (Msg, error) {
+	if len(b) < MsgSize {
+		return Msg{}, ErrShortMsg
+	}
+	le := binary.NativeEndian
+	m := Msg{Event: Event(b[msgOffEvent])}
+	a := b[msgOffArg:]
+	switch m.Event {
+	case EventPagefault:
+		m.Flags, m.Address, m.ThreadID = le.Uint64(a), le.Uint64(a[8:]), le.Uint32(a[16:])
+	case EventFork:
+		m.UFD = le.Uint32(a)
+	case EventRemap:
+		m.From, m.To, m.Len = le.Uint64(a), le.Uint64(a[8:]), le.Uint64(a[16:])
+	case EventRemove, EventUnmap:
+		m.Start, m.End = le.Uint64(a), le.Uint64(a[8:])
+	default:
+		return m, fmt.Errorf("pagefault: unknown uffd event %#x", b[msgOffEvent])
+	}
+	return m, nil
+}
+
+// Has reports whether every bit of f is in s.
+func (s Feature) Has(f Feature) bool { return s&f == f }
+
+func (s Feature) String() string {
+	var names []string
+	for i := range featureNames {
+		if s&(1<<i) != 0 {
+			names = append(names, featureNames[i])
+		}
+	}
+	if rest := s &^ (featureLast<<1 - 1); rest != 0 {
+		names = append(names, fmt.Sprintf("%#x", uint64(rest)))
+	}
+	if len(names) == 0 {
+		return "none"
+	}
+	return strings.Join(names, "|")
+}
+
+// Probe describes what the running kernel offers, found once by a handshake on a
+// throwaway userfaultfd (the way cilium/ebpf probes features).
+type Probe struct {
+	Mode     Mode    // the best mode this process may create
+	Source   string  // "syscall" or "/dev/userfaultfd"
+	Features Feature // every feature the kernel supports
+	Ioctls   uint64  // API-level ioctls
+	Err      error   // non-nil when no userfaultfd can be created at all
+}
+
+var probeOnce = sync.OnceValue(func() Probe {
+	u, err := Open(Options{})
+	if err != nil {
+		return Probe{Err: err}
+	}
+	defer u.Close()
+	return Probe{Mode: u.mode, Source: u.source, Features: u.features, Ioctls: u.ioctls}
+})
+
+// ProbeKernel returns the cached kernel probe.
+func ProbeKernel() Probe { return probeOnce() }
+
+// HasFeature reports whether the kernel supports f.
+func HasFeature(f Feature) bool { p := ProbeKernel(); return p.Err == nil && p.Features.Has(f) }
+
+// PageSize is the system page size.
+var PageSize = uintptr(os.Getpagesize())
