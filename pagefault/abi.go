@@ -73,24 +73,24 @@ type Feature uint64
 
 // Feature bits, in the kernel's order.
 const (
-	FeaturePagefaultFlagWP   Feature = 1 << 0
-	FeatureEventFork         Feature = 1 << 1
-	FeatureEventRemap        Feature = 1 << 2
-	FeatureEventRemove       Feature = 1 << 3
-	FeatureMissingHugetlbfs  Feature = 1 << 4
-	FeatureMissingShmem      Feature = 1 << 5
-	FeatureEventUnmap        Feature = 1 << 6
-	FeatureSigbus            Feature = 1 << 7
-	FeatureThreadID          Feature = 1 << 8
-	FeatureMinorHugetlbfs    Feature = 1 << 9
-	FeatureMinorShmem        Feature = 1 << 10
-	FeatureExactAddress      Feature = 1 << 11
-	FeatureWPHugetlbfsShmem  Feature = 1 << 12
-	FeatureWPUnpopulated     Feature = 1 << 13
-	FeaturePoison            Feature = 1 << 14
-	FeatureWPAsync           Feature = 1 << 15
-	FeatureMove              Feature = 1 << 16
-	featureLast                      = FeatureMove
+	FeaturePagefaultFlagWP  Feature = 1 << 0
+	FeatureEventFork        Feature = 1 << 1
+	FeatureEventRemap       Feature = 1 << 2
+	FeatureEventRemove      Feature = 1 << 3
+	FeatureMissingHugetlbfs Feature = 1 << 4
+	FeatureMissingShmem     Feature = 1 << 5
+	FeatureEventUnmap       Feature = 1 << 6
+	FeatureSigbus           Feature = 1 << 7
+	FeatureThreadID         Feature = 1 << 8
+	FeatureMinorHugetlbfs   Feature = 1 << 9
+	FeatureMinorShmem       Feature = 1 << 10
+	FeatureExactAddress     Feature = 1 << 11
+	FeatureWPHugetlbfsShmem Feature = 1 << 12
+	FeatureWPUnpopulated    Feature = 1 << 13
+	FeaturePoison           Feature = 1 << 14
+	FeatureWPAsync          Feature = 1 << 15
+	FeatureMove             Feature = 1 << 16
+	featureLast                     = FeatureMove
 )
 
 var featureNames = [...]string{

@@ -30,7 +30,7 @@ type CPUServer struct {
 // CPUServerStats are the server's counters.
 type CPUServerStats struct {
 	Faults, WriteFaults, Pages, Exist, Retries, Errors, Events uint64
-	ServiceTime, MaxServiceTime                                  time.Duration
+	ServiceTime, MaxServiceTime                                time.Duration
 }
 
 // StartCPUServer starts a server on u. around is the number of pages installed per

@@ -1,0 +1,312 @@
+// Package mmu holds the emulated NIC's translation table for one memory region and the
+// protocol that keeps it coherent with the CPU's page table: the mmu-interval-notifier
+// sequence (ReadBegin / ReadRetryLocked), invalidation that clears entries and waits
+// for DMA that started before it, and in-flight DMA accounting.
+//
+// It is pure state: no syscalls. Callers fault pages in elsewhere and report frames.
+//
+// The protocol, as in mlx5's pagefault_real_mr:
+//
+//	seq := t.ReadBegin()         // waits out invalidations in progress
+//	pfns := faultIn(range)       // hmm_range_fault analogue, without the lock
+//	t.Lock()
+//	if t.ReadRetryLocked(seq) {  // an invalidation ran meanwhile
+//		t.Unlock(); retry
+//	}
+//	t.MapLocked(first, pfns, write)
+//	t.Unlock()
+//
+// and before every DMA:
+//
+//	d, miss := t.BeginDMA(first, n, write) // miss >= 0: a network page fault
+//	... copy ...
+//	t.EndDMA(d)
+package mmu
+
+import (
+	"fmt"
+	"math/bits"
+	"sync"
+)
+
+// Entry is one page's translation.
+type Entry struct {
+	Valid    bool
+	Writable bool
+	PFN      uint64 // frame recorded at map time; 0 when frames are not readable
+	Gen      uint32 // bumped whenever the entry is mapped or invalidated
+}
+
+// DMA is a handle on an in-flight DMA, from BeginDMA to EndDMA.
+type DMA struct {
+	id    uint64
+	first int
+	n     int
+}
+
+// Stats counts table events.
+type Stats struct {
+	Maps             uint64 // MapLocked calls
+	PagesMapped      uint64 // entries made valid
+	Invalidations    uint64 // Invalidate calls
+	PagesInvalidated uint64 // valid entries cleared
+	DMAs             uint64 // BeginDMA successes
+	Misses           uint64 // BeginDMA calls that found an invalid entry
+	DMAWaits         uint64 // invalidations that had to wait for in-flight DMA
+	RetriesSignalled uint64 // ReadRetryLocked calls that returned true
+	ReadBeginBlocked uint64 // ReadBegin calls that waited for an invalidation
+}
+
+// Table is one MR's NIC page table. All methods are safe for concurrent use; methods
+// named ...Locked need the table lock (Lock/Unlock), the umem_mutex analogue.
+type Table struct {
+	mu   sync.Mutex
+	cond sync.Cond // on mu: signalled when a DMA ends or an invalidation finishes
+
+	// Protected by mu.
+	npages       int
+	valid        []uint64 // bitmap
+	writable     []uint64 // bitmap
+	pfn          []uint64
+	gen          []uint32
+	seq          uint64 // notifier sequence: bumped when an invalidation starts
+	invalidating int    // invalidations in progress
+	nextDMA      uint64
+	inflight     map[uint64]DMA
+	stats        Stats
+
+	waitHook func() // tests: called, lock held, before an invalidation waits for DMA
+}
+
+// New returns a table of npages invalid entries.
+func New(npages int) *Table {
+	words := (npages + 63) / 64
+	t := &Table{
+		npages:   npages,
+		valid:    make([]uint64, words),
+		writable: make([]uint64, words),
+		pfn:      make([]uint64, npages),
+		gen:      make([]uint32, npages),
+		inflight: make(map[uint64]DMA),
+	}
+	t.cond.L = &t.mu
+	return t
+}
+
+// Pages returns the number of entries.
+func (t *Table) Pages() int { return t.npages }
+
+// Lock takes the table lock.
+func (t *Table) Lock() { t.mu.Lock() }
+
+// Unlock releases the table lock.
+func (t *Table) Unlock() { t.mu.Unlock() }
+
+func (t *Table) check(first, n int) {
+	if first < 0 || n < 0 || first+n > t.npages || first+n < first {
+		panic(fmt.Sprintf("mmu: page range [%d, %d) outside table of %d", first, first+n, t.npages))
+	}
+}
+
+// ReadBegin returns the notifier sequence to pass to ReadRetryLocked, waiting first
+// for invalidations in progress to finish (mmu_interval_read_begin).
+func (t *Table) ReadBegin() uint64 {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	if t.invalidating > 0 {
+		t.stats.ReadBeginBlocked++
+	}
+	for t.invalidating > 0 {
+		t.cond.Wait()
+	}
+	return t.seq
+}
+
+// ReadRetryLocked reports whether an invalidation started since ReadBegin returned seq,
+// in which case the caller's translation may be stale and must not be mapped.
+func (t *Table) ReadRetryLocked(seq uint64) bool {
+	if t.seq != seq || t.invalidating > 0 {
+		t.stats.RetriesSignalled++
+		return true
+	}
+	return false
+}
+
+// MapLocked makes the len(pfns) entries from first valid with the given frames.
+// Writable entries allow DMA that writes memory; a read-only map keeps an entry's write
+// permission only if it already had it for the same frame.
+func (t *Table) MapLocked(first int, pfns []uint64, writable bool) {
+	t.check(first, len(pfns))
+	t.stats.Maps++
+	for i, f := range pfns {
+		p := first + i
+		w, b := p/64, uint64(1)<<(p%64)
+		wasValid := t.valid[w]&b != 0
+		if !wasValid {
+			t.stats.PagesMapped++
+		}
+		keepWrite := wasValid && t.writable[w]&b != 0 && t.pfn[p] == f
+		t.valid[w] |= b
+		if writable || keepWrite {
+			t.writable[w] |= b
+		} else {
+			t.writable[w] &^= b
+		}
+		if !wasValid || t.pfn[p] != f {
+			t.gen[p]++
+		}
+		t.pfn[p] = f
+	}
+}
+
+// firstClear returns the index of the first page in [first, first+n) whose bit is
+// clear in any of the bitmaps, or -1.
+func firstClear(first, n int, bms ...[]uint64) int {
+	for p := first; p < first+n; {
+		w := p / 64
+		word := ^uint64(0)
+		for _, bm := range bms {
+			word &= bm[w]
+		}
+		lo := uint(p % 64)
+		mask := ^uint64(0) << lo
+		if end := first + n; end < (w+1)*64 {
+			mask &= ^uint64(0) >> (64 - uint(end-w*64))
+		}
+		if missing := ^word & mask; missing != 0 {
+			return w*64 + bits.TrailingZeros64(missing)
+		}
+		p = (w + 1) * 64
+	}
+	return -1
+}
+
+// MissingLocked returns the first page in [first, first+n) that is invalid, or not
+// writable when write is set, or -1 when every entry allows the access.
+func (t *Table) MissingLocked(first, n int, write bool) int {
+	t.check(first, n)
+	if write {
+		return firstClear(first, n, t.valid, t.writable)
+	}
+	return firstClear(first, n, t.valid)
+}
+
+// BeginDMA starts a DMA over pages [first, first+n) if every entry allows it, and
+// returns its handle and -1. Otherwise it returns the first page that needs a fault (a
+// network page fault) and no DMA is started.
+func (t *Table) BeginDMA(first, n int, write bool) (DMA, int) {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	if miss := t.MissingLocked(first, n, write); miss >= 0 {
+		t.stats.Misses++
+		return DMA{}, miss
+	}
+	t.nextDMA++
+	d := DMA{id: t.nextDMA, first: first, n: n}
+	t.inflight[d.id] = d
+	t.stats.DMAs++
+	return d, -1
+}
+
+// EndDMA ends a DMA begun by BeginDMA, releasing invalidations waiting for it.
+func (t *Table) EndDMA(d DMA) {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	if _, ok := t.inflight[d.id]; !ok {
+		panic("mmu: EndDMA of a DMA not in flight")
+	}
+	delete(t.inflight, d.id)
+	t.cond.Broadcast()
+}
+
+// InvalidateResult reports what one invalidation did.
+type InvalidateResult struct {
+	Pages      int // valid entries cleared
+	WaitedDMAs int // in-flight DMAs it waited for
+}
+
+// Invalidate runs the notifier's invalidate for pages [first, first+n): it bumps the
+// sequence (so a fault in progress fails ReadRetryLocked), clears the entries, then
+// waits for every overlapping DMA that began before it. When it returns, no DMA can
+// touch those pages through their old translations.
+func (t *Table) Invalidate(first, n int) InvalidateResult {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	t.check(first, n)
+	t.invalidating++
+	t.seq++
+	t.stats.Invalidations++
+	var r InvalidateResult
+	for p := first; p < first+n; p++ {
+		w, b := p/64, uint64(1)<<(p%64)
+		if t.valid[w]&b != 0 {
+			r.Pages++
+			t.gen[p]++
+		}
+		t.valid[w] &^= b
+		t.writable[w] &^= b
+	}
+	t.stats.PagesInvalidated += uint64(r.Pages)
+	horizon := t.nextDMA // DMAs with a larger id began after the entries were cleared
+	overlapping := func() int {
+		c := 0
+		for id, d := range t.inflight {
+			if id <= horizon && d.first < first+n && first < d.first+d.n {
+				c++
+			}
+		}
+		return c
+	}
+	if c := overlapping(); c > 0 {
+		r.WaitedDMAs = c
+		t.stats.DMAWaits++
+		if t.waitHook != nil {
+			t.waitHook()
+		}
+		for overlapping() > 0 {
+			t.cond.Wait()
+		}
+	}
+	t.invalidating--
+	t.cond.Broadcast()
+	return r
+}
+
+// Entry returns page p's entry.
+func (t *Table) Entry(p int) Entry {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	return t.EntryLocked(p)
+}
+
+// EntryLocked returns page p's entry.
+func (t *Table) EntryLocked(p int) Entry {
+	t.check(p, 1)
+	w, b := p/64, uint64(1)<<(p%64)
+	return Entry{Valid: t.valid[w]&b != 0, Writable: t.writable[w]&b != 0, PFN: t.pfn[p], Gen: t.gen[p]}
+}
+
+// ValidPages counts valid entries.
+func (t *Table) ValidPages() int {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	c := 0
+	for _, w := range t.valid {
+		c += bits.OnesCount64(w)
+	}
+	return c
+}
+
+// InFlight returns the number of DMAs in flight.
+func (t *Table) InFlight() int {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	return len(t.inflight)
+}
+
+// Stats returns the counters.
+func (t *Table) Stats() Stats {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	return t.stats
+}

@@ -1,0 +1,199 @@
+package mmu
+
+import (
+	"testing"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+	"go.uber.org/goleak"
+)
+
+func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
+
+func mapped(t *Table, first, n int, write bool) {
+	pfns := make([]uint64, n)
+	for i := range pfns {
+		pfns[i] = uint64(1000 + first + i)
+	}
+	t.Lock()
+	t.MapLocked(first, pfns, write)
+	t.Unlock()
+}
+
+func TestNewTableIsInvalid(t *testing.T) {
+	tb := New(130)
+	assert.Equal(t, 130, tb.Pages())
+	assert.Zero(t, tb.ValidPages())
+	_, miss := tb.BeginDMA(0, 130, false)
+	assert.Equal(t, 0, miss)
+	assert.Equal(t, Entry{}, tb.Entry(129))
+}
+
+func TestMissingAcrossWords(t *testing.T) {
+	tests := []struct {
+		name        string
+		mapFirst, n int
+		write       bool
+		qFirst, qN  int
+		qWrite      bool
+		want        int
+	}{
+		{"all mapped", 0, 200, false, 0, 200, false, -1},
+		{"inside one word", 3, 10, false, 4, 5, false, -1},
+		{"gap before", 10, 100, false, 5, 20, false, 5},
+		{"gap after, word boundary", 0, 64, false, 60, 10, false, 64},
+		{"gap after, far", 0, 190, false, 0, 200, false, 190},
+		{"read-only map, write access", 0, 200, false, 100, 1, true, 100},
+		{"writable map, write access", 0, 200, true, 63, 66, true, -1},
+		{"empty query", 0, 0, false, 17, 0, false, -1},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			tb := New(200)
+			mapped(tb, tc.mapFirst, tc.n, tc.write)
+			tb.Lock()
+			got := tb.MissingLocked(tc.qFirst, tc.qN, tc.qWrite)
+			tb.Unlock()
+			assert.Equal(t, tc.want, got)
+		})
+	}
+}
+
+func TestMapRecordsFramesAndGenerations(t *testing.T) {
+	tb := New(8)
+	mapped(tb, 2, 3, false)
+	e := tb.Entry(3)
+	assert.Equal(t, Entry{Valid: true, PFN: 1003, Gen: 1}, e)
+
+	// Remapping the same frame writable keeps the generation; a read-only remap of
+	// the same frame keeps write permission; a new frame bumps the generation.
+	mapped(tb, 3, 1, true)
+	assert.Equal(t, Entry{Valid: true, Writable: true, PFN: 1003, Gen: 1}, tb.Entry(3))
+	mapped(tb, 3, 1, false)
+	assert.True(t, tb.Entry(3).Writable)
+	tb.Lock()
+	tb.MapLocked(3, []uint64{77}, false)
+	tb.Unlock()
+	assert.Equal(t, Entry{Valid: true, PFN: 77, Gen: 2}, tb.Entry(3))
+
+	r := tb.Invalidate(0, 8)
+	assert.Equal(t, 3, r.Pages)
+	assert.Equal(t, Entry{PFN: 77, Gen: 3}, tb.Entry(3))
+	st := tb.Stats()
+	assert.EqualValues(t, 3, st.PagesMapped)
+	assert.EqualValues(t, 3, st.PagesInvalidated)
+}
+
+func TestSequenceProtocol(t *testing.T) {
+	tb := New(16)
+	seq := tb.ReadBegin()
+	tb.Lock()
+	assert.False(t, tb.ReadRetryLocked(seq), "nothing happened")
+	tb.Unlock()
+
+	seq = tb.ReadBegin()
+	tb.Invalidate(4, 2) // even an unrelated, empty range bumps the sequence
+	tb.Lock()
+	assert.True(t, tb.ReadRetryLocked(seq), "invalidation since ReadBegin")
+	tb.Unlock()
+
+	seq = tb.ReadBegin()
+	tb.Lock()
+	assert.False(t, tb.ReadRetryLocked(seq))
+	tb.MapLocked(0, make([]uint64, 16), true)
+	tb.Unlock()
+	assert.Equal(t, 16, tb.ValidPages())
+	assert.EqualValues(t, 1, tb.Stats().RetriesSignalled)
+}
+
+// An invalidation waits for DMA that started before it, and no DMA can start on the
+// invalidated pages meanwhile; a fault racing with it must retry.
+func TestInvalidateWaitsForInflightDMA(t *testing.T) {
+	tb := New(32)
+	mapped(tb, 0, 32, true)
+	d, miss := tb.BeginDMA(8, 4, true)
+	require.Equal(t, -1, miss)
+	other, miss := tb.BeginDMA(20, 4, false) // does not overlap the invalidation
+	require.Equal(t, -1, miss)
+
+	seq := tb.ReadBegin() // a fault in progress
+	waiting := make(chan struct{})
+	tb.waitHook = func() { close(waiting) }
+	done := make(chan InvalidateResult)
+	go func() { done <- tb.Invalidate(0, 16) }()
+	<-waiting
+
+	select {
+	case <-done:
+		t.Fatal("invalidation finished while an overlapping DMA was in flight")
+	default:
+	}
+	_, miss = tb.BeginDMA(9, 1, false)
+	assert.Equal(t, 9, miss, "entries are cleared before the wait")
+	tb.Lock()
+	assert.True(t, tb.ReadRetryLocked(seq), "fault must retry")
+	tb.Unlock()
+
+	readBegun := make(chan uint64)
+	go func() { readBegun <- tb.ReadBegin() }()
+
+	tb.EndDMA(other) // not overlapping: the invalidation keeps waiting
+	tb.EndDMA(d)
+	r := <-done
+	assert.Equal(t, InvalidateResult{Pages: 16, WaitedDMAs: 1}, r)
+	s := <-readBegun
+	tb.Lock()
+	assert.False(t, tb.ReadRetryLocked(s), "ReadBegin returned after the invalidation ended")
+	tb.Unlock()
+	assert.Zero(t, tb.InFlight())
+	assert.EqualValues(t, 1, tb.Stats().DMAWaits)
+}
+
+func TestReadBeginWaitsForInvalidation(t *testing.T) {
+	tb := New(4)
+	mapped(tb, 0, 4, false)
+	d, _ := tb.BeginDMA(0, 4, false)
+	waiting := make(chan struct{})
+	tb.waitHook = func() { close(waiting) }
+	done := make(chan struct{})
+	go func() { tb.Invalidate(0, 4); close(done) }()
+	<-waiting
+	begun := make(chan uint64)
+	go func() { begun <- tb.ReadBegin() }()
+	select {
+	case <-begun:
+		t.Fatal("ReadBegin returned during an invalidation")
+	case <-done:
+		t.Fatal("invalidation ended with DMA in flight")
+	default:
+	}
+	tb.EndDMA(d)
+	<-done
+	<-begun
+	assert.EqualValues(t, 1, tb.Stats().Invalidations)
+}
+
+func TestEndDMATwicePanics(t *testing.T) {
+	tb := New(1)
+	mapped(tb, 0, 1, false)
+	d, _ := tb.BeginDMA(0, 1, false)
+	tb.EndDMA(d)
+	assert.Panics(t, func() { tb.EndDMA(d) })
+	assert.Panics(t, func() { tb.Invalidate(0, 2) }, "range past the table is a caller bug")
+}
+
+func BenchmarkBeginEndDMA(b *testing.B) {
+	for _, pages := range []int{1, 16, 256} {
+		b.Run(map[int]string{1: "4KiB", 16: "64KiB", 256: "1MiB"}[pages], func(b *testing.B) {
+			tb := New(4096)
+			mapped(tb, 0, 4096, true)
+			for i := 0; i < b.N; i++ {
+				d, miss := tb.BeginDMA((i*pages)%(4096-pages), pages, true)
+				if miss >= 0 {
+					b.Fatal(miss)
+				}
+				tb.EndDMA(d)
+			}
+		})
+	}
+}
