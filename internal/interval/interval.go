@@ -1,0 +1,38 @@
+// Package interval computes which parts of an address range no other live range
+// covers: what may be unregistered or munlocked when one of several overlapping
+// registrations goes away (userfaultfd registrations and mlock do not nest).
+package interval
+
+import "sort"
+
+// Range is the half-open address range [Start, End).
+type Range struct{ Start, End uintptr }
+
+// Empty reports whether r holds no address.
+func (r Range) Empty() bool { return r.End <= r.Start }
+
+// Uncovered returns the parts of r that no range in others covers, in address order.
+func Uncovered(r Range, others []Range) []Range {
+	var cov []Range
+	for _, o := range others {
+		if o.Start < r.End && r.Start < o.End {
+			cov = append(cov, o)
+		}
+	}
+	sort.Slice(cov, func(i, j int) bool { return cov[i].Start < cov[j].Start })
+	var out []Range
+	pos := r.Start
+	for _, c := range cov {
+		if c.Start > pos {
+			out = append(out, Range{pos, min(c.Start, r.End)})
+		}
+		pos = max(pos, c.End)
+		if pos >= r.End {
+			return out
+		}
+	}
+	if pos < r.End {
+		out = append(out, Range{pos, r.End})
+	}
+	return out
+}

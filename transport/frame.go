@@ -1,0 +1,134 @@
+// Package transport carries RC packets between emulated NICs. A Conn is one RC
+// connection's wire; Loopback connects two QPs in one process, and a TCP transport will
+// implement the same interface.
+package transport
+
+import (
+	"encoding/binary"
+	"errors"
+	"fmt"
+)
+
+// Op is a frame's operation.
+type Op uint8
+
+const (
+	OpWrite    Op = iota + 1 // request: RDMA WRITE with payload
+	OpRead                   // request: RDMA READ of Len bytes
+	OpSend                   // request: SEND with payload
+	OpAck                    // response: WRITE or SEND executed
+	OpReadResp               // response: READ data
+	OpNak                    // response: request refused, Syndrome says why
+	opLast     = OpNak
+)
+
+func (o Op) String() string {
+	names := [...]string{"INVALID", "WRITE", "READ", "SEND", "ACK", "READ_RESP", "NAK"}
+	if o > opLast {
+		return fmt.Sprintf("Op(%d)", uint8(o))
+	}
+	return names[o]
+}
+
+// IsRequest reports whether o is sent by a requester.
+func (o Op) IsRequest() bool { return o >= OpWrite && o <= OpSend }
+
+// Syndrome is a NAK's reason, after the IB AETH NAK codes.
+type Syndrome uint8
+
+const (
+	SynNone         Syndrome = iota
+	SynInvalidReq            // NAK invalid request: requester gets REM_INV_REQ_ERR
+	SynRemoteAccess          // NAK remote access error: REM_ACCESS_ERR
+	SynRemoteOp              // NAK remote operational error: REM_OP_ERR
+	SynNoResponse            // responder QP in error: the requester's retries run out
+	synLast         = SynNoResponse
+)
+
+// Frame is one packet. A request and its response carry the same PSN.
+type Frame struct {
+	Op       Op
+	Syndrome Syndrome
+	PSN      uint32
+	RKey     uint32
+	RAddr    uint64
+	Len      uint32 // READ request: bytes asked for; otherwise len(Payload)
+	Payload  []byte
+
+	// Release, when set, is called exactly once when Payload is no longer needed:
+	// by the receiver after consuming the frame, or by the transport if it cannot
+	// deliver it. Loopback payloads alias the sender's memory until then.
+	Release func()
+}
+
+// Done calls f.Release if set, at most once.
+func (f *Frame) Done() {
+	if r := f.Release; r != nil {
+		f.Release = nil
+		r()
+	}
+}
+
+// Wire format: a fixed header followed by the payload.
+//
+//	0  u8  op
+//	1  u8  syndrome
+//	2  u16 reserved (0)
+//	4  u32 psn
+//	8  u32 rkey
+//	12 u32 len
+//	16 u64 raddr
+//	24 u32 payload length
+//	28 u32 reserved (0)
+const HeaderSize = 32
+
+// MaxPayload bounds one frame's payload on the wire (an RC message may be up to 2 GiB;
+// the wire splits nothing, so this is also the largest message a TCP link carries).
+const MaxPayload = 1 << 30
+
+// ErrMalformed is wrapped by every decoding error.
+var ErrMalformed = errors.New("transport: malformed frame")
+
+// AppendHeader appends f's wire header to b.
+func AppendHeader(b []byte, f *Frame) []byte {
+	var h [HeaderSize]byte
+	h[0], h[1] = byte(f.Op), byte(f.Syndrome)
+	le := binary.LittleEndian
+	le.PutUint32(h[4:], f.PSN)
+	le.PutUint32(h[8:], f.RKey)
+	le.PutUint32(h[12:], f.Len)
+	le.PutUint64(h[16:], f.RAddr)
+	le.PutUint32(h[24:], uint32(len(f.Payload)))
+	return append(b, h[:]...)
+}
+
+// DecodeHeader decodes a header and returns the frame (without payload) and the payload
+// length that follows. It validates everything the header alone can tell.
+func DecodeHeader(h []byte) (Frame, int, error) {
+	if len(h) < HeaderSize {
+		return Frame{}, 0, fmt.Errorf("%w: %d-byte header", ErrMalformed, len(h))
+	}
+	le := binary.LittleEndian
+	f := Frame{Op: Op(h[0]), Syndrome: Syndrome(h[1]), PSN: le.Uint32(h[4:]), RKey: le.Uint32(h[8:]),
+		Len: le.Uint32(h[12:]), RAddr: le.Uint64(h[16:])}
+	plen := le.Uint32(h[24:])
+	switch {
+	case f.Op == 0 || f.Op > opLast:
+		return f, 0, fmt.Errorf("%w: op %d", ErrMalformed, h[0])
+	case f.Syndrome > synLast:
+		return f, 0, fmt.Errorf("%w: syndrome %d", ErrMalformed, h[1])
+	case le.Uint16(h[2:]) != 0 || le.Uint32(h[28:]) != 0:
+		return f, 0, fmt.Errorf("%w: reserved bits set", ErrMalformed)
+	case plen > MaxPayload:
+		return f, 0, fmt.Errorf("%w: payload %d > %d", ErrMalformed, plen, MaxPayload)
+	case (f.Op == OpRead || f.Op == OpAck || f.Op == OpNak) && plen != 0:
+		return f, 0, fmt.Errorf("%w: %v with %d-byte payload", ErrMalformed, f.Op, plen)
+	case f.Op != OpRead && f.Len != plen:
+		return f, 0, fmt.Errorf("%w: %v len %d, payload %d", ErrMalformed, f.Op, f.Len, plen)
+	case f.Op != OpNak && f.Syndrome != SynNone:
+		return f, 0, fmt.Errorf("%w: syndrome on %v", ErrMalformed, f.Op)
+	case f.Op == OpNak && f.Syndrome == SynNone:
+		return f, 0, fmt.Errorf("%w: NAK without syndrome", ErrMalformed)
+	}
+	return f, int(plen), nil
+}
