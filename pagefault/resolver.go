@@ -52,6 +52,7 @@ type ResolveStats struct {
 	Installed int // pages that were missing and are now present
 	Raced     int // pages found present by the ioctl (installed concurrently)
 	Retries   int // EAGAIN retries
+	COWBroken int // present, shared pages faulted for write
 }
 
 // NewResolver returns a resolver for ranges registered on u.
@@ -69,9 +70,11 @@ func NewResolver(u *FD, pm *Pagemap, src Source) (*Resolver, error) {
 // Close releases the resolver's mappings.
 func (r *Resolver) Close() error { return unix.Munmap(r.zero) }
 
-// Resolve makes the npages pages at start (page aligned) present and stores their
-// pagemap entries, read after installation, in out (len(out) >= npages).
-func (r *Resolver) Resolve(start uintptr, out []PagemapEntry) (ResolveStats, error) {
+// Resolve makes the len(out) pages at start (page aligned) present and stores their
+// pagemap entries, read after installation, in out. With write, pages that are present
+// but not exclusively mapped (the shared zero page, COW-shared pages) are also faulted
+// for write (MADV_POPULATE_WRITE), so the frames recorded are the ones a write lands in.
+func (r *Resolver) Resolve(start uintptr, out []PagemapEntry, write bool) (ResolveStats, error) {
 	var st ResolveStats
 	if start%PageSize != 0 {
 		return st, fmt.Errorf("pagefault: resolve %#x: %w", start, unix.EINVAL)
@@ -97,6 +100,30 @@ func (r *Resolver) Resolve(start uintptr, out []PagemapEntry) (ResolveStats, err
 	if st.Installed+st.Raced > 0 {
 		if err := r.pm.Read(start, out); err != nil {
 			return st, err
+		}
+	}
+	if write {
+		broke := false
+		for i := 0; i < n; i++ {
+			if !out[i].Present() || out[i].Exclusive() {
+				continue
+			}
+			j := i
+			for j < n && out[j].Present() && !out[j].Exclusive() {
+				j++
+			}
+			a := start + uintptr(i)*PageSize
+			if _, _, e := unix.Syscall(unix.SYS_MADVISE, a, uintptr(j-i)*PageSize, unix.MADV_POPULATE_WRITE); e != 0 {
+				return st, fmt.Errorf("pagefault: populate for write %#x: %w", a, e)
+			}
+			st.COWBroken += j - i
+			broke = true
+			i = j
+		}
+		if broke {
+			if err := r.pm.Read(start, out); err != nil {
+				return st, err
+			}
 		}
 	}
 	return st, nil

@@ -30,7 +30,7 @@ func TestResolverInstallsOnlyMissing(t *testing.T) {
 	u := registered(t, b, 0)
 	r := newResolver(t, u, nil)
 	out := make([]PagemapEntry, npages)
-	st, err := r.Resolve(addr(b), out)
+	st, err := r.Resolve(addr(b), out, false)
 	require.NoError(t, err)
 	assert.Equal(t, npages-len(present), st.Installed)
 	assert.Zero(t, st.Raced)
@@ -46,7 +46,7 @@ func TestResolverInstallsOnlyMissing(t *testing.T) {
 		require.Equal(t, want, b[p*int(PageSize)+1], "page %d", p)
 	}
 	// A second resolve finds everything present and installs nothing.
-	st, err = r.Resolve(addr(b), out)
+	st, err = r.Resolve(addr(b), out, false)
 	require.NoError(t, err)
 	assert.Equal(t, ResolveStats{}, st)
 }
@@ -69,7 +69,7 @@ func TestResolverUsesSource(t *testing.T) {
 	u := registered(t, b, 0)
 	r := newResolver(t, u, patternSource{addr(b)})
 	out := make([]PagemapEntry, 8)
-	_, err := r.Resolve(addr(b)+8*PageSize, out)
+	_, err := r.Resolve(addr(b)+8*PageSize, out, false)
 	require.NoError(t, err)
 	for p := 8; p < 16; p++ {
 		require.Equal(t, bytes.Repeat([]byte{byte(p)}, int(PageSize)), b[p*int(PageSize):(p+1)*int(PageSize)])
@@ -81,11 +81,11 @@ func TestResolverErrors(t *testing.T) {
 	u := registered(t, b, 0)
 	r := newResolver(t, u, nil)
 	out := make([]PagemapEntry, 1)
-	_, err := r.Resolve(addr(b)+1, out)
+	_, err := r.Resolve(addr(b)+1, out, false)
 	assert.ErrorIs(t, err, unix.EINVAL)
 
 	require.NoError(t, u.Unregister(addr(b), uintptr(len(b))))
-	_, err = r.Resolve(addr(b), out)
+	_, err = r.Resolve(addr(b), out, false)
 	assert.ErrorIs(t, err, ErrUnmapped)
 }
 
@@ -106,12 +106,34 @@ func BenchmarkResolve(b *testing.B) {
 					p = 0
 					b.StartTimer()
 				}
-				if _, err := r.Resolve(addr(mem)+uintptr(p)*PageSize, out); err != nil {
+				if _, err := r.Resolve(addr(mem)+uintptr(p)*PageSize, out, false); err != nil {
 					b.Fatal(err)
 				}
 				p += around
 			}
 			b.ReportMetric(float64(b.Elapsed().Nanoseconds())/float64(b.N*around), "ns/page")
 		})
+	}
+}
+
+// A page read before registration maps the shared zero page; a write resolve breaks
+// it into a private page so the recorded frame is where the write lands.
+func TestResolverWriteBreaksZeroPage(t *testing.T) {
+	b := region(t, 4)
+	var sum byte
+	sum += b[PageSize] // maps the zero page
+	require.Zero(t, sum)
+	u := registered(t, b, 0)
+	r := newResolver(t, u, nil)
+	out := make([]PagemapEntry, 4)
+	st, err := r.Resolve(addr(b), out, false)
+	require.NoError(t, err)
+	assert.False(t, out[1].Exclusive(), "zero page is shared")
+	assert.Equal(t, 3, st.Installed)
+	st, err = r.Resolve(addr(b), out, true)
+	require.NoError(t, err)
+	assert.Equal(t, 1, st.COWBroken)
+	for p := range out {
+		assert.True(t, out[p].Exclusive(), "page %d", p)
 	}
 }

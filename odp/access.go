@@ -1,0 +1,40 @@
+package odp
+
+import "strings"
+
+// Access is a memory region's access flags, with ibv_access_flags' values.
+type Access uint32
+
+const (
+	AccessLocalWrite   Access = 1 << 0
+	AccessRemoteWrite  Access = 1 << 1
+	AccessRemoteRead   Access = 1 << 2
+	AccessRemoteAtomic Access = 1 << 3
+	// AccessOnDemand registers without pinning: pages are faulted in when the NIC
+	// first touches them (IBV_ACCESS_ON_DEMAND).
+	AccessOnDemand Access = 1 << 6
+
+	accessKnown = AccessLocalWrite | AccessRemoteWrite | AccessRemoteRead | AccessRemoteAtomic | AccessOnDemand
+)
+
+func (a Access) String() string {
+	var s []string
+	for _, f := range []struct {
+		bit  Access
+		name string
+	}{{AccessLocalWrite, "LOCAL_WRITE"}, {AccessRemoteWrite, "REMOTE_WRITE"}, {AccessRemoteRead, "REMOTE_READ"},
+		{AccessRemoteAtomic, "REMOTE_ATOMIC"}, {AccessOnDemand, "ON_DEMAND"}} {
+		if a&f.bit != 0 {
+			s = append(s, f.name)
+		}
+	}
+	if len(s) == 0 {
+		return "LOCAL_READ"
+	}
+	return strings.Join(s, "|")
+}
+
+// writable reports whether the NIC may write the region through some access.
+func (a Access) writable() bool {
+	return a&(AccessLocalWrite|AccessRemoteWrite|AccessRemoteAtomic) != 0
+}

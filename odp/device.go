@@ -1,0 +1,396 @@
+// Package odp is odpemu's verbs-like API: devices, protection domains, memory regions
+// registered pinned or on demand (ODP), completion queues and RC queue pairs that post
+// RDMA WRITE, RDMA READ and SEND/RECV between emulated NICs.
+//
+// Pinned registration emulates ib_umem_get: it accounts against RLIMIT_MEMLOCK, pins
+// with mlock (which faults every page in) and records every page's frame in the MR's
+// translation table. ODP registration pins nothing: it registers the range with
+// userfaultfd and leaves the NIC's entries invalid. When the NIC's engine finds an
+// invalid entry it takes a network page fault: it resolves the work request's whole
+// range (plus fault-around) with userfaultfd ioctls, maps the entries under the
+// mmu-notifier sequence protocol and only then copies. The engine never takes a CPU
+// fault on ODP memory; application threads that do are served by a C thread.
+package odp
+
+import (
+	"crypto/rand"
+	"encoding/binary"
+	"fmt"
+	"sort"
+	"sync"
+	"sync/atomic"
+	"time"
+	"unsafe"
+
+	"github.com/odpemu/odpemu/internal/interval"
+	"github.com/odpemu/odpemu/pagefault"
+	"golang.org/x/sys/unix"
+)
+
+// Config configures a Device. The zero value is usable.
+type Config struct {
+	// Name identifies the device in errors and stats ("odpemu0" when empty).
+	Name string
+	// FaultAround is the alignment, in pages, to which a network page fault's range is
+	// widened (mlx5 resolves whole work requests; this adds fault-around). Default 16;
+	// 1 resolves exactly the pages a work request touches.
+	FaultAround int
+	// CPUFaultAround is the number of pages the CPU fault server installs per
+	// application fault. Default 1.
+	CPUFaultAround int
+	// UserModeOnly forces a UFFD_USER_MODE_ONLY userfaultfd.
+	UserModeOnly bool
+	// MemlockLimit bounds pinned bytes. 0 means RLIMIT_MEMLOCK, unlimited with
+	// CAP_IPC_LOCK as ib_umem_get does; negative means unlimited.
+	MemlockLimit int64
+	// NoSnapshot skips mapping already-present pages at ODP registration.
+	NoSnapshot bool
+}
+
+// Device is an emulated RDMA NIC. It owns a userfaultfd for its ODP regions, the CPU
+// fault server and the key table. Methods are safe for concurrent use.
+type Device struct {
+	cfg      Config
+	uffd     *pagefault.FD
+	server   *pagefault.CPUServer
+	pagemap  *pagefault.Pagemap
+	resolver *pagefault.Resolver
+	limit    int64 // pinned byte limit, <0 unlimited
+
+	mu      sync.RWMutex // protects everything below; read-locked for key lookups
+	closed  bool
+	buffers []buffer       // sorted by start
+	mrs     map[uint32]*MR // by key index
+	keys    keyAllocator
+	pinned  int64            // bytes accounted as pinned (pinned_vm)
+	odpRegs []interval.Range // userfaultfd-registered ranges, one per ODP MR
+	locked  []interval.Range // mlocked ranges, one per pinned MR
+	pds     map[*PD]struct{}
+	cqs     map[*CQ]struct{}
+	qps     map[*QP]struct{}
+	nextQPN uint32
+
+	stats deviceCounters
+}
+
+type buffer struct {
+	start, end uintptr
+	mem        []byte
+}
+
+// Open opens an emulated device.
+func Open(cfg Config) (*Device, error) {
+	if cfg.Name == "" {
+		cfg.Name = "odpemu0"
+	}
+	if cfg.FaultAround == 0 {
+		cfg.FaultAround = 16
+	}
+	if cfg.CPUFaultAround == 0 {
+		cfg.CPUFaultAround = 1
+	}
+	if cfg.FaultAround < 1 || cfg.FaultAround > 1<<16 || cfg.FaultAround&(cfg.FaultAround-1) != 0 {
+		return nil, wrap(ErrInvalidArgument, "FaultAround %d: want a power of two in [1, 65536]", cfg.FaultAround)
+	}
+	d := &Device{cfg: cfg, mrs: map[uint32]*MR{}, pds: map[*PD]struct{}{}, cqs: map[*CQ]struct{}{},
+		qps: map[*QP]struct{}{}, limit: cfg.MemlockLimit}
+	if d.limit == 0 {
+		d.limit = memlockLimit()
+	}
+	var err error
+	feats := pagefault.FeatureEventRemove | pagefault.FeatureEventUnmap | pagefault.FeatureEventRemap
+	if d.uffd, err = pagefault.Open(pagefault.Options{Features: feats, UserModeOnly: cfg.UserModeOnly}); err != nil {
+		return nil, fmt.Errorf("odp: open %s: %w", cfg.Name, err)
+	}
+	if d.pagemap, err = pagefault.OpenPagemap(); err == nil {
+		if d.resolver, err = pagefault.NewResolver(d.uffd, d.pagemap, pagefault.ZeroSource{}); err == nil {
+			d.server, err = pagefault.StartCPUServer(d.uffd, cfg.CPUFaultAround)
+		}
+	}
+	if err != nil {
+		d.release()
+		return nil, fmt.Errorf("odp: open %s: %w", cfg.Name, err)
+	}
+	var seed [4]byte
+	rand.Read(seed[:])
+	d.keys.init(binary.LittleEndian.Uint32(seed[:]))
+	return d, nil
+}
+
+// memlockLimit is ib_umem_get's limit: RLIMIT_MEMLOCK unless CAP_IPC_LOCK.
+func memlockLimit() int64 {
+	if hasCapIPCLock() {
+		return -1
+	}
+	var rl unix.Rlimit
+	if err := unix.Getrlimit(unix.RLIMIT_MEMLOCK, &rl); err != nil || rl.Cur == unix.RLIM_INFINITY {
+		return -1
+	}
+	return int64(rl.Cur)
+}
+
+func hasCapIPCLock() bool {
+	hdr := unix.CapUserHeader{Version: unix.LINUX_CAPABILITY_VERSION_3}
+	var data [2]unix.CapUserData
+	if err := unix.Capget(&hdr, &data[0]); err != nil {
+		return false
+	}
+	return data[unix.CAP_IPC_LOCK/32].Effective&(1<<(unix.CAP_IPC_LOCK%32)) != 0
+}
+
+// Name returns the device name.
+func (d *Device) Name() string { return d.cfg.Name }
+
+// FaultMode reports which userfaultfd mode serves CPU faults: kernel+user, or
+// user-mode-only (then kernel-mode accesses such as read(2) into a missing page of an
+// ODP region fail with EFAULT).
+func (d *Device) FaultMode() pagefault.Mode { return d.uffd.Mode() }
+
+// PFNsReadable reports whether translations record real page frame numbers.
+func (d *Device) PFNsReadable() bool { return d.pagemap.PFNsReadable() }
+
+// Close destroys every QP, CQ, MR and PD of the device, stops the fault server and
+// unmaps every buffer from Alloc; slices of those buffers must not be used afterwards.
+func (d *Device) Close() error {
+	d.mu.Lock()
+	if d.closed {
+		d.mu.Unlock()
+		return ErrClosed
+	}
+	d.closed = true
+	qps := mapKeys(d.qps)
+	d.mu.Unlock()
+	for _, qp := range qps {
+		qp.Destroy()
+	}
+	d.mu.Lock()
+	mrs := make([]*MR, 0, len(d.mrs))
+	for _, mr := range d.mrs {
+		mrs = append(mrs, mr)
+	}
+	d.mu.Unlock()
+	for _, mr := range mrs {
+		mr.Dereg()
+	}
+	d.mu.Lock()
+	bufs := d.buffers
+	d.buffers = nil
+	d.mu.Unlock()
+	d.release()
+	for _, b := range bufs {
+		unix.Munmap(b.mem)
+	}
+	return nil
+}
+
+func (d *Device) release() {
+	if d.server != nil {
+		d.server.Stop()
+	}
+	if d.resolver != nil {
+		d.resolver.Close()
+	}
+	if d.pagemap != nil {
+		d.pagemap.Close()
+	}
+	if d.uffd != nil {
+		d.uffd.Close()
+	}
+}
+
+func mapKeys[K comparable, V any](m map[K]V) []K {
+	out := make([]K, 0, len(m))
+	for k := range m {
+		out = append(out, k)
+	}
+	return out
+}
+
+// Alloc maps n bytes (rounded up to pages) of anonymous memory, the only memory ODP
+// regions accept. Pages are not touched: their first use faults.
+func (d *Device) Alloc(n int) ([]byte, error) {
+	if n <= 0 {
+		return nil, wrap(ErrInvalidArgument, "alloc %d bytes", n)
+	}
+	size := (uintptr(n) + pagefault.PageSize - 1) &^ (pagefault.PageSize - 1)
+	mem, err := unix.Mmap(-1, 0, int(size), unix.PROT_READ|unix.PROT_WRITE, unix.MAP_PRIVATE|unix.MAP_ANONYMOUS|unix.MAP_NORESERVE)
+	if err != nil {
+		return nil, wrap(ErrNoMemory, "mmap %d bytes: %v", size, err)
+	}
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	if d.closed {
+		unix.Munmap(mem)
+		return nil, ErrClosed
+	}
+	b := buffer{start: addrOf(mem), end: addrOf(mem) + size, mem: mem}
+	i := sort.Search(len(d.buffers), func(i int) bool { return d.buffers[i].start > b.start })
+	d.buffers = append(d.buffers, buffer{})
+	copy(d.buffers[i+1:], d.buffers[i:])
+	d.buffers[i] = b
+	return mem[:n:n], nil
+}
+
+// Free unmaps a buffer from Alloc. It fails with ErrBusy while a memory region covers it.
+func (d *Device) Free(buf []byte) error {
+	if len(buf) == 0 {
+		return wrap(ErrInvalidArgument, "free of an empty slice")
+	}
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	start := addrOf(buf)
+	i := sort.Search(len(d.buffers), func(i int) bool { return d.buffers[i].start >= start })
+	if i == len(d.buffers) || d.buffers[i].start != start {
+		return wrap(ErrInvalidArgument, "%#x is not a buffer from Alloc", start)
+	}
+	b := d.buffers[i]
+	for _, mr := range d.mrs {
+		if mr.start < b.end && b.start < mr.start+uintptr(mr.length) {
+			return wrap(ErrBusy, "buffer %#x is registered as MR %#x", start, mr.key)
+		}
+	}
+	if err := unix.Munmap(b.mem); err != nil {
+		return fmt.Errorf("odp: munmap: %w", err)
+	}
+	d.buffers = append(d.buffers[:i], d.buffers[i+1:]...)
+	return nil
+}
+
+// bufferLocked returns the Alloc buffer holding [start, start+n), if any.
+func (d *Device) bufferLocked(start, n uintptr) (buffer, bool) {
+	i := sort.Search(len(d.buffers), func(i int) bool { return d.buffers[i].start > start }) - 1
+	if i < 0 || start+n > d.buffers[i].end || start+n < start {
+		return buffer{}, false
+	}
+	return d.buffers[i], true
+}
+
+func addrOf(b []byte) uintptr { return uintptr(unsafe.Pointer(unsafe.SliceData(b))) }
+
+// PD is a protection domain: MRs and QPs of one PD cannot be used with another's.
+type PD struct {
+	dev  *Device
+	dead atomic.Bool
+}
+
+// AllocPD allocates a protection domain.
+func (d *Device) AllocPD() (*PD, error) {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	if d.closed {
+		return nil, ErrClosed
+	}
+	pd := &PD{dev: d}
+	d.pds[pd] = struct{}{}
+	return pd, nil
+}
+
+// Dealloc frees the PD; it fails with ErrBusy while MRs or QPs use it.
+func (pd *PD) Dealloc() error {
+	d := pd.dev
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	if _, ok := d.pds[pd]; !ok {
+		return ErrClosed
+	}
+	for _, mr := range d.mrs {
+		if mr.pd == pd {
+			return wrap(ErrBusy, "PD has MR %#x", mr.key)
+		}
+	}
+	for qp := range d.qps {
+		if qp.pd == pd {
+			return wrap(ErrBusy, "PD has QP %d", qp.qpn)
+		}
+	}
+	delete(d.pds, pd)
+	pd.dead.Store(true)
+	return nil
+}
+
+// Device returns the PD's device.
+func (pd *PD) Device() *Device { return pd.dev }
+
+// keyAllocator hands out mlx5-style keys: a 24-bit index and an 8-bit variant. A freed
+// index waits in a FIFO behind at least keyQuarantine others before reuse, and comes
+// back with its variant advanced, so a stale key stays invalid.
+type keyAllocator struct {
+	next     uint32 // next never-used index
+	free     []uint32
+	variants map[uint32]uint8
+	salt     uint8
+}
+
+const (
+	keyQuarantine = 64
+	maxKeyIndex   = 1<<24 - 1
+)
+
+func (k *keyAllocator) init(seed uint32) {
+	k.next = 1 + seed%(1<<16) // start at a random index
+	k.salt = uint8(seed >> 24)
+	k.variants = map[uint32]uint8{}
+}
+
+func (k *keyAllocator) alloc() (uint32, bool) {
+	var idx uint32
+	if len(k.free) > keyQuarantine {
+		idx, k.free = k.free[0], k.free[1:]
+	} else if k.next <= maxKeyIndex {
+		idx = k.next
+		k.next++
+		k.variants[idx] = k.salt ^ uint8(idx*0x9e)
+	} else {
+		return 0, false
+	}
+	return idx<<8 | uint32(k.variants[idx]), true
+}
+
+func (k *keyAllocator) release(key uint32) {
+	idx := key >> 8
+	k.variants[idx]++
+	k.free = append(k.free, idx)
+}
+
+// deviceCounters are updated atomically.
+type deviceCounters struct {
+	faults, pagesFaulted, faultRetries, faultNanos atomic.Uint64
+	invalidations, pagesInvalidated                atomic.Uint64
+	prefetches, pagesPrefetched                    atomic.Uint64
+	mrsPinned, mrsODP                              atomic.Uint64
+}
+
+// Stats are a device's counters, named after mlx5's ODP counters.
+type Stats struct {
+	PageFaults           uint64        // network page fault events
+	PagesFaulted         uint64        // pages mapped by faults (page_faults_handled)
+	FaultRetries         uint64        // faults that lost a race with an invalidation
+	FaultTime            time.Duration // time spent resolving network page faults
+	Invalidations        uint64
+	PagesInvalidated     uint64
+	Prefetches           uint64
+	PagesPrefetched      uint64
+	PinnedBytes          int64
+	CPUFaults            uint64 // faults taken by application threads, served in C
+	CPUFaultPages        uint64
+	CPUFaultTime         time.Duration
+	CPUFaultMax          time.Duration
+	CPUFaultsFoundMapped uint64 // CPU faults on pages the NIC had installed meanwhile
+}
+
+// Stats returns the device's counters.
+func (d *Device) Stats() Stats {
+	s := d.server.Stats()
+	d.mu.Lock()
+	pinned := d.pinned
+	d.mu.Unlock()
+	c := &d.stats
+	return Stats{
+		PageFaults: c.faults.Load(), PagesFaulted: c.pagesFaulted.Load(), FaultRetries: c.faultRetries.Load(),
+		FaultTime: time.Duration(c.faultNanos.Load()), Invalidations: c.invalidations.Load(),
+		PagesInvalidated: c.pagesInvalidated.Load(), Prefetches: c.prefetches.Load(),
+		PagesPrefetched: c.pagesPrefetched.Load(), PinnedBytes: pinned,
+		CPUFaults: s.Faults, CPUFaultPages: s.Pages, CPUFaultTime: s.ServiceTime, CPUFaultMax: s.MaxServiceTime,
+		CPUFaultsFoundMapped: s.Exist,
+	}
+}

@@ -1,0 +1,437 @@
+package odp
+
+// The emulated NIC's engine. Each connected QP runs three goroutines:
+//   - sendLoop processes the send queue in order: it checks local keys, faults ODP
+//     source pages in and puts requests on the wire;
+//   - recvLoop takes frames off the wire: responses complete send WRs in order,
+//     requests are queued for the responder;
+//   - respLoop executes the peer's requests in order against this device's MRs,
+//     taking network page faults as needed, and answers with ACK, data or NAK.
+// No goroutine ever copies to or from an MR page whose NIC entry is invalid: DMA runs
+// between mmu.Table BeginDMA and EndDMA, after any fault has been resolved.
+
+import (
+	"fmt"
+
+	"github.com/odpemu/odpemu/transport"
+)
+
+func (qp *QP) startLocked() {
+	if qp.started {
+		return
+	}
+	qp.started = true
+	qp.wg.Add(3)
+	go qp.sendLoop()
+	go qp.recvLoop()
+	go qp.respLoop()
+}
+
+func wcOpcode(op Opcode) WCOpcode {
+	switch op {
+	case OpRDMARead:
+		return WCRDMARead
+	case OpSend:
+		return WCSend
+	}
+	return WCRDMAWrite
+}
+
+// retireLocked completes finished send WRs from the head, in posting order.
+func (qp *QP) retireLocked() {
+	for len(qp.pending) > 0 && qp.pending[0].done {
+		p := qp.pending[0]
+		qp.pending[0] = nil
+		qp.pending = qp.pending[1:]
+		qp.sqCount--
+		if p.status != WCSuccess || p.wr.Flags&SendSignaled != 0 || qp.cfg.SigAll {
+			qp.cfg.SendCQ.push(WC{WRID: p.wr.WRID, Status: p.status, Opcode: wcOpcode(p.wr.Opcode), QPNum: qp.qpn, Detail: p.detail})
+		}
+		if p.status != WCSuccess && p.status != WCWRFlushErr {
+			qp.toErrorLocked()
+		}
+	}
+}
+
+// finishLocked marks p done and retires what can be retired.
+func (qp *QP) finishLocked(p *pending, status WCStatus, detail string) {
+	if p.done {
+		return
+	}
+	if p.release != nil {
+		p.release()
+		p.release = nil
+	}
+	if status == WCSuccess && qp.state == StateError {
+		status = WCWRFlushErr
+	}
+	p.done, p.status, p.detail = true, status, detail
+	qp.retireLocked()
+}
+
+// localSGE checks one SGE against this device's MRs as the NIC does for a local key.
+func (qp *QP) localSGE(s SGE, write bool) (*MR, uint64, string) {
+	mr := qp.dev.lookupMR(s.LKey)
+	switch {
+	case mr == nil:
+		return nil, 0, fmt.Sprintf("lkey %#x is not a registered MR", s.LKey)
+	case mr.pd != qp.pd:
+		return nil, 0, fmt.Sprintf("lkey %#x belongs to another PD", s.LKey)
+	case write && mr.access&AccessLocalWrite == 0:
+		return nil, 0, fmt.Sprintf("MR %#x lacks LOCAL_WRITE", s.LKey)
+	}
+	off, ok := mr.offset(s.Addr, uint64(s.Length))
+	if !ok {
+		return nil, 0, fmt.Sprintf("[%#x, +%d) outside MR %#x [%#x, +%d)", s.Addr, s.Length, s.LKey, mr.start, mr.length)
+	}
+	return mr, off, ""
+}
+
+// offset returns addr's offset in the MR if [addr, addr+n) lies inside it.
+func (mr *MR) offset(addr, n uint64) (uint64, bool) {
+	start := uint64(mr.start)
+	if addr < start || addr-start > mr.length || n > mr.length-(addr-start) {
+		return 0, false
+	}
+	return addr - start, true
+}
+
+func sglLen(sgl []SGE) uint64 {
+	var n uint64
+	for _, s := range sgl {
+		n += uint64(s.Length)
+	}
+	return n
+}
+
+// gather reads a local SGL for the wire. A single SGE's payload aliases the MR (the
+// DMA stays in flight until release); several are copied into one buffer.
+func (qp *QP) gather(sgl []SGE) (payload []byte, release func(), status WCStatus, detail string) {
+	type seg struct {
+		mr  *MR
+		off uint64
+		n   uint64
+	}
+	segs := make([]seg, 0, len(sgl))
+	for _, s := range sgl {
+		mr, off, why := qp.localSGE(s, false)
+		if mr == nil {
+			return nil, nil, WCLocProtErr, why
+		}
+		segs = append(segs, seg{mr, off, uint64(s.Length)})
+	}
+	if len(segs) == 1 {
+		s := segs[0]
+		dma, err := s.mr.beginDMA(s.off, s.n, false)
+		if err != nil {
+			return nil, nil, WCLocProtErr, err.Error()
+		}
+		return s.mr.mem[s.off : s.off+s.n], func() { s.mr.endDMA(dma) }, WCSuccess, ""
+	}
+	buf := make([]byte, 0, sglLen(sgl))
+	for _, s := range segs {
+		dma, err := s.mr.beginDMA(s.off, s.n, false)
+		if err != nil {
+			return nil, nil, WCLocProtErr, err.Error()
+		}
+		buf = append(buf, s.mr.mem[s.off:s.off+s.n]...)
+		s.mr.endDMA(dma)
+	}
+	return buf, nil, WCSuccess, ""
+}
+
+// scatter writes data into a local SGL, faulting ODP pages in for write. The SGL's
+// keys must have been checked with write access.
+func (qp *QP) scatter(sgl []SGE, data []byte) (WCStatus, string) {
+	for _, s := range sgl {
+		if len(data) == 0 {
+			break
+		}
+		mr, off, why := qp.localSGE(s, true)
+		if mr == nil {
+			return WCLocProtErr, why
+		}
+		n := min(uint64(s.Length), uint64(len(data)))
+		dma, err := mr.beginDMA(off, n, true)
+		if err != nil {
+			return WCLocProtErr, err.Error()
+		}
+		copy(mr.mem[off:off+n], data[:n])
+		mr.endDMA(dma)
+		data = data[n:]
+	}
+	return WCSuccess, ""
+}
+
+func (qp *QP) sendLoop() {
+	defer qp.wg.Done()
+	for {
+		wr, ok := qp.sq.Pop()
+		if !ok {
+			return
+		}
+		qp.mu.Lock()
+		p := &pending{wr: wr, psn: qp.nextPSN}
+		qp.nextPSN++
+		qp.pending = append(qp.pending, p)
+		if qp.state == StateError {
+			qp.finishLocked(p, WCWRFlushErr, "")
+			qp.mu.Unlock()
+			continue
+		}
+		conn := qp.conn
+		qp.mu.Unlock()
+
+		f, status, detail := qp.request(wr, p)
+		qp.mu.Lock()
+		if status != WCSuccess {
+			qp.finishLocked(p, status, detail)
+			qp.mu.Unlock()
+			continue
+		}
+		p.sent = true
+		qp.mu.Unlock()
+		if err := conn.Send(f); err != nil {
+			qp.mu.Lock()
+			qp.finishLocked(p, WCRetryExcErr, "peer unreachable: "+err.Error())
+			qp.mu.Unlock()
+		}
+	}
+}
+
+// request builds the wire request for wr, after the local checks the NIC makes.
+func (qp *QP) request(wr *SendWR, p *pending) (*transport.Frame, WCStatus, string) {
+	total := sglLen(wr.SGL)
+	if total > maxMsg {
+		return nil, WCLocLenErr, fmt.Sprintf("message of %d bytes > %d", total, maxMsg)
+	}
+	f := &transport.Frame{PSN: p.psn, RKey: wr.RKey, RAddr: wr.RemoteAddr, Len: uint32(total)}
+	switch wr.Opcode {
+	case OpRDMAWrite, OpSend:
+		f.Op = transport.OpWrite
+		if wr.Opcode == OpSend {
+			f.Op, f.RKey, f.RAddr = transport.OpSend, 0, 0
+		}
+		payload, release, status, detail := qp.gather(wr.SGL)
+		if status != WCSuccess {
+			return nil, status, detail
+		}
+		f.Payload = payload
+		p.release = release
+	case OpRDMARead:
+		f.Op = transport.OpRead
+		for _, s := range wr.SGL { // the data lands here later: check now, fault then
+			if mr, _, why := qp.localSGE(s, true); mr == nil {
+				return nil, WCLocProtErr, why
+			}
+		}
+	}
+	return f, WCSuccess, ""
+}
+
+func (qp *QP) recvLoop() {
+	defer qp.wg.Done()
+	qp.mu.Lock()
+	conn := qp.conn
+	qp.mu.Unlock()
+	for {
+		f, err := conn.Recv()
+		if err != nil {
+			qp.peerGone(err)
+			return
+		}
+		if f.Op.IsRequest() {
+			if !qp.respQ.Push(f) {
+				f.Done()
+			}
+			continue
+		}
+		qp.response(f)
+	}
+}
+
+// peerGone fails everything outstanding when the wire is gone: the transport's retries
+// would run out (RETRY_EXC_ERR); in ERR they are flushed.
+func (qp *QP) peerGone(err error) {
+	qp.mu.Lock()
+	defer qp.mu.Unlock()
+	for _, p := range append([]*pending(nil), qp.pending...) {
+		if !p.done {
+			qp.finishLocked(p, WCRetryExcErr, "connection lost: "+err.Error())
+		}
+	}
+	qp.toErrorLocked()
+}
+
+// response completes the oldest sent request with the peer's answer.
+func (qp *QP) response(f *transport.Frame) {
+	defer f.Done()
+	qp.mu.Lock()
+	var p *pending
+	for _, c := range qp.pending {
+		if !c.done && c.sent {
+			p = c
+			break
+		}
+	}
+	if p == nil || p.psn != f.PSN {
+		if p != nil {
+			qp.finishLocked(p, WCBadRespErr, fmt.Sprintf("response PSN %d, expected %d", f.PSN, p.psn))
+		}
+		qp.toErrorLocked()
+		qp.mu.Unlock()
+		return
+	}
+	inError := qp.state == StateError
+	qp.mu.Unlock()
+
+	status, detail := WCSuccess, ""
+	switch {
+	case inError:
+		status = WCWRFlushErr
+	case f.Op == transport.OpNak:
+		status, detail = nakStatus(f.Syndrome), "NAK from responder"
+	case f.Op == transport.OpReadResp && p.wr.Opcode == OpRDMARead:
+		if uint64(len(f.Payload)) != sglLen(p.wr.SGL) {
+			status, detail = WCBadRespErr, fmt.Sprintf("READ response of %d bytes for %d", len(f.Payload), sglLen(p.wr.SGL))
+		} else {
+			status, detail = qp.scatter(p.wr.SGL, f.Payload)
+		}
+	case f.Op == transport.OpAck && p.wr.Opcode != OpRDMARead:
+	default:
+		status, detail = WCBadRespErr, fmt.Sprintf("%v answers %v", f.Op, p.wr.Opcode)
+	}
+	qp.mu.Lock()
+	qp.finishLocked(p, status, detail)
+	qp.mu.Unlock()
+}
+
+func nakStatus(s transport.Syndrome) WCStatus {
+	switch s {
+	case transport.SynInvalidReq:
+		return WCRemInvReqErr
+	case transport.SynRemoteAccess:
+		return WCRemAccessErr
+	case transport.SynRemoteOp:
+		return WCRemOpErr
+	case transport.SynNoResponse:
+		return WCRetryExcErr
+	}
+	return WCBadRespErr
+}
+
+func (qp *QP) respLoop() {
+	defer qp.wg.Done()
+	qp.mu.Lock()
+	conn := qp.conn
+	qp.mu.Unlock()
+	for {
+		f, ok := qp.respQ.Pop()
+		if !ok {
+			return
+		}
+		resp := qp.execute(f)
+		f.Done()
+		if resp == nil {
+			return // destroyed while waiting for a receive
+		}
+		if resp.Op == transport.OpNak && resp.Syndrome != transport.SynNoResponse {
+			qp.toError() // RC responder errors of class B and C end the connection
+		}
+		if err := conn.Send(resp); err != nil {
+			return
+		}
+	}
+}
+
+func nak(f *transport.Frame, s transport.Syndrome) *transport.Frame {
+	return &transport.Frame{Op: transport.OpNak, PSN: f.PSN, Syndrome: s}
+}
+
+// remoteMR checks a request's rkey, range and rights against this device's MRs.
+func (qp *QP) remoteMR(f *transport.Frame, need Access) (*MR, uint64, bool) {
+	mr := qp.dev.lookupMR(f.RKey)
+	if mr == nil || mr.pd != qp.pd || mr.access&need == 0 {
+		return nil, 0, false
+	}
+	off, ok := mr.offset(f.RAddr, uint64(f.Len))
+	return mr, off, ok
+}
+
+// execute runs one request as the responder and returns the response, or nil if the
+// QP was destroyed while the request waited.
+func (qp *QP) execute(f *transport.Frame) *transport.Frame {
+	if qp.inError() {
+		return nak(f, transport.SynNoResponse)
+	}
+	switch f.Op {
+	case transport.OpWrite:
+		mr, off, ok := qp.remoteMR(f, AccessRemoteWrite)
+		if !ok {
+			return nak(f, transport.SynRemoteAccess)
+		}
+		n := uint64(len(f.Payload))
+		dma, err := mr.beginDMA(off, n, true)
+		if err != nil {
+			return nak(f, transport.SynRemoteAccess)
+		}
+		copy(mr.mem[off:off+n], f.Payload)
+		mr.endDMA(dma)
+		return &transport.Frame{Op: transport.OpAck, PSN: f.PSN}
+	case transport.OpRead:
+		mr, off, ok := qp.remoteMR(f, AccessRemoteRead)
+		if !ok {
+			return nak(f, transport.SynRemoteAccess)
+		}
+		n := uint64(f.Len)
+		dma, err := mr.beginDMA(off, n, false)
+		if err != nil {
+			return nak(f, transport.SynRemoteAccess)
+		}
+		// The response aliases the MR; the DMA ends when the requester has the data.
+		return &transport.Frame{Op: transport.OpReadResp, PSN: f.PSN, Len: uint32(n), Payload: mr.mem[off : off+n],
+			Release: func() { mr.endDMA(dma) }}
+	case transport.OpSend:
+		return qp.receive(f)
+	}
+	return nak(f, transport.SynInvalidReq)
+}
+
+// receive places a SEND into the oldest posted receive, waiting for one to be posted
+// (an RNR NAK retried forever, as with rnr_retry=7).
+func (qp *QP) receive(f *transport.Frame) *transport.Frame {
+	qp.mu.Lock()
+	for len(qp.rq) == 0 && qp.state != StateError && !qp.destroyed {
+		qp.cond.Wait()
+	}
+	if qp.destroyed {
+		qp.mu.Unlock()
+		return nil
+	}
+	if qp.state == StateError {
+		qp.mu.Unlock()
+		return nak(f, transport.SynNoResponse)
+	}
+	wr := qp.rq[0]
+	qp.rq = qp.rq[1:]
+	qp.mu.Unlock()
+
+	wc := WC{WRID: wr.WRID, Opcode: WCRecv, QPNum: qp.qpn, ByteLen: uint32(len(f.Payload))}
+	var resp *transport.Frame
+	if capacity := sglLen(wr.SGL); uint64(len(f.Payload)) > capacity {
+		wc.Status, wc.Detail = WCLocLenErr, fmt.Sprintf("%d-byte SEND into a %d-byte receive", len(f.Payload), capacity)
+		resp = nak(f, transport.SynInvalidReq)
+	} else if status, detail := qp.scatter(wr.SGL, f.Payload); status != WCSuccess {
+		wc.Status, wc.Detail = status, detail
+		resp = nak(f, transport.SynRemoteOp)
+	} else {
+		resp = &transport.Frame{Op: transport.OpAck, PSN: f.PSN}
+	}
+	qp.mu.Lock()
+	if wc.Status == WCSuccess && qp.state == StateError {
+		wc.Status = WCWRFlushErr
+	}
+	qp.cfg.RecvCQ.push(wc)
+	qp.mu.Unlock()
+	return resp
+}

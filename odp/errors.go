@@ -1,0 +1,44 @@
+package odp
+
+import (
+	"fmt"
+
+	"golang.org/x/sys/unix"
+)
+
+// Sentinel errors, usable with errors.Is. Each also matches the errno a verbs call
+// returns in the same case (errors.Is(err, unix.EINVAL) and so on).
+var (
+	ErrInvalidArgument = &verbsError{"invalid argument", unix.EINVAL}
+	ErrPermission      = &verbsError{"operation not permitted", unix.EPERM}
+	ErrNoMemory        = &verbsError{"cannot allocate", unix.ENOMEM}
+	ErrBusy            = &verbsError{"resource busy", unix.EBUSY}
+	ErrClosed          = &verbsError{"device or object closed", unix.ENODEV}
+	ErrQueueFull       = &verbsError{"work queue full", unix.ENOMEM}
+	ErrQPState         = &verbsError{"operation not allowed in this QP state", unix.EINVAL}
+
+	// ErrNotMmapped: ODP registration needs memory from Device.Alloc (never the Go heap).
+	ErrNotMmapped = &verbsError{"ODP memory must come from Device.Alloc", unix.EFAULT}
+	// ErrMemlockLimit: pinning would exceed RLIMIT_MEMLOCK (ib_umem_get's ENOMEM).
+	ErrMemlockLimit = &verbsError{"pinned memory would exceed RLIMIT_MEMLOCK", unix.ENOMEM}
+	// ErrCQOverrun: completions were lost because the CQ was full.
+	ErrCQOverrun = &verbsError{"completion queue overrun", unix.EOVERFLOW}
+)
+
+type verbsError struct {
+	msg   string
+	errno unix.Errno
+}
+
+func (e *verbsError) Error() string { return "odp: " + e.msg }
+
+// Is makes a sentinel match its errno too.
+func (e *verbsError) Is(target error) bool {
+	errno, ok := target.(unix.Errno)
+	return ok && errno == e.errno
+}
+
+// wrap annotates a sentinel with detail while keeping errors.Is working.
+func wrap(sentinel error, format string, args ...any) error {
+	return fmt.Errorf("%w: %s", sentinel, fmt.Sprintf(format, args...))
+}

@@ -1,0 +1,445 @@
+package odp
+
+import (
+	"fmt"
+	"sync/atomic"
+	"time"
+
+	"github.com/odpemu/odpemu/internal/interval"
+	"github.com/odpemu/odpemu/mmu"
+	"github.com/odpemu/odpemu/pagefault"
+	"golang.org/x/sys/unix"
+)
+
+// MR is a registered memory region. Its translation table is the NIC's view of the
+// region's pages: filled at registration for pinned MRs, on demand for ODP MRs.
+type MR struct {
+	dev    *Device
+	pd     *PD
+	mem    []byte  // the registered bytes
+	start  uintptr // address of mem[0]
+	length uint64
+	access Access
+	key    uint32
+	odp    bool
+	base   uintptr    // start rounded down to a page
+	table  *mmu.Table // one entry per page from base
+	reg    RegTiming
+
+	// dead is set under the table lock when deregistration starts; a fault that
+	// finds it set maps nothing.
+	dead bool
+
+	stats mrCounters
+}
+
+type mrCounters struct {
+	faults, pagesFaulted, faultRetries, faultNanos atomic.Uint64
+	prefetches, pagesPrefetched                    atomic.Uint64
+}
+
+// RegTiming is how long each stage of registration took.
+type RegTiming struct {
+	Account  time.Duration // pinned: RLIMIT_MEMLOCK accounting
+	Pin      time.Duration // pinned: mlock, which faults every page in
+	MTT      time.Duration // pinned: frames read into the translation table
+	Register time.Duration // ODP: userfaultfd registration and table allocation
+	Snapshot time.Duration // ODP: already-present pages mapped
+	Total    time.Duration
+}
+
+// MRStats are one MR's counters (rdma stat mr).
+type MRStats struct {
+	PageFaults       uint64 // network page fault events
+	PagesFaulted     uint64 // pages mapped by faults
+	FaultRetries     uint64 // faults that raced an invalidation and retried
+	FaultTime        time.Duration
+	Prefetches       uint64
+	PagesPrefetched  uint64
+	Invalidations    uint64
+	PagesInvalidated uint64
+	ValidPages       int // entries valid now
+}
+
+// RegMR registers buf for NIC access. With AccessOnDemand buf must come from
+// Device.Alloc; otherwise any memory can be pinned (as ibv_reg_mr pins any mapping).
+func (pd *PD) RegMR(buf []byte, access Access) (*MR, error) {
+	t0 := time.Now()
+	if pd == nil || pd.dead.Load() {
+		return nil, wrap(ErrInvalidArgument, "RegMR on a deallocated PD")
+	}
+	d := pd.dev
+	switch {
+	case len(buf) == 0:
+		return nil, wrap(ErrInvalidArgument, "zero-length MR")
+	case access&^accessKnown != 0:
+		return nil, wrap(ErrInvalidArgument, "unknown access flags %#x", uint32(access&^accessKnown))
+	case access&(AccessRemoteWrite|AccessRemoteAtomic) != 0 && access&AccessLocalWrite == 0:
+		return nil, wrap(ErrInvalidArgument, "%v needs LOCAL_WRITE", access)
+	}
+	ps := pagefault.PageSize
+	start := addrOf(buf)
+	base := start &^ (ps - 1)
+	end := (start + uintptr(len(buf)) + ps - 1) &^ (ps - 1)
+	mr := &MR{dev: d, pd: pd, mem: buf, start: start, length: uint64(len(buf)), access: access,
+		odp: access&AccessOnDemand != 0, base: base}
+	npages := int((end - base) / ps)
+	var err error
+	if mr.odp {
+		err = mr.registerODP(end, npages)
+	} else {
+		err = mr.registerPinned(end, npages)
+	}
+	if err != nil {
+		return nil, err
+	}
+	mr.reg.Total = time.Since(t0)
+	return mr, nil
+}
+
+func (mr *MR) span(end uintptr) interval.Range { return interval.Range{Start: mr.base, End: end} }
+
+func (mr *MR) registerODP(end uintptr, npages int) error {
+	d := mr.dev
+	t0 := time.Now()
+	d.mu.Lock()
+	if d.closed {
+		d.mu.Unlock()
+		return ErrClosed
+	}
+	if _, ok := d.bufferLocked(mr.start, uintptr(mr.length)); !ok {
+		d.mu.Unlock()
+		return wrap(ErrNotMmapped, "%#x+%d", mr.start, mr.length)
+	}
+	if _, err := d.uffd.Register(mr.base, end-mr.base, pagefault.ModeMissing); err != nil {
+		d.mu.Unlock()
+		return fmt.Errorf("odp: register ODP range: %w", err)
+	}
+	d.odpRegs = append(d.odpRegs, mr.span(end))
+	key, ok := d.keys.alloc()
+	if !ok {
+		d.mu.Unlock()
+		mr.unregister(end)
+		return wrap(ErrNoMemory, "out of memory keys")
+	}
+	mr.key = key
+	mr.table = mmu.New(npages)
+	d.mrs[key>>8] = mr
+	d.mu.Unlock()
+	mr.reg.Register = time.Since(t0)
+	d.stats.mrsODP.Add(1)
+
+	if !d.cfg.NoSnapshot {
+		t1 := time.Now()
+		mr.snapshot()
+		mr.reg.Snapshot = time.Since(t1)
+	}
+	return nil
+}
+
+// snapshot maps the pages already present, without faulting, as mlx5 does when an ODP
+// MR is created. Pages that are not exclusively mapped (the shared zero page, pages
+// shared with a fork child) are mapped read-only: a NIC write must fault them first.
+func (mr *MR) snapshot() {
+	const chunk = 4096
+	entries := make([]pagefault.PagemapEntry, min(chunk, mr.table.Pages()))
+	for first := 0; first < mr.table.Pages(); first += chunk {
+		n := min(chunk, mr.table.Pages()-first)
+		if err := mr.dev.pagemap.Read(mr.base+uintptr(first)*pagefault.PageSize, entries[:n]); err != nil {
+			return // a snapshot is an optimisation: pages fault later instead
+		}
+		seq := mr.table.ReadBegin()
+		mr.table.Lock()
+		if !mr.dead && !mr.table.ReadRetryLocked(seq) {
+			mr.mapPresentLocked(first, entries[:n], mr.access.writable())
+		}
+		mr.table.Unlock()
+	}
+}
+
+// mapPresentLocked maps the present pages among entries (page first onward) and
+// returns how many it mapped. write asks for writable entries, granted only to pages
+// mapped exclusively.
+func (mr *MR) mapPresentLocked(first int, entries []pagefault.PagemapEntry, write bool) int {
+	mapped := 0
+	var pfns [64]uint64
+	for i := 0; i < len(entries); {
+		if !entries[i].Present() {
+			i++
+			continue
+		}
+		excl := entries[i].Exclusive()
+		j := i
+		for j < len(entries) && j-i < len(pfns) && entries[j].Present() && entries[j].Exclusive() == excl {
+			pfns[j-i] = entries[j].PFN()
+			j++
+		}
+		mr.table.MapLocked(first+i, pfns[:j-i], write && excl)
+		mapped += j - i
+		i = j
+	}
+	return mapped
+}
+
+func (mr *MR) registerPinned(end uintptr, npages int) error {
+	d := mr.dev
+	t0 := time.Now()
+	bytes := int64(end - mr.base)
+	d.mu.Lock()
+	if d.closed {
+		d.mu.Unlock()
+		return ErrClosed
+	}
+	if d.limit >= 0 && d.pinned+bytes > d.limit {
+		pinned := d.pinned
+		d.mu.Unlock()
+		return wrap(ErrMemlockLimit, "pinning %d bytes with %d already pinned; RLIMIT_MEMLOCK is %d (raise it, or use AccessOnDemand)",
+			bytes, pinned, d.limit)
+	}
+	d.pinned += bytes
+	d.mu.Unlock()
+	mr.reg.Account = time.Since(t0)
+
+	t1 := time.Now()
+	// mlock faults every page in (writing, for a private writable mapping), as
+	// pin_user_pages_fast(FOLL_LONGTERM|FOLL_WRITE) does.
+	if _, _, e := unix.Syscall(unix.SYS_MLOCK, mr.base, end-mr.base, 0); e != 0 {
+		d.mu.Lock()
+		d.pinned -= bytes
+		d.mu.Unlock()
+		if e == unix.ENOMEM || e == unix.EPERM || e == unix.EAGAIN {
+			return wrap(ErrMemlockLimit, "mlock %d bytes: %v (RLIMIT_MEMLOCK)", bytes, e)
+		}
+		return fmt.Errorf("odp: mlock %d bytes: %w", bytes, e)
+	}
+	mr.reg.Pin = time.Since(t1)
+
+	t2 := time.Now()
+	mr.table = mmu.New(npages)
+	const chunk = 4096
+	entries := make([]pagefault.PagemapEntry, min(chunk, npages))
+	mr.table.Lock()
+	for first := 0; first < npages; first += chunk {
+		n := min(chunk, npages-first)
+		err := d.pagemap.Read(mr.base+uintptr(first)*pagefault.PageSize, entries[:n])
+		if err == nil && mr.mapPresentLocked(first, entries[:n], true) != n {
+			err = fmt.Errorf("pages not present after mlock")
+		}
+		if err != nil {
+			mr.table.Unlock()
+			mr.unpin(end, bytes)
+			return fmt.Errorf("odp: build MTT: %w", err)
+		}
+	}
+	mr.table.Unlock()
+	mr.reg.MTT = time.Since(t2)
+
+	d.mu.Lock()
+	key, ok := d.keys.alloc()
+	if ok {
+		mr.key = key
+		d.mrs[key>>8] = mr
+		d.locked = append(d.locked, mr.span(end))
+	}
+	d.mu.Unlock()
+	if !ok {
+		mr.unpin(end, bytes)
+		return wrap(ErrNoMemory, "out of memory keys")
+	}
+	d.stats.mrsPinned.Add(1)
+	return nil
+}
+
+// unpin undoes a pinned registration that never got a key.
+func (mr *MR) unpin(end uintptr, bytes int64) {
+	d := mr.dev
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	for _, r := range interval.Uncovered(mr.span(end), d.locked) {
+		unix.Syscall(unix.SYS_MUNLOCK, r.Start, r.End-r.Start, 0)
+	}
+	d.pinned -= bytes
+}
+
+// unregister undoes an ODP registration that never got a key.
+func (mr *MR) unregister(end uintptr) {
+	d := mr.dev
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	d.odpRegs = removeRange(d.odpRegs, mr.span(end))
+	for _, r := range interval.Uncovered(mr.span(end), d.odpRegs) {
+		d.uffd.Unregister(r.Start, r.End-r.Start)
+	}
+}
+
+func removeRange(rs []interval.Range, r interval.Range) []interval.Range {
+	for i, x := range rs {
+		if x == r {
+			return append(rs[:i], rs[i+1:]...)
+		}
+	}
+	return rs
+}
+
+// LKey returns the local key.
+func (mr *MR) LKey() uint32 { return mr.key }
+
+// RKey returns the remote key (equal to the local key, as on mlx5).
+func (mr *MR) RKey() uint32 { return mr.key }
+
+// Addr returns the registered start address.
+func (mr *MR) Addr() uint64 { return uint64(mr.start) }
+
+// Len returns the registered length.
+func (mr *MR) Len() uint64 { return mr.length }
+
+// Access returns the access flags.
+func (mr *MR) Access() Access { return mr.access }
+
+// OnDemand reports whether the MR was registered with AccessOnDemand.
+func (mr *MR) OnDemand() bool { return mr.odp }
+
+// Registration returns the time registration's stages took.
+func (mr *MR) Registration() RegTiming { return mr.reg }
+
+// Entry returns the NIC translation of page p (counted from the page holding Addr).
+func (mr *MR) Entry(p int) mmu.Entry { return mr.table.Entry(p) }
+
+// Stats returns the MR's counters.
+func (mr *MR) Stats() MRStats {
+	ts := mr.table.Stats()
+	c := &mr.stats
+	return MRStats{PageFaults: c.faults.Load(), PagesFaulted: c.pagesFaulted.Load(), FaultRetries: c.faultRetries.Load(),
+		FaultTime: time.Duration(c.faultNanos.Load()), Prefetches: c.prefetches.Load(), PagesPrefetched: c.pagesPrefetched.Load(),
+		Invalidations: ts.Invalidations, PagesInvalidated: ts.PagesInvalidated, ValidPages: mr.table.ValidPages()}
+}
+
+// Dereg deregisters the MR. It waits for DMA in flight on the region; work requests
+// that use its keys afterwards fail with protection or access errors.
+func (mr *MR) Dereg() error {
+	d := mr.dev
+	d.mu.Lock()
+	if cur := d.mrs[mr.key>>8]; cur != mr {
+		d.mu.Unlock()
+		return wrap(ErrInvalidArgument, "MR %#x is not registered", mr.key)
+	}
+	delete(d.mrs, mr.key>>8)
+	d.mu.Unlock()
+
+	mr.table.Lock()
+	mr.dead = true
+	mr.table.Unlock()
+	mr.table.Invalidate(0, mr.table.Pages()) // waits for DMA in flight
+
+	end := mr.base + uintptr(mr.table.Pages())*pagefault.PageSize
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	if mr.odp {
+		d.odpRegs = removeRange(d.odpRegs, mr.span(end))
+		for _, r := range interval.Uncovered(mr.span(end), d.odpRegs) {
+			d.uffd.Unregister(r.Start, r.End-r.Start)
+		}
+	} else {
+		d.locked = removeRange(d.locked, mr.span(end))
+		for _, r := range interval.Uncovered(mr.span(end), d.locked) {
+			unix.Syscall(unix.SYS_MUNLOCK, r.Start, r.End-r.Start, 0)
+		}
+		d.pinned -= int64(end - mr.base)
+	}
+	d.keys.release(mr.key)
+	return nil
+}
+
+// lookupMR finds a live MR by key.
+func (d *Device) lookupMR(key uint32) *MR {
+	d.mu.RLock()
+	defer d.mu.RUnlock()
+	if mr := d.mrs[key>>8]; mr != nil && mr.key == key {
+		return mr
+	}
+	return nil
+}
+
+// errDeregistered is returned by DMA on an MR that is being deregistered.
+var errDeregistered = wrap(ErrInvalidArgument, "MR deregistered")
+
+// maxFaultRounds bounds fault-and-retry rounds for one DMA; invalidations are finite,
+// so this is reached only if the range keeps disappearing.
+const maxFaultRounds = 1000
+
+// pageSpan returns the table pages covering MR bytes [off, off+n).
+func (mr *MR) pageSpan(off, n uint64) (first, count int) {
+	a := mr.start + uintptr(off) - mr.base
+	first = int(a / pagefault.PageSize)
+	if n == 0 {
+		return first, 0
+	}
+	last := int((a + uintptr(n) - 1) / pagefault.PageSize)
+	return first, last - first + 1
+}
+
+// beginDMA starts a DMA over MR bytes [off, off+n) (already bounds-checked), taking
+// network page faults for ODP pages that are not mapped. The caller must endDMA.
+func (mr *MR) beginDMA(off, n uint64, write bool) (mmu.DMA, error) {
+	first, count := mr.pageSpan(off, n)
+	for round := 0; round < maxFaultRounds; round++ {
+		dma, miss := mr.table.BeginDMA(first, count, write)
+		if miss < 0 {
+			return dma, nil
+		}
+		if !mr.odp {
+			return dma, errDeregistered // a pinned table is only cleared by Dereg
+		}
+		t0 := time.Now()
+		mapped, err := mr.fault(miss, first+count, write, false)
+		if err != nil {
+			return dma, err
+		}
+		ns := uint64(time.Since(t0))
+		mr.stats.faults.Add(1)
+		mr.stats.pagesFaulted.Add(uint64(mapped))
+		mr.stats.faultNanos.Add(ns)
+		mr.dev.stats.faults.Add(1)
+		mr.dev.stats.pagesFaulted.Add(uint64(mapped))
+		mr.dev.stats.faultNanos.Add(ns)
+	}
+	return mmu.DMA{}, wrap(ErrBusy, "MR %#x: range kept being invalidated", mr.key)
+}
+
+func (mr *MR) endDMA(d mmu.DMA) { mr.table.EndDMA(d) }
+
+// fault is the network page fault handler (mlx5's pagefault_real_mr): it resolves
+// pages [miss, end) widened to the fault-around alignment, then maps them unless an
+// invalidation ran meanwhile, in which case it maps nothing and the caller simply
+// faults again. With presentOnly no page is installed: only present pages are mapped.
+// It returns the number of entries mapped.
+func (mr *MR) fault(miss, end int, write, presentOnly bool) (int, error) {
+	d := mr.dev
+	fa := d.cfg.FaultAround
+	lo := miss &^ (fa - 1)
+	hi := min((end+fa-1)&^(fa-1), mr.table.Pages())
+	entries := make([]pagefault.PagemapEntry, hi-lo)
+	addr := mr.base + uintptr(lo)*pagefault.PageSize
+
+	seq := mr.table.ReadBegin()
+	var err error
+	if presentOnly {
+		err = d.pagemap.Read(addr, entries)
+	} else {
+		_, err = d.resolver.Resolve(addr, entries, write)
+	}
+	if err != nil {
+		return 0, fmt.Errorf("odp: MR %#x: fault in %#x+%d pages: %w", mr.key, addr, hi-lo, err)
+	}
+	mr.table.Lock()
+	defer mr.table.Unlock()
+	if mr.dead {
+		return 0, errDeregistered
+	}
+	if mr.table.ReadRetryLocked(seq) {
+		mr.stats.faultRetries.Add(1)
+		d.stats.faultRetries.Add(1)
+		return 0, nil
+	}
+	return mr.mapPresentLocked(lo, entries, write), nil
+}

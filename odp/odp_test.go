@@ -1,0 +1,269 @@
+package odp
+
+import (
+	"bytes"
+	"context"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+	"go.uber.org/goleak"
+)
+
+func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
+
+// node is one emulated NIC with a PD, CQs and a QP.
+type node struct {
+	dev    *Device
+	pd     *PD
+	scq    *CQ
+	rcq    *CQ
+	qp     *QP
+}
+
+func newNode(t testing.TB, cfg Config) *node {
+	t.Helper()
+	d, err := Open(cfg)
+	require.NoError(t, err)
+	t.Cleanup(func() { d.Close() })
+	pd, err := d.AllocPD()
+	require.NoError(t, err)
+	scq, err := d.CreateCQ(4096)
+	require.NoError(t, err)
+	rcq, err := d.CreateCQ(4096)
+	require.NoError(t, err)
+	qp, err := pd.CreateQP(QPConfig{SendCQ: scq, RecvCQ: rcq, MaxSendWR: 256, MaxRecvWR: 256})
+	require.NoError(t, err)
+	return &node{dev: d, pd: pd, scq: scq, rcq: rcq, qp: qp}
+}
+
+// pair returns two connected nodes.
+func pair(t testing.TB, cfg Config) (*node, *node) {
+	t.Helper()
+	a, b := newNode(t, cfg), newNode(t, cfg)
+	require.NoError(t, ConnectLoopback(a.qp, b.qp))
+	return a, b
+}
+
+// region allocates n bytes on the node's device and registers them.
+func (n *node) region(t testing.TB, size int, access Access) ([]byte, *MR) {
+	t.Helper()
+	buf, err := n.dev.Alloc(size)
+	require.NoError(t, err)
+	mr, err := n.pd.RegMR(buf, access)
+	require.NoError(t, err)
+	return buf, mr
+}
+
+// wait returns the next completion on cq, failing the test after 10 s.
+func wait(t testing.TB, cq *CQ) WC {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	var wc [1]WC
+	n, err := cq.Wait(ctx, wc[:])
+	require.NoError(t, err, "waiting for a completion")
+	require.Equal(t, 1, n)
+	return wc[0]
+}
+
+func sge(mr *MR, off, n int) []SGE {
+	return []SGE{{Addr: mr.Addr() + uint64(off), Length: uint32(n), LKey: mr.LKey()}}
+}
+
+const rw = AccessLocalWrite | AccessRemoteWrite | AccessRemoteRead
+
+func TestWriteReadSend(t *testing.T) {
+	for _, mode := range []struct {
+		name   string
+		access Access
+	}{{"pinned", rw}, {"odp", rw | AccessOnDemand}} {
+		t.Run(mode.name, func(t *testing.T) {
+			a, b := pair(t, Config{})
+			const size = 1 << 20
+			src, smr := a.region(t, size, mode.access)
+			dst, dmr := b.region(t, size, mode.access)
+			for i := range src {
+				src[i] = byte(i * 7)
+			}
+			// WRITE 300 KiB at an unaligned offset.
+			require.NoError(t, a.qp.PostSend(SendWR{WRID: 1, Opcode: OpRDMAWrite, SGL: sge(smr, 100, 300<<10),
+				Flags: SendSignaled, RemoteAddr: dmr.Addr() + 5000, RKey: dmr.RKey()}))
+			wc := wait(t, a.scq)
+			require.Equal(t, WCSuccess, wc.Status, wc.Detail)
+			assert.Equal(t, WC{WRID: 1, Opcode: WCRDMAWrite, QPNum: a.qp.QPNum()}, wc)
+			require.True(t, bytes.Equal(src[100:100+300<<10], dst[5000:5000+300<<10]))
+			assert.Zero(t, dst[4999])
+
+			// READ it back into another place of a's region.
+			require.NoError(t, a.qp.PostSend(SendWR{WRID: 2, Opcode: OpRDMARead, SGL: sge(smr, 600<<10, 300<<10),
+				Flags: SendSignaled, RemoteAddr: dmr.Addr() + 5000, RKey: dmr.RKey()}))
+			wc = wait(t, a.scq)
+			require.Equal(t, WCSuccess, wc.Status, wc.Detail)
+			require.True(t, bytes.Equal(src[100:100+300<<10], src[600<<10:900<<10]))
+
+			// SEND into a two-SGE receive.
+			require.NoError(t, b.qp.PostRecv(RecvWR{WRID: 9, SGL: append(sge(dmr, 0, 10), sge(dmr, 1000, 4000)...)}))
+			require.NoError(t, a.qp.PostSend(SendWR{WRID: 3, Opcode: OpSend, SGL: sge(smr, 0, 3000), Flags: SendSignaled}))
+			wc = wait(t, a.scq)
+			require.Equal(t, WCSuccess, wc.Status, wc.Detail)
+			rwc := wait(t, b.rcq)
+			assert.Equal(t, WC{WRID: 9, Opcode: WCRecv, ByteLen: 3000, QPNum: b.qp.QPNum()}, rwc)
+			assert.Equal(t, src[:10], dst[:10])
+			assert.Equal(t, src[10:3000], dst[1000:3990])
+
+			if mode.access&AccessOnDemand != 0 {
+				st := b.dev.Stats()
+				assert.NotZero(t, st.PageFaults, "ODP destination faulted")
+				assert.NotZero(t, dmr.Stats().PagesFaulted)
+			} else {
+				assert.Zero(t, b.dev.Stats().PageFaults)
+				assert.EqualValues(t, size, b.dev.Stats().PinnedBytes)
+			}
+		})
+	}
+}
+
+// An ODP MR starts with every entry invalid and maps exactly what the NIC touched,
+// widened to the fault-around alignment.
+func TestODPFaultsLazilyWithFaultAround(t *testing.T) {
+	a, b := pair(t, Config{FaultAround: 4, NoSnapshot: true})
+	src, smr := a.region(t, 64<<10, AccessLocalWrite)
+	_, dmr := b.region(t, 1<<20, rw|AccessOnDemand)
+	src[0] = 1
+	assert.Zero(t, dmr.Stats().ValidPages)
+	// 2 bytes straddling pages 9 and 10: pages 8..11 get mapped.
+	require.NoError(t, a.qp.PostSend(SendWR{Opcode: OpRDMAWrite, SGL: sge(smr, 0, 2), Flags: SendSignaled,
+		RemoteAddr: dmr.Addr() + 10*4096 - 1, RKey: dmr.RKey()}))
+	require.Equal(t, WCSuccess, wait(t, a.scq).Status)
+	st := dmr.Stats()
+	assert.EqualValues(t, 1, st.PageFaults)
+	assert.EqualValues(t, 4, st.PagesFaulted)
+	assert.Equal(t, 4, st.ValidPages)
+	for p := 8; p < 12; p++ {
+		e := dmr.Entry(p)
+		assert.True(t, e.Valid && e.Writable, "page %d", p)
+		if b.dev.PFNsReadable() {
+			assert.NotZero(t, e.PFN)
+		}
+	}
+	assert.False(t, dmr.Entry(12).Valid)
+	// The same range again hits the table: no new fault.
+	require.NoError(t, a.qp.PostSend(SendWR{Opcode: OpRDMAWrite, SGL: sge(smr, 0, 2), Flags: SendSignaled,
+		RemoteAddr: dmr.Addr() + 10*4096 - 1, RKey: dmr.RKey()}))
+	require.Equal(t, WCSuccess, wait(t, a.scq).Status)
+	assert.EqualValues(t, 1, dmr.Stats().PageFaults)
+}
+
+// Pages the application touched before registration are mapped by the snapshot.
+func TestODPSnapshot(t *testing.T) {
+	n := newNode(t, Config{})
+	buf, err := n.dev.Alloc(64 << 10)
+	require.NoError(t, err)
+	for p := 0; p < 4; p++ {
+		buf[p*4096] = 1
+	}
+	mr, err := n.pd.RegMR(buf, rw|AccessOnDemand)
+	require.NoError(t, err)
+	assert.Equal(t, 4, mr.Stats().ValidPages)
+	assert.True(t, mr.Entry(0).Writable)
+	assert.False(t, mr.Entry(4).Valid)
+}
+
+func TestPinnedRegistrationTimesStagesAndBuildsMTT(t *testing.T) {
+	n := newNode(t, Config{})
+	buf := make([]byte, 256<<10) // pinned MRs accept any memory, the Go heap too
+	mr, err := n.pd.RegMR(buf, AccessLocalWrite)
+	require.NoError(t, err)
+	reg := mr.Registration()
+	assert.NotZero(t, reg.Pin)
+	assert.NotZero(t, reg.MTT)
+	assert.GreaterOrEqual(t, reg.Total, reg.Pin+reg.MTT)
+	assert.Equal(t, mr.table.Pages(), mr.Stats().ValidPages, "every page mapped at registration")
+	if n.dev.PFNsReadable() {
+		assert.NotZero(t, mr.Entry(3).PFN)
+	}
+	assert.EqualValues(t, mr.table.Pages()*4096, n.dev.Stats().PinnedBytes)
+	require.NoError(t, mr.Dereg())
+	assert.Zero(t, n.dev.Stats().PinnedBytes)
+}
+
+func TestMemlockLimit(t *testing.T) {
+	n := newNode(t, Config{MemlockLimit: 1 << 20})
+	buf, err := n.dev.Alloc(2 << 20)
+	require.NoError(t, err)
+	_, err = n.pd.RegMR(buf, AccessLocalWrite)
+	require.ErrorIs(t, err, ErrMemlockLimit)
+	assert.ErrorContains(t, err, "RLIMIT_MEMLOCK")
+	// ODP pins nothing, so the same buffer registers on demand.
+	mr, err := n.pd.RegMR(buf, AccessLocalWrite|AccessOnDemand)
+	require.NoError(t, err)
+	require.NoError(t, mr.Dereg())
+	small, err := n.pd.RegMR(buf[:1<<20], AccessLocalWrite)
+	require.NoError(t, err)
+	_, err = n.pd.RegMR(buf[1<<20:1<<20+4096], AccessLocalWrite)
+	assert.ErrorIs(t, err, ErrMemlockLimit, "the limit counts what is already pinned")
+	require.NoError(t, small.Dereg())
+}
+
+func TestKeysAreNotReusedAfterDereg(t *testing.T) {
+	n := newNode(t, Config{})
+	buf, err := n.dev.Alloc(4096)
+	require.NoError(t, err)
+	seen := map[uint32]bool{}
+	var prev uint32
+	for i := 0; i < 300; i++ {
+		mr, err := n.pd.RegMR(buf, AccessLocalWrite|AccessOnDemand)
+		require.NoError(t, err)
+		require.False(t, seen[mr.LKey()], "key %#x reused", mr.LKey())
+		seen[mr.LKey()] = true
+		assert.Equal(t, mr.LKey(), mr.RKey())
+		if prev != 0 {
+			assert.Nil(t, n.dev.lookupMR(prev), "deregistered key still resolves")
+		}
+		prev = mr.LKey()
+		require.NoError(t, mr.Dereg())
+	}
+	// Two devices start their keys at different places.
+	m := newNode(t, Config{})
+	buf2, err := m.dev.Alloc(4096)
+	require.NoError(t, err)
+	mr2, err := m.pd.RegMR(buf2, AccessLocalWrite|AccessOnDemand)
+	require.NoError(t, err)
+	assert.False(t, seen[mr2.LKey()] && mr2.LKey() == prev)
+}
+
+func TestOverlappingODPRegistrations(t *testing.T) {
+	a, b := pair(t, Config{})
+	src, smr := a.region(t, 8192, AccessLocalWrite)
+	src[0] = 42
+	dst, err := b.dev.Alloc(64 << 10)
+	require.NoError(t, err)
+	outer, err := b.pd.RegMR(dst, rw|AccessOnDemand)
+	require.NoError(t, err)
+	inner, err := b.pd.RegMR(dst[8192:16384], rw|AccessOnDemand)
+	require.NoError(t, err)
+	// Deregistering the inner MR must not unregister the outer one's userfaultfd range.
+	require.NoError(t, inner.Dereg())
+	require.NoError(t, a.qp.PostSend(SendWR{Opcode: OpRDMAWrite, SGL: sge(smr, 0, 1), Flags: SendSignaled,
+		RemoteAddr: outer.Addr() + 8192, RKey: outer.RKey()}))
+	require.Equal(t, WCSuccess, wait(t, a.scq).Status)
+	assert.EqualValues(t, 42, dst[8192])
+	assert.NotZero(t, outer.Stats().PageFaults, "the outer range still faults through userfaultfd")
+	require.ErrorIs(t, inner.Dereg(), ErrInvalidArgument)
+}
+
+func TestFreeAndClose(t *testing.T) {
+	n := newNode(t, Config{})
+	buf, mr := n.region(t, 8192, AccessLocalWrite|AccessOnDemand)
+	assert.ErrorIs(t, n.dev.Free(buf), ErrBusy)
+	assert.ErrorIs(t, n.pd.Dealloc(), ErrBusy)
+	require.NoError(t, mr.Dereg())
+	require.NoError(t, n.dev.Free(buf))
+	assert.ErrorIs(t, n.dev.Free(buf), ErrInvalidArgument)
+	require.NoError(t, n.dev.Close())
+	assert.ErrorIs(t, n.dev.Close(), ErrClosed)
+	_, err := n.dev.Alloc(1)
+	assert.ErrorIs(t, err, ErrClosed)
+}

@@ -1,0 +1,349 @@
+package odp
+
+import (
+	"sync"
+
+	"github.com/odpemu/odpemu/internal/fifo"
+	"github.com/odpemu/odpemu/transport"
+)
+
+// Opcode is a send work request's operation (ibv_wr_opcode values).
+type Opcode int
+
+const (
+	OpRDMAWrite Opcode = 0
+	OpSend      Opcode = 2
+	OpRDMARead  Opcode = 4
+)
+
+// SendFlags are a send work request's flags.
+type SendFlags uint32
+
+// SendSignaled asks for a completion on success (errors always complete).
+const SendSignaled SendFlags = 1 << 1
+
+// SGE is a scatter/gather element: Length bytes at Addr in the MR whose local key is LKey.
+type SGE struct {
+	Addr   uint64
+	Length uint32
+	LKey   uint32
+}
+
+// SendWR is a send queue work request.
+type SendWR struct {
+	WRID       uint64
+	Opcode     Opcode
+	SGL        []SGE
+	Flags      SendFlags
+	RemoteAddr uint64 // RDMA WRITE and READ
+	RKey       uint32 // RDMA WRITE and READ
+}
+
+// RecvWR is a receive queue work request.
+type RecvWR struct {
+	WRID uint64
+	SGL  []SGE
+}
+
+// QPConfig configures a QP.
+type QPConfig struct {
+	SendCQ, RecvCQ *CQ
+	MaxSendWR      int  // default 128
+	MaxRecvWR      int  // default 128
+	MaxSGE         int  // default 16
+	SigAll         bool // every send work request completes, as if signaled
+}
+
+// maxMsg is the largest RC message (2 GiB), as on mlx5.
+const maxMsg = 1 << 31
+
+// QP is a reliable-connected queue pair. It is created in RESET and becomes usable with
+// Connect (or Modify through INIT, RTR and RTS after Connect attached a wire). Work
+// requests are processed asynchronously, in order, by the emulated NIC; errors move the
+// QP to ERR, after which pending and new work requests complete with WR_FLUSH_ERR.
+type QP struct {
+	pd  *PD
+	dev *Device
+	qpn uint32
+	cfg QPConfig
+
+	sq    *fifo.Queue[*SendWR]          // posted, not yet processed
+	respQ *fifo.Queue[*transport.Frame] // requests from the peer, in order
+	wg    sync.WaitGroup                // the three engine goroutines
+
+	mu        sync.Mutex // protects everything below
+	cond      sync.Cond  // on mu: signalled when a receive is posted or the state changes
+	state     QPState
+	conn      transport.Conn
+	started   bool
+	destroyed bool
+	sqCount   int        // send WRs posted and not yet retired
+	pending   []*pending // send WRs processed, in order, awaiting retirement
+	rq        []RecvWR   // posted receives
+	nextPSN   uint32
+}
+
+// pending is a processed send WR awaiting its response (or already done).
+type pending struct {
+	wr      *SendWR
+	psn     uint32
+	release func() // ends the local DMA that a WRITE or SEND payload aliases
+	sent    bool   // a request is on the wire: a response will come
+	done    bool
+	status  WCStatus
+	detail  string
+}
+
+// CreateQP creates an RC QP in RESET.
+func (pd *PD) CreateQP(cfg QPConfig) (*QP, error) {
+	if pd == nil || pd.dead.Load() {
+		return nil, wrap(ErrInvalidArgument, "CreateQP on a deallocated PD")
+	}
+	if cfg.SendCQ == nil || cfg.RecvCQ == nil {
+		return nil, wrap(ErrInvalidArgument, "QP needs a send and a receive CQ")
+	}
+	if cfg.MaxSendWR == 0 {
+		cfg.MaxSendWR = 128
+	}
+	if cfg.MaxRecvWR == 0 {
+		cfg.MaxRecvWR = 128
+	}
+	if cfg.MaxSGE == 0 {
+		cfg.MaxSGE = 16
+	}
+	if cfg.MaxSendWR < 0 || cfg.MaxSendWR > 1<<15 || cfg.MaxRecvWR < 0 || cfg.MaxRecvWR > 1<<15 || cfg.MaxSGE < 0 || cfg.MaxSGE > 32 {
+		return nil, wrap(ErrInvalidArgument, "QP capabilities %d/%d/%d out of range", cfg.MaxSendWR, cfg.MaxRecvWR, cfg.MaxSGE)
+	}
+	d := pd.dev
+	for _, cq := range []*CQ{cfg.SendCQ, cfg.RecvCQ} {
+		if cq.dev != d {
+			return nil, wrap(ErrInvalidArgument, "CQ of another device")
+		}
+	}
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	if d.closed {
+		return nil, ErrClosed
+	}
+	for _, cq := range []*CQ{cfg.SendCQ, cfg.RecvCQ} {
+		cq.mu.Lock()
+		dead := cq.dead
+		if !dead {
+			cq.users++
+		}
+		cq.mu.Unlock()
+		if dead {
+			if cq == cfg.RecvCQ && cfg.RecvCQ != cfg.SendCQ {
+				cfg.SendCQ.detach()
+			}
+			return nil, wrap(ErrInvalidArgument, "destroyed CQ")
+		}
+	}
+	d.nextQPN++
+	qp := &QP{pd: pd, dev: d, qpn: d.nextQPN, cfg: cfg, sq: fifo.New[*SendWR](), respQ: fifo.New[*transport.Frame]()}
+	qp.cond.L = &qp.mu
+	d.qps[qp] = struct{}{}
+	return qp, nil
+}
+
+func (cq *CQ) detach() {
+	cq.mu.Lock()
+	cq.users--
+	cq.mu.Unlock()
+}
+
+// QPNum returns the QP number.
+func (qp *QP) QPNum() uint32 { return qp.qpn }
+
+// State returns the current state.
+func (qp *QP) State() QPState {
+	qp.mu.Lock()
+	defer qp.mu.Unlock()
+	return qp.state
+}
+
+// Connect attaches the wire to the peer and moves the QP from RESET or INIT to RTS.
+func (qp *QP) Connect(conn transport.Conn) error {
+	qp.mu.Lock()
+	defer qp.mu.Unlock()
+	if qp.destroyed {
+		return ErrClosed
+	}
+	if qp.conn != nil {
+		return wrap(ErrQPState, "QP %d already connected", qp.qpn)
+	}
+	if qp.state != StateReset && qp.state != StateInit {
+		return wrap(ErrQPState, "connect in %v", qp.state)
+	}
+	qp.conn = conn
+	qp.state = StateRTS
+	qp.startLocked()
+	return nil
+}
+
+// Modify moves the QP to state to. RTR needs a wire attached by Connect first;
+// moving to ERR flushes outstanding work.
+func (qp *QP) Modify(to QPState) error {
+	qp.mu.Lock()
+	defer qp.mu.Unlock()
+	if qp.destroyed {
+		return ErrClosed
+	}
+	if err := checkTransition(qp.state, to); err != nil {
+		return err
+	}
+	switch to {
+	case StateRTR:
+		if qp.conn == nil {
+			return wrap(ErrQPState, "RTR needs a connection")
+		}
+		qp.startLocked()
+	case StateReset:
+		if qp.started {
+			return wrap(ErrQPState, "reset of a connected QP: destroy it instead")
+		}
+	case StateError:
+		qp.toErrorLocked()
+		return nil
+	}
+	qp.state = to
+	return nil
+}
+
+// ConnectLoopback connects two QPs with an in-process wire and moves both to RTS.
+func ConnectLoopback(a, b *QP) error {
+	ca, cb := transport.Loopback()
+	if err := a.Connect(ca); err != nil {
+		ca.Close()
+		cb.Close()
+		return err
+	}
+	if err := b.Connect(cb); err != nil {
+		cb.Close()
+		a.Modify(StateError)
+		return err
+	}
+	return nil
+}
+
+// PostSend queues a send work request. It fails (like ibv_post_send's errno) when the
+// QP cannot accept work or the request is malformed; everything the NIC checks later
+// (keys, bounds, access) is reported as an error completion instead.
+func (qp *QP) PostSend(wr SendWR) error {
+	switch wr.Opcode {
+	case OpRDMAWrite, OpRDMARead, OpSend:
+	default:
+		return wrap(ErrInvalidArgument, "send opcode %d", wr.Opcode)
+	}
+	if len(wr.SGL) > qp.cfg.MaxSGE {
+		return wrap(ErrInvalidArgument, "%d SGEs > max %d", len(wr.SGL), qp.cfg.MaxSGE)
+	}
+	w := wr
+	w.SGL = append([]SGE(nil), wr.SGL...)
+	qp.mu.Lock()
+	defer qp.mu.Unlock()
+	if qp.destroyed {
+		return ErrClosed
+	}
+	if !canPostSend(qp.state) {
+		return wrap(ErrQPState, "post send in %v", qp.state)
+	}
+	if qp.sqCount >= qp.cfg.MaxSendWR {
+		return wrap(ErrQueueFull, "%d send WRs outstanding", qp.sqCount)
+	}
+	qp.sqCount++
+	qp.sq.Push(&w)
+	return nil
+}
+
+// PostRecv queues a receive work request.
+func (qp *QP) PostRecv(wr RecvWR) error {
+	if len(wr.SGL) > qp.cfg.MaxSGE {
+		return wrap(ErrInvalidArgument, "%d SGEs > max %d", len(wr.SGL), qp.cfg.MaxSGE)
+	}
+	w := wr
+	w.SGL = append([]SGE(nil), wr.SGL...)
+	qp.mu.Lock()
+	defer qp.mu.Unlock()
+	if qp.destroyed {
+		return ErrClosed
+	}
+	if !canPostRecv(qp.state) {
+		return wrap(ErrQPState, "post recv in %v", qp.state)
+	}
+	if qp.state == StateError {
+		qp.cfg.RecvCQ.push(WC{WRID: w.WRID, Status: WCWRFlushErr, Opcode: WCRecv, QPNum: qp.qpn})
+		return nil
+	}
+	if len(qp.rq) >= qp.cfg.MaxRecvWR {
+		return wrap(ErrQueueFull, "%d receive WRs outstanding", len(qp.rq))
+	}
+	qp.rq = append(qp.rq, w)
+	qp.cond.Broadcast()
+	return nil
+}
+
+// toErrorLocked moves the QP to ERR and flushes its posted receives. Send work is
+// flushed by the engine as it reaches it.
+func (qp *QP) toErrorLocked() {
+	if qp.state == StateError {
+		return
+	}
+	qp.state = StateError
+	for _, w := range qp.rq {
+		qp.cfg.RecvCQ.push(WC{WRID: w.WRID, Status: WCWRFlushErr, Opcode: WCRecv, QPNum: qp.qpn})
+	}
+	qp.rq = nil
+	qp.cond.Broadcast()
+}
+
+func (qp *QP) toError() {
+	qp.mu.Lock()
+	qp.toErrorLocked()
+	qp.mu.Unlock()
+}
+
+func (qp *QP) inError() bool {
+	qp.mu.Lock()
+	defer qp.mu.Unlock()
+	return qp.state == StateError
+}
+
+// Destroy stops the QP's engine, closes its wire and releases everything it held.
+// No completions are generated for work still queued.
+func (qp *QP) Destroy() error {
+	qp.mu.Lock()
+	if qp.destroyed {
+		qp.mu.Unlock()
+		return ErrClosed
+	}
+	qp.destroyed = true
+	qp.state = StateError
+	conn := qp.conn
+	qp.cond.Broadcast()
+	qp.mu.Unlock()
+
+	qp.sq.Close()
+	for _, f := range qp.respQ.Close() {
+		f.Done()
+	}
+	if conn != nil {
+		conn.Close()
+	}
+	qp.wg.Wait()
+	qp.mu.Lock()
+	for _, p := range qp.pending {
+		if p.release != nil {
+			p.release()
+			p.release = nil
+		}
+	}
+	qp.pending = nil
+	qp.mu.Unlock()
+	qp.cfg.SendCQ.detach()
+	qp.cfg.RecvCQ.detach()
+	qp.dev.mu.Lock()
+	delete(qp.dev.qps, qp)
+	qp.dev.mu.Unlock()
+	return nil
+}
