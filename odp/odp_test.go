@@ -267,3 +267,5 @@ func TestFreeAndClose(t *testing.T) {
 	_, err := n.dev.Alloc(1)
 	assert.ErrorIs(t, err, ErrClosed)
 }
+
+func timeDiv(n uint64) time.Duration { return time.Duration(max(n, 1)) }
