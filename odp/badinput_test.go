@@ -11,15 +11,15 @@ import (
 
 // env is a connected pair with a set of MRs for error cases.
 type env struct {
-	a, b          *node
-	src           *MR // a: LOCAL_WRITE
-	srcRO         *MR // a: no LOCAL_WRITE
-	dst           *MR // b: LOCAL_WRITE | REMOTE_WRITE | REMOTE_READ
-	dstRO         *MR // b: REMOTE_READ only
-	dstWO         *MR // b: LOCAL_WRITE | REMOTE_WRITE
-	otherPD       *MR // b: registered in another PD
-	deregistered  *MR // b: deregistered
-	deregLocal    *MR // a: deregistered
+	a, b         *node
+	src          *MR // a: LOCAL_WRITE
+	srcRO        *MR // a: no LOCAL_WRITE
+	dst          *MR // b: LOCAL_WRITE | REMOTE_WRITE | REMOTE_READ
+	dstRO        *MR // b: REMOTE_READ only
+	dstWO        *MR // b: LOCAL_WRITE | REMOTE_WRITE
+	otherPD      *MR // b: registered in another PD
+	deregistered *MR // b: deregistered
+	deregLocal   *MR // a: deregistered
 }
 
 func newEnv(t *testing.T, odp Access) *env {

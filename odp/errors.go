@@ -16,6 +16,7 @@ var (
 	ErrClosed          = &verbsError{"device or object closed", unix.ENODEV}
 	ErrQueueFull       = &verbsError{"work queue full", unix.ENOMEM}
 	ErrQPState         = &verbsError{"operation not allowed in this QP state", unix.EINVAL}
+	ErrNotSupported    = &verbsError{"operation not supported", unix.EOPNOTSUPP}
 
 	// ErrNotMmapped: ODP registration needs memory from Device.Alloc (never the Go heap).
 	ErrNotMmapped = &verbsError{"ODP memory must come from Device.Alloc", unix.EFAULT}

@@ -15,11 +15,11 @@ func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
 
 // node is one emulated NIC with a PD, CQs and a QP.
 type node struct {
-	dev    *Device
-	pd     *PD
-	scq    *CQ
-	rcq    *CQ
-	qp     *QP
+	dev *Device
+	pd  *PD
+	scq *CQ
+	rcq *CQ
+	qp  *QP
 }
 
 func newNode(t testing.TB, cfg Config) *node {
@@ -269,3 +269,37 @@ func TestFreeAndClose(t *testing.T) {
 }
 
 func timeDiv(n uint64) time.Duration { return time.Duration(max(n, 1)) }
+
+func TestAdvise(t *testing.T) {
+	n := newNode(t, Config{FaultAround: 1})
+	buf, mr := n.region(t, 64<<10, rw|AccessOnDemand)
+	buf[15*4096] = 3 // present before any prefetch (after the snapshot)
+	require.NoError(t, mr.Advise(AdvisePrefetchNoFault, mr.Addr(), 64<<10))
+	assert.Equal(t, 1, mr.Stats().ValidPages, "only the present page")
+	assert.False(t, mr.Entry(15).Writable)
+
+	require.NoError(t, mr.Advise(AdvisePrefetch, mr.Addr()+4096, 3*4096))
+	assert.Equal(t, 4, mr.Stats().ValidPages)
+	assert.False(t, mr.Entry(1).Writable, "PREFETCH maps read-only")
+	require.NoError(t, mr.Advise(AdvisePrefetchWrite, mr.Addr()+4096, 1))
+	assert.True(t, mr.Entry(1).Writable)
+	st := mr.Stats()
+	assert.EqualValues(t, 3, st.Prefetches)
+	assert.EqualValues(t, 1+3+1, st.PagesPrefetched)
+	assert.Zero(t, st.PageFaults, "prefetches are not faults")
+	assert.EqualValues(t, 3, n.dev.Stats().Prefetches)
+
+	ro, rmr := n.region(t, 4096, AccessRemoteRead|AccessOnDemand)
+	_ = ro
+	assert.ErrorIs(t, rmr.Advise(AdvisePrefetchWrite, rmr.Addr(), 1), ErrPermission)
+	assert.ErrorIs(t, mr.Advise(AdvisePrefetch, mr.Addr()+64<<10, 1), ErrInvalidArgument)
+	assert.ErrorIs(t, mr.Advise(Advice(7), mr.Addr(), 1), ErrInvalidArgument)
+	pinned, err := n.pd.RegMR(make([]byte, 4096), AccessLocalWrite)
+	require.NoError(t, err)
+	assert.ErrorIs(t, pinned.Advise(AdvisePrefetch, pinned.Addr(), 1), ErrNotSupported)
+
+	require.NoError(t, mr.Dereg())
+	ds := n.dev.Stats()
+	assert.EqualValues(t, 1, ds.Invalidations)
+	assert.EqualValues(t, 4, ds.PagesInvalidated)
+}

@@ -235,18 +235,16 @@ func (qp *QP) PostSend(wr SendWR) error {
 	default:
 		return wrap(ErrInvalidArgument, "send opcode %d", wr.Opcode)
 	}
-	if len(wr.SGL) > qp.cfg.MaxSGE {
-		return wrap(ErrInvalidArgument, "%d SGEs > max %d", len(wr.SGL), qp.cfg.MaxSGE)
+	sgl, err := qp.copySGL(wr.SGL)
+	if err != nil {
+		return err
 	}
 	w := wr
-	w.SGL = append([]SGE(nil), wr.SGL...)
+	w.SGL = sgl
 	qp.mu.Lock()
 	defer qp.mu.Unlock()
-	if qp.destroyed {
-		return ErrClosed
-	}
-	if !canPostSend(qp.state) {
-		return wrap(ErrQPState, "post send in %v", qp.state)
+	if err := qp.admitLocked("send", canPostSend); err != nil {
+		return err
 	}
 	if qp.sqCount >= qp.cfg.MaxSendWR {
 		return wrap(ErrQueueFull, "%d send WRs outstanding", qp.sqCount)
@@ -256,20 +254,36 @@ func (qp *QP) PostSend(wr SendWR) error {
 	return nil
 }
 
-// PostRecv queues a receive work request.
-func (qp *QP) PostRecv(wr RecvWR) error {
-	if len(wr.SGL) > qp.cfg.MaxSGE {
-		return wrap(ErrInvalidArgument, "%d SGEs > max %d", len(wr.SGL), qp.cfg.MaxSGE)
+// copySGL checks an SGL's length and copies it, so the caller may reuse its slice.
+func (qp *QP) copySGL(sgl []SGE) ([]SGE, error) {
+	if len(sgl) > qp.cfg.MaxSGE {
+		return nil, wrap(ErrInvalidArgument, "%d SGEs > max %d", len(sgl), qp.cfg.MaxSGE)
 	}
-	w := wr
-	w.SGL = append([]SGE(nil), wr.SGL...)
-	qp.mu.Lock()
-	defer qp.mu.Unlock()
+	return append([]SGE(nil), sgl...), nil
+}
+
+// admitLocked reports whether the QP accepts work of this kind in its state.
+func (qp *QP) admitLocked(what string, can func(QPState) bool) error {
 	if qp.destroyed {
 		return ErrClosed
 	}
-	if !canPostRecv(qp.state) {
-		return wrap(ErrQPState, "post recv in %v", qp.state)
+	if !can(qp.state) {
+		return wrap(ErrQPState, "post %s in %v", what, qp.state)
+	}
+	return nil
+}
+
+// PostRecv queues a receive work request.
+func (qp *QP) PostRecv(wr RecvWR) error {
+	sgl, err := qp.copySGL(wr.SGL)
+	if err != nil {
+		return err
+	}
+	w := RecvWR{WRID: wr.WRID, SGL: sgl}
+	qp.mu.Lock()
+	defer qp.mu.Unlock()
+	if err := qp.admitLocked("recv", canPostRecv); err != nil {
+		return err
 	}
 	if qp.state == StateError {
 		qp.cfg.RecvCQ.push(WC{WRID: w.WRID, Status: WCWRFlushErr, Opcode: WCRecv, QPNum: qp.qpn})

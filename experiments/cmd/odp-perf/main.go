@@ -1,0 +1,216 @@
+// Command odp-perf measures RDMA bandwidth between two emulated NICs in one process,
+// with perftest's columns, and compares pinned against on-demand registration.
+//
+//	odp-perf write_bw|read_bw [--odp] [--size N | --all] [--iters N] [--warm] [--json]
+//	odp-perf compare [--test write_bw|read_bw] [--iters N] [--reps N] [--csv FILE]
+package main
+
+import (
+	"encoding/csv"
+	"encoding/json"
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"os"
+	"strconv"
+	"strings"
+
+	"github.com/odpemu/odpemu/experiments/perf"
+)
+
+const usage = `usage:
+  odp-perf write_bw|read_bw [flags]   one perftest-style measurement
+  odp-perf compare [flags]            pinned vs ODP, cold and warm, side by side
+
+Run "odp-perf <command> --help" for the flags of a command.
+`
+
+func main() {
+	if err := run(os.Args[1:], os.Stdout, os.Stderr); err != nil {
+		if !errors.Is(err, flag.ErrHelp) {
+			fmt.Fprintln(os.Stderr, "odp-perf:", err)
+		}
+		os.Exit(2)
+	}
+}
+
+func run(args []string, stdout, stderr io.Writer) error {
+	if len(args) == 0 {
+		fmt.Fprint(stderr, usage)
+		return errors.New("no command")
+	}
+	switch args[0] {
+	case perf.WriteBW, perf.ReadBW:
+		return bw(args[0], args[1:], stdout, stderr)
+	case "compare":
+		return compare(args[1:], stdout, stderr)
+	case "-h", "--help", "help":
+		fmt.Fprint(stdout, usage)
+		return nil
+	}
+	fmt.Fprint(stderr, usage)
+	return fmt.Errorf("unknown command %q", args[0])
+}
+
+// size parses a byte count with an optional K, M or G suffix (powers of two).
+type size int
+
+func (s *size) String() string { return strconv.Itoa(int(*s)) }
+func (s *size) Set(v string) error {
+	mult := 1
+	switch u := strings.ToUpper(v); {
+	case strings.HasSuffix(u, "K"):
+		mult, v = 1<<10, v[:len(v)-1]
+	case strings.HasSuffix(u, "M"):
+		mult, v = 1<<20, v[:len(v)-1]
+	case strings.HasSuffix(u, "G"):
+		mult, v = 1<<30, v[:len(v)-1]
+	}
+	n, err := strconv.Atoi(v)
+	if err != nil || n < 0 || n > (1<<40)/mult {
+		return fmt.Errorf("bad size %q", v)
+	}
+	*s = size(n * mult)
+	return nil
+}
+
+func bw(test string, args []string, stdout, stderr io.Writer) error {
+	fs := flag.NewFlagSet(test, flag.ContinueOnError)
+	fs.SetOutput(stderr)
+	odpFlag := fs.Bool("odp", false, "register with AccessOnDemand instead of pinning")
+	msg := size(65536)
+	fs.Var(&msg, "size", "message size in bytes (K, M, G suffixes)")
+	all := fs.Bool("all", false, "sweep message sizes 2 B to 8 MiB")
+	iters := fs.Int("iters", 5000, "iterations per size")
+	depth := fs.Int("tx-depth", 128, "work requests in flight")
+	cqMod := fs.Int("cq-mod", 100, "a completion every N work requests")
+	warm := fs.Bool("warm", false, "one untimed pass over the region before measuring")
+	mrSize := size(0)
+	fs.Var(&mrSize, "mr-size", "region the work requests stride across (default size x tx-depth)")
+	fa := fs.Int("fault-around", 0, "network page fault alignment in pages (default 16)")
+	asJSON := fs.Bool("json", false, "print one JSON object per size")
+	if err := fs.Parse(args); err != nil {
+		return err
+	}
+	if fs.NArg() > 0 {
+		return fmt.Errorf("unexpected argument %q", fs.Arg(0))
+	}
+	if *iters < 1 || *depth < 1 || *cqMod < 1 || msg < 1 || *fa < 0 {
+		return fmt.Errorf("--iters, --tx-depth, --cq-mod and --size must be positive")
+	}
+	sizes := []int{int(msg)}
+	if *all {
+		sizes = nil
+		for s := 2; s <= 8<<20; s *= 2 {
+			sizes = append(sizes, s)
+		}
+	}
+	if !*asJSON {
+		mode := "pinned"
+		if *odpFlag {
+			mode = "ODP"
+		}
+		fmt.Fprintf(stdout, "# %s, %s registration, two emulated NICs over loopback\n", test, mode)
+		fmt.Fprintf(stdout, " %-10s %-12s %-18s %-21s %s\n", "#bytes", "#iterations", "BW peak[MB/sec]", "BW average[MB/sec]", "MsgRate[Mpps]")
+	}
+	enc := json.NewEncoder(stdout)
+	for _, s := range sizes {
+		r, err := perf.Run(perf.Params{Test: test, ODP: *odpFlag, Size: s, Iters: *iters, Depth: *depth, CQMod: *cqMod,
+			MRSize: int(mrSize), Warm: *warm, FaultAround: *fa})
+		if err != nil {
+			return err
+		}
+		if *asJSON {
+			if err := enc.Encode(r); err != nil {
+				return err
+			}
+			continue
+		}
+		fmt.Fprintf(stdout, " %-10d %-12d %-18.2f %-21.2f %.6f\n", r.Bytes, r.Iters, r.PeakMiBps, r.AvgMiBps, r.MsgRateMpps)
+	}
+	return nil
+}
+
+func compare(args []string, stdout, stderr io.Writer) error {
+	fs := flag.NewFlagSet("compare", flag.ContinueOnError)
+	fs.SetOutput(stderr)
+	test := fs.String("test", perf.WriteBW, "write_bw or read_bw")
+	iters := fs.Int("iters", 5000, "iterations per run (perftest's default)")
+	reps := fs.Int("reps", 5, "cold pinned/ODP pairs per size (fresh memory each)")
+	warmPairs := fs.Int("warm-pairs", 100, "warm burst pairs per size (one buffer registered both ways)")
+	warmIters := fs.Int("warm-iters", 1000, "iterations per warm burst")
+	minSize := size(4 << 10)
+	maxSize := size(1 << 20)
+	fs.Var(&minSize, "min-size", "smallest message size")
+	fs.Var(&maxSize, "max-size", "largest message size")
+	regSizes := fs.String("reg-sizes", "64M,256M,1G", "region sizes for the registration comparison")
+	mrSize := size(0)
+	fs.Var(&mrSize, "mr-size", "region the work requests stride across (default size x 128)")
+	csvPath := fs.String("csv", "", "also write the bandwidth table to this CSV file")
+	quiet := fs.Bool("quiet", false, "no progress bar")
+	if err := fs.Parse(args); err != nil {
+		return err
+	}
+	if fs.NArg() > 0 {
+		return fmt.Errorf("unexpected argument %q", fs.Arg(0))
+	}
+	if *iters < 1 || *reps < 1 || *warmPairs < 1 || *warmIters < 1 {
+		return fmt.Errorf("--iters, --reps, --warm-pairs and --warm-iters must be positive")
+	}
+	if minSize < 1 || maxSize < minSize {
+		return fmt.Errorf("bad size range %d..%d", minSize, maxSize)
+	}
+	var sizes []int
+	for s := int(minSize); s <= int(maxSize); s *= 2 {
+		sizes = append(sizes, s)
+	}
+	var regs []int
+	if *regSizes != "" {
+		for _, f := range strings.Split(*regSizes, ",") {
+			var s size
+			if err := s.Set(strings.TrimSpace(f)); err != nil || s == 0 {
+				return fmt.Errorf("bad --reg-sizes entry %q", f)
+			}
+			regs = append(regs, int(s))
+		}
+	}
+	cp := perf.CompareParams{Test: *test, Sizes: sizes, Iters: *iters, Reps: *reps, RegSizes: regs, MRSize: int(mrSize),
+		WarmPairs: *warmPairs, WarmIters: *warmIters}
+	if !*quiet {
+		bar := newProgress(stderr, "pinned vs ODP")
+		defer bar.finish()
+		cp.Progress = bar.update
+	}
+	rows, regRows, err := perf.Compare(&cp)
+	if err != nil {
+		return err
+	}
+	perf.WriteRows(stdout, cp, rows)
+	perf.WriteRegRows(stdout, regRows)
+	if *csvPath != "" {
+		return writeCSV(*csvPath, *test, rows)
+	}
+	return nil
+}
+
+func writeCSV(path, test string, rows []perf.Row) error {
+	f, err := os.Create(path)
+	if err != nil {
+		return err
+	}
+	w := csv.NewWriter(f)
+	w.Write([]string{"test", "bytes", "pinned_cold_mib_s", "odp_cold_mib_s", "ratio_cold", "pinned_warm_mib_s", "odp_warm_mib_s",
+		"ratio_warm", "ratio_warm_q1", "ratio_warm_q3", "cold_faults"})
+	for _, r := range rows {
+		ff := func(x float64) string { return strconv.FormatFloat(x, 'f', 4, 64) }
+		w.Write([]string{test, strconv.Itoa(r.Bytes), ff(r.PinnedCold), ff(r.ODPCold), ff(r.RatioCold), ff(r.PinnedWarm),
+			ff(r.ODPWarm), ff(r.RatioWarm), ff(r.WarmQ1), ff(r.WarmQ3), strconv.FormatUint(r.ColdFaults, 10)})
+	}
+	w.Flush()
+	if err := w.Error(); err != nil {
+		f.Close()
+		return err
+	}
+	return f.Close()
+}

@@ -1,0 +1,65 @@
+package main
+
+import (
+	"bytes"
+	"encoding/json"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+	"go.uber.org/goleak"
+)
+
+func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
+
+func runArgs(args ...string) (string, string, error) {
+	var out, errb bytes.Buffer
+	err := run(args, &out, &errb)
+	return out.String(), errb.String(), err
+}
+
+func TestBWPrintsPerftestColumns(t *testing.T) {
+	out, _, err := runArgs("write_bw", "--odp", "--size", "8K", "--iters", "200", "--tx-depth", "16", "--cq-mod", "8")
+	require.NoError(t, err)
+	assert.Contains(t, out, "#bytes     #iterations  BW peak[MB/sec]    BW average[MB/sec]    MsgRate[Mpps]")
+	lines := strings.Split(strings.TrimSpace(out), "\n")
+	assert.Len(t, lines, 3)
+	assert.True(t, strings.HasPrefix(strings.TrimSpace(lines[2]), "8192"))
+
+	out, _, err = runArgs("read_bw", "--json", "--size", "4096", "--iters", "100", "--warm")
+	require.NoError(t, err)
+	var r map[string]any
+	require.NoError(t, json.Unmarshal([]byte(out), &r))
+	assert.Equal(t, "read_bw", r["test"])
+	assert.EqualValues(t, 4096, r["bytes"])
+}
+
+func TestCompareWritesCSV(t *testing.T) {
+	csvPath := filepath.Join(t.TempDir(), "c.csv")
+	out, _, err := runArgs("compare", "--quiet", "--iters", "100", "--reps", "1", "--warm-pairs", "2", "--warm-iters", "50",
+		"--min-size", "4K", "--max-size", "8K", "--reg-sizes", "1M", "--csv", csvPath)
+	require.NoError(t, err)
+	assert.Contains(t, out, "registration 1 MiB: pinned ")
+	assert.Contains(t, out, "speedup")
+	b, err := os.ReadFile(csvPath)
+	require.NoError(t, err)
+	assert.Len(t, strings.Split(strings.TrimSpace(string(b)), "\n"), 3, "header and two sizes")
+}
+
+func TestBadArguments(t *testing.T) {
+	for _, args := range [][]string{
+		{}, {"atomic_bw"}, {"write_bw", "--size", "12Q"}, {"write_bw", "extra"}, {"compare", "--min-size", "8K", "--max-size", "4K"},
+		{"compare", "--reg-sizes", "abc"}, {"write_bw", "--iters", "0"},
+	} {
+		_, _, err := runArgs(args...)
+		assert.Error(t, err, "%v", args)
+	}
+	out, _, err := runArgs("--help")
+	require.NoError(t, err)
+	assert.Contains(t, out, "usage:")
+	_, stderr, _ := runArgs("compare", "--help")
+	assert.Contains(t, stderr, "-warm-pairs")
+}

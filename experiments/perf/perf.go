@@ -1,0 +1,316 @@
+// Package perf measures RDMA WRITE and READ bandwidth between two emulated NICs the way
+// perftest's ib_write_bw and ib_read_bw do, with pinned or on-demand registration.
+package perf
+
+import (
+	"context"
+	"fmt"
+	"sort"
+	"time"
+
+	"github.com/odpemu/odpemu/odp"
+)
+
+// Test names, as perftest's binaries.
+const (
+	WriteBW = "write_bw"
+	ReadBW  = "read_bw"
+)
+
+// Params configure one run. Zero values take perftest's defaults.
+type Params struct {
+	Test        string // WriteBW or ReadBW
+	ODP         bool   // register with AccessOnDemand (perftest --odp)
+	Size        int    // message size, default 65536
+	Iters       int    // iterations, default 5000
+	Depth       int    // TX depth, default 128
+	CQMod       int    // a completion every CQMod work requests, default 100
+	MRSize      int    // region the work requests stride across, default Size*Depth
+	Warm        bool   // one untimed pass over the region before measuring
+	FaultAround int    // device fault-around, default the device's
+}
+
+func (p *Params) defaults() error {
+	if p.Test == "" {
+		p.Test = WriteBW
+	}
+	if p.Test != WriteBW && p.Test != ReadBW {
+		return fmt.Errorf("perf: unknown test %q (want %s or %s)", p.Test, WriteBW, ReadBW)
+	}
+	if p.Size == 0 {
+		p.Size = 65536
+	}
+	if p.Iters == 0 {
+		p.Iters = 5000
+	}
+	if p.Depth == 0 {
+		p.Depth = 128
+	}
+	if p.CQMod == 0 {
+		p.CQMod = 100
+	}
+	p.CQMod = min(p.CQMod, p.Depth)
+	if p.MRSize == 0 {
+		p.MRSize = p.Size * p.Depth
+	}
+	if p.Size < 1 || p.Size > 1<<30 || p.Iters < 1 || p.Depth < 1 || p.Depth > 4096 || p.MRSize < p.Size {
+		return fmt.Errorf("perf: bad parameters size=%d iters=%d depth=%d mr-size=%d", p.Size, p.Iters, p.Depth, p.MRSize)
+	}
+	return nil
+}
+
+// Result is one run's measurement. Bandwidths are MiB/s, as perftest reports them.
+type Result struct {
+	Test         string        `json:"test"`
+	ODP          bool          `json:"odp"`
+	Warm         bool          `json:"warm"`
+	Bytes        int           `json:"bytes"`
+	Iters        int           `json:"iterations"`
+	PeakMiBps    float64       `json:"bw_peak_mib_s"`
+	AvgMiBps     float64       `json:"bw_avg_mib_s"`
+	MsgRateMpps  float64       `json:"msg_rate_mpps"`
+	Elapsed      time.Duration `json:"elapsed_ns"`
+	RegTime      time.Duration `json:"registration_ns"` // both regions
+	PageFaults   uint64        `json:"network_page_faults"`
+	PagesFaulted uint64        `json:"pages_faulted"`
+	FaultTime    time.Duration `json:"fault_time_ns"`
+	CPUFaults    uint64        `json:"cpu_faults"`
+}
+
+// Run performs one measurement on two fresh devices connected by loopback.
+func Run(p Params) (Result, error) {
+	if err := p.defaults(); err != nil {
+		return Result{}, err
+	}
+	cfg := odp.Config{FaultAround: p.FaultAround}
+	client, err := newSide(cfg, p)
+	if err != nil {
+		return Result{}, err
+	}
+	defer client.close()
+	server, err := newSide(cfg, p)
+	if err != nil {
+		return Result{}, err
+	}
+	defer server.close()
+	if err := odp.ConnectLoopback(client.qp, server.qp); err != nil {
+		return Result{}, err
+	}
+	// perftest fills its buffers after registering them: with --odp these first
+	// touches are CPU faults.
+	for _, s := range []*side{client, server} {
+		fill(s.buf)
+	}
+	if p.Warm {
+		warm := p
+		warm.Iters = max(p.MRSize/p.Size, 1)
+		if _, err := client.loop(warm, server.mr); err != nil {
+			return Result{}, fmt.Errorf("perf: warm-up: %w", err)
+		}
+	}
+	before := [2]odp.Stats{client.dev.Stats(), server.dev.Stats()}
+	r, err := client.loop(p, server.mr)
+	if err != nil {
+		return Result{}, err
+	}
+	after := [2]odp.Stats{client.dev.Stats(), server.dev.Stats()}
+	for i := range after {
+		r.PageFaults += after[i].PageFaults - before[i].PageFaults
+		r.PagesFaulted += after[i].PagesFaulted - before[i].PagesFaulted
+		r.FaultTime += after[i].FaultTime - before[i].FaultTime
+		r.CPUFaults += after[i].CPUFaults - before[i].CPUFaults
+	}
+	r.Test, r.ODP, r.Warm = p.Test, p.ODP, p.Warm
+	r.RegTime = client.mr.Registration().Total + server.mr.Registration().Total
+	return r, nil
+}
+
+type side struct {
+	dev *odp.Device
+	pd  *odp.PD
+	cq  *odp.CQ
+	qp  *odp.QP
+	buf []byte
+	mr  *odp.MR
+}
+
+func newSide(cfg odp.Config, p Params) (*side, error) {
+	d, err := odp.Open(cfg)
+	if err != nil {
+		return nil, err
+	}
+	s := &side{dev: d}
+	fail := func(err error) (*side, error) { d.Close(); return nil, err }
+	if s.pd, err = d.AllocPD(); err != nil {
+		return fail(err)
+	}
+	if s.cq, err = d.CreateCQ(2 * p.Depth); err != nil {
+		return fail(err)
+	}
+	if s.qp, err = s.pd.CreateQP(odp.QPConfig{SendCQ: s.cq, RecvCQ: s.cq, MaxSendWR: p.Depth}); err != nil {
+		return fail(err)
+	}
+	if s.buf, err = d.Alloc(p.MRSize); err != nil {
+		return fail(err)
+	}
+	access := odp.AccessLocalWrite | odp.AccessRemoteWrite | odp.AccessRemoteRead
+	if p.ODP {
+		access |= odp.AccessOnDemand
+	}
+	if s.mr, err = s.pd.RegMR(s.buf, access); err != nil {
+		return fail(err)
+	}
+	return s, nil
+}
+
+// WarmPair measures steady state: it registers an ODP MR and a pinned MR over the same
+// buffers on both sides, faults the ODP MRs in with one pass, then alternates bursts of
+// p.Iters work requests between the two keys, which differ in nothing but registration.
+// It returns each burst's average bandwidth, pinned and ODP, in burst order.
+func WarmPair(p Params, bursts int) (pinned, onDemand []float64, err error) {
+	p.ODP = true
+	if err := p.defaults(); err != nil {
+		return nil, nil, err
+	}
+	cfg := odp.Config{FaultAround: p.FaultAround}
+	var sides [2]*side
+	for i := range sides {
+		if sides[i], err = newSide(cfg, p); err != nil {
+			return nil, nil, err
+		}
+		defer sides[i].close()
+		fill(sides[i].buf)
+	}
+	client, server := sides[0], sides[1]
+	if err := odp.ConnectLoopback(client.qp, server.qp); err != nil {
+		return nil, nil, err
+	}
+	warm := p
+	warm.Iters = max(p.MRSize/p.Size, 1)
+	if _, err := client.loop(warm, server.mr); err != nil {
+		return nil, nil, err
+	}
+	faults := func() uint64 { return client.dev.Stats().PageFaults + server.dev.Stats().PageFaults }
+	warmed := faults()
+	odpMRs := [2]*odp.MR{client.mr, server.mr}
+	var pinnedMRs [2]*odp.MR
+	for i, s := range sides {
+		if pinnedMRs[i], err = s.pd.RegMR(s.buf, odp.AccessLocalWrite|odp.AccessRemoteWrite|odp.AccessRemoteRead); err != nil {
+			return nil, nil, err
+		}
+	}
+	for b := 0; b < bursts; b++ {
+		order := []bool{false, true}
+		if b%2 == 1 {
+			order = []bool{true, false}
+		}
+		for _, useODP := range order {
+			mrs := pinnedMRs
+			if useODP {
+				mrs = odpMRs
+			}
+			client.mr = mrs[0]
+			r, err := client.loop(p, mrs[1])
+			if err != nil {
+				return nil, nil, err
+			}
+			if useODP {
+				onDemand = append(onDemand, r.AvgMiBps)
+			} else {
+				pinned = append(pinned, r.AvgMiBps)
+			}
+		}
+	}
+	if f := faults(); f != warmed {
+		return nil, nil, fmt.Errorf("perf: %d network page faults during steady state", f-warmed)
+	}
+	return pinned, onDemand, nil
+}
+
+func (s *side) close() { s.dev.Close() }
+
+// loop posts p.Iters work requests keeping p.Depth in flight, one signaled every
+// p.CQMod, and times them as perftest does: average bandwidth is bytes x iterations
+// over (last completion - first post); peak is the best completion window.
+func (s *side) loop(p Params, remote *odp.MR) (Result, error) {
+	op := odp.OpRDMAWrite
+	if p.Test == ReadBW {
+		op = odp.OpRDMARead
+	}
+	slots := max(p.MRSize/p.Size, 1)
+	wcs := make([]odp.WC, 16)
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Minute)
+	defer cancel()
+	var start time.Time
+	var stamps []time.Time // completion times of signaled WRs
+	var marks []int        // WRs completed at each stamp
+	posted, completed := 0, 0
+	for completed < p.Iters {
+		for posted < p.Iters && posted-completed < p.Depth {
+			off := uint64((posted % slots) * p.Size)
+			wr := odp.SendWR{WRID: uint64(posted), Opcode: op,
+				SGL:        []odp.SGE{{Addr: s.mr.Addr() + off, Length: uint32(p.Size), LKey: s.mr.LKey()}},
+				RemoteAddr: remote.Addr() + off, RKey: remote.RKey()}
+			if (posted+1)%p.CQMod == 0 || posted == p.Iters-1 {
+				wr.Flags = odp.SendSignaled
+			}
+			if posted == 0 {
+				start = time.Now()
+			}
+			if err := s.qp.PostSend(wr); err != nil {
+				return Result{}, err
+			}
+			posted++
+		}
+		n, err := s.cq.Wait(ctx, wcs)
+		if err != nil {
+			return Result{}, err
+		}
+		now := time.Now()
+		for _, wc := range wcs[:n] {
+			if wc.Status != odp.WCSuccess {
+				return Result{}, fmt.Errorf("perf: WR %d: %v (%s)", wc.WRID, wc.Status, wc.Detail)
+			}
+			completed = int(wc.WRID) + 1
+			stamps = append(stamps, now)
+			marks = append(marks, completed)
+		}
+	}
+	elapsed := stamps[len(stamps)-1].Sub(start)
+	r := Result{Bytes: p.Size, Iters: p.Iters, Elapsed: elapsed}
+	total := float64(p.Size) * float64(p.Iters)
+	r.AvgMiBps = total / elapsed.Seconds() / (1 << 20)
+	r.MsgRateMpps = float64(p.Iters) / elapsed.Seconds() / 1e6
+	prevT, prevN := start, 0
+	for i, t := range stamps {
+		if d := t.Sub(prevT).Seconds(); d > 0 {
+			r.PeakMiBps = max(r.PeakMiBps, float64(marks[i]-prevN)*float64(p.Size)/d/(1<<20))
+		}
+		prevT, prevN = t, marks[i]
+	}
+	r.PeakMiBps = max(r.PeakMiBps, r.AvgMiBps)
+	return r, nil
+}
+
+// Median returns the median of xs (the mean of the middle two for even counts).
+func Median(xs []float64) float64 {
+	if len(xs) == 0 {
+		return 0
+	}
+	s := append([]float64(nil), xs...)
+	sort.Float64s(s)
+	if len(s)%2 == 1 {
+		return s[len(s)/2]
+	}
+	return (s[len(s)/2-1] + s[len(s)/2]) / 2
+}
+
+// fill writes a byte pattern over b, doubling copies to keep setup short.
+func fill(b []byte) {
+	for i := 0; i < len(b) && i < 4096; i++ {
+		b[i] = byte(i*7 + i>>8)
+	}
+	for n := 4096; n < len(b); n *= 2 {
+		copy(b[n:], b[:n])
+	}
+}

@@ -1,0 +1,84 @@
+package perf
+
+import (
+	"fmt"
+	"testing"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+	"go.uber.org/goleak"
+)
+
+func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
+
+func TestRunReportsFaultsOnlyForODP(t *testing.T) {
+	for _, test := range []string{WriteBW, ReadBW} {
+		for _, odp := range []bool{false, true} {
+			r, err := Run(Params{Test: test, ODP: odp, Size: 16 << 10, Iters: 300, Depth: 16, CQMod: 8})
+			require.NoError(t, err)
+			assert.Equal(t, 300, r.Iters)
+			assert.Positive(t, r.AvgMiBps)
+			assert.GreaterOrEqual(t, r.PeakMiBps, r.AvgMiBps)
+			if odp {
+				// 16 slots of 16 KiB on the responder (WRITE) or requester (READ)
+				// side; the other side's region faults too.
+				assert.NotZero(t, r.PageFaults, test)
+				assert.EqualValues(t, 2*16*4, r.PagesFaulted, test)
+			} else {
+				assert.Zero(t, r.PageFaults, test)
+			}
+		}
+	}
+	r, err := Run(Params{ODP: true, Warm: true, Size: 16 << 10, Iters: 100, Depth: 16})
+	require.NoError(t, err)
+	assert.Zero(t, r.PageFaults, "the warm-up pass faulted everything in")
+	_, err = Run(Params{Test: "atomic_bw"})
+	assert.Error(t, err)
+}
+
+func TestCompare(t *testing.T) {
+	calls := 0
+	rows, regs, err := Compare(&CompareParams{Sizes: []int{4096, 8192}, Iters: 200, Reps: 1, RegSizes: []int{1 << 20},
+		WarmPairs: 4, WarmIters: 100,
+		Progress: func(done, total int) { calls++; assert.Equal(t, 8, total) }})
+	require.NoError(t, err)
+	require.Len(t, rows, 2)
+	require.Len(t, regs, 1)
+	assert.Equal(t, 8, calls)
+	for _, r := range rows {
+		assert.Positive(t, r.RatioCold)
+		assert.Positive(t, r.RatioWarm)
+		assert.LessOrEqual(t, r.WarmQ1, r.RatioWarm)
+		assert.GreaterOrEqual(t, r.WarmQ3, r.RatioWarm)
+		assert.NotZero(t, r.ColdFaults)
+	}
+	assert.Positive(t, regs[0].Speedup)
+	assert.Equal(t, "1 MiB", HumanBytes(1<<20))
+	assert.Equal(t, "1000 B", HumanBytes(1000))
+	assert.InDelta(t, 2.5, Median([]float64{3, 1, 2, 4}), 1e-9)
+}
+
+func BenchmarkWriteBW(b *testing.B) {
+	for _, odp := range []bool{false, true} {
+		b.Run(fmt.Sprintf("odp=%v", odp), func(b *testing.B) {
+			for i := 0; i < b.N; i++ {
+				r, err := Run(Params{ODP: odp, Warm: true, Size: 64 << 10, Iters: 5000})
+				if err != nil {
+					b.Fatal(err)
+				}
+				b.ReportMetric(r.AvgMiBps, "MiB/s")
+			}
+		})
+	}
+}
+
+func TestWarmPairTakesNoFaults(t *testing.T) {
+	pinned, onDemand, err := WarmPair(Params{Size: 8 << 10, Iters: 200, Depth: 16}, 4)
+	require.NoError(t, err) // it fails itself if a burst faulted
+	assert.Len(t, pinned, 4)
+	assert.Len(t, onDemand, 4)
+	for i := range pinned {
+		assert.Positive(t, pinned[i])
+		assert.Positive(t, onDemand[i])
+	}
+}
