@@ -17,6 +17,11 @@
 #define MSG_BATCH 64
 #define MAX_PENDING 4096
 
+typedef struct queued {
+	struct uffd_msg m;
+	uint64_t t_ns; // CLOCK_MONOTONIC when the message was read
+} queued;
+
 struct odp_fs {
 	int uffd;
 	int stopfd;
@@ -27,10 +32,11 @@ struct odp_fs {
 	pthread_t thread;
 
 	pthread_mutex_t qmu; // protects the event queue below
-	struct uffd_msg *q;
+	queued *q;
 	int qhead, qlen, qcap;
 
 	odp_fs_stats st; // updated with __atomic builtins, read by odp_fs_stats_read
+	int reading;     // 1 from before read(2) until its events are queued
 };
 
 static uint64_t now_ns(void) {
@@ -41,15 +47,15 @@ static uint64_t now_ns(void) {
 
 static void add(uint64_t *p, uint64_t v) { __atomic_fetch_add(p, v, __ATOMIC_RELAXED); }
 
-static void queue_event(odp_fs *fs, const struct uffd_msg *m) {
+static void queue_event(odp_fs *fs, const struct uffd_msg *m, uint64_t t) {
 	pthread_mutex_lock(&fs->qmu);
 	if (fs->qlen == fs->qcap) {
 		int ncap = fs->qcap ? fs->qcap * 2 : 64;
-		struct uffd_msg *nq = malloc(sizeof(*nq) * (size_t)ncap);
+		queued *nq = malloc(sizeof(*nq) * (size_t)ncap);
 		if (nq == NULL) { // keep the event by spinning on memory: never drop it
 			pthread_mutex_unlock(&fs->qmu);
 			sched_yield();
-			queue_event(fs, m);
+			queue_event(fs, m, t);
 			return;
 		}
 		for (int i = 0; i < fs->qlen; i++)
@@ -59,7 +65,7 @@ static void queue_event(odp_fs *fs, const struct uffd_msg *m) {
 		fs->qhead = 0;
 		fs->qcap = ncap;
 	}
-	fs->q[(fs->qhead + fs->qlen) % fs->qcap] = *m;
+	fs->q[(fs->qhead + fs->qlen) % fs->qcap] = (queued){*m, t};
 	fs->qlen++;
 	pthread_mutex_unlock(&fs->qmu);
 	uint64_t one = 1;
@@ -68,12 +74,13 @@ static void queue_event(odp_fs *fs, const struct uffd_msg *m) {
 	add(&fs->st.events, 1);
 }
 
-int odp_fs_pop_events(odp_fs *fs, void *out, int max) {
+int odp_fs_pop_events(odp_fs *fs, void *out, uint64_t *times, int max) {
 	struct uffd_msg *o = out;
 	pthread_mutex_lock(&fs->qmu);
 	int n = 0;
 	while (n < max && fs->qlen > 0) {
-		o[n++] = fs->q[fs->qhead];
+		times[n] = fs->q[fs->qhead].t_ns;
+		o[n++] = fs->q[fs->qhead].m;
 		fs->qhead = (fs->qhead + 1) % fs->qcap;
 		fs->qlen--;
 	}
@@ -156,15 +163,19 @@ static void *loop(void *arg) {
 		if (p[0].revents & (POLLERR | POLLHUP | POLLNVAL))
 			break;
 		if (npend < MAX_PENDING - MSG_BATCH) {
+			// The kernel lets the thread that raised an event go on as soon as read(2)
+			// returns it; "reading" covers that gap until the event is counted.
+			__atomic_store_n(&fs->reading, 1, __ATOMIC_SEQ_CST);
 			ssize_t n = read(fs->uffd, msgs, sizeof msgs);
 			uint64_t t0 = now_ns();
 			for (ssize_t i = 0; n > 0 && i < n / (ssize_t)sizeof(msgs[0]); i++) {
 				if (msgs[i].event == UFFD_EVENT_PAGEFAULT) {
 					pend[npend++] = (pending){msgs[i].arg.pagefault.address, msgs[i].arg.pagefault.flags, t0};
 				} else {
-					queue_event(fs, &msgs[i]);
+					queue_event(fs, &msgs[i], t0);
 				}
 			}
+			__atomic_store_n(&fs->reading, 0, __ATOMIC_SEQ_CST);
 		}
 		int keep = 0;
 		for (int i = 0; i < npend; i++) {
@@ -230,3 +241,11 @@ void odp_fs_stats_read(odp_fs *fs, odp_fs_stats *out) {
 }
 
 int odp_fs_event_fd(odp_fs *fs) { return fs->evfd; }
+
+uint64_t odp_fs_now_ns(void) { return now_ns(); }
+
+int64_t odp_fs_settled_events(odp_fs *fs) {
+	if (__atomic_load_n(&fs->reading, __ATOMIC_SEQ_CST))
+		return -1;
+	return (int64_t)__atomic_load_n(&fs->st.events, __ATOMIC_SEQ_CST);
+}

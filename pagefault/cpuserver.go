@@ -8,6 +8,7 @@ import "C"
 
 import (
 	"fmt"
+	"runtime"
 	"sync"
 	"time"
 	"unsafe"
@@ -87,6 +88,8 @@ func (s *CPUServer) EventFd() int {
 }
 
 // Events moves queued non-pagefault events into dst and returns how many it moved.
+// Each event's Age is how long ago the server read it from the userfaultfd (at which
+// point the kernel went on with the operation that raised it).
 func (s *CPUServer) Events(dst []Msg) (int, error) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
@@ -94,13 +97,39 @@ func (s *CPUServer) Events(dst []Msg) (int, error) {
 		return 0, nil
 	}
 	raw := make([]byte, MsgSize*len(dst))
-	n := int(C.odp_fs_pop_events(s.fs, unsafe.Pointer(&raw[0]), C.int(len(dst))))
+	times := make([]C.uint64_t, len(dst))
+	n := int(C.odp_fs_pop_events(s.fs, unsafe.Pointer(&raw[0]), &times[0], C.int(len(dst))))
 	for i := 0; i < n; i++ {
 		m, err := DecodeMsg(raw[i*MsgSize:])
 		if err != nil {
 			return i, err
 		}
+		m.ReadAt = time.Duration(times[i])
 		dst[i] = m
 	}
 	return n, nil
+}
+
+// Since returns how long ago, on the server's clock, a Msg.ReadAt was.
+func (s *CPUServer) Since(readAt time.Duration) time.Duration {
+	return time.Duration(C.odp_fs_now_ns()) - readAt
+}
+
+// SettledEvents returns how many events the server has queued, once it is not between
+// reading messages and queueing them: every event a thread was released from before
+// the call is counted. It waits (yielding) through that short window.
+func (s *CPUServer) SettledEvents() uint64 {
+	for {
+		s.mu.Lock()
+		if s.fs == nil {
+			s.mu.Unlock()
+			return 0
+		}
+		n := int64(C.odp_fs_settled_events(s.fs))
+		s.mu.Unlock()
+		if n >= 0 {
+			return uint64(n)
+		}
+		runtime.Gosched()
+	}
 }

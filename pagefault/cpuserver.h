@@ -31,8 +31,13 @@ void odp_fs_stop(odp_fs *fs);
 void odp_fs_stats_read(odp_fs *fs, odp_fs_stats *out);
 // odp_fs_event_fd is an eventfd that is readable while events are queued.
 int odp_fs_event_fd(odp_fs *fs);
-// odp_fs_pop_events moves up to max queued 32-byte uffd_msg records into out and
-// returns how many.
-int odp_fs_pop_events(odp_fs *fs, void *out, int max);
+// odp_fs_pop_events moves up to max queued 32-byte uffd_msg records into out, and the
+// CLOCK_MONOTONIC times at which they were read into times, and returns how many.
+int odp_fs_pop_events(odp_fs *fs, void *out, uint64_t *times, int max);
+// odp_fs_settled_events returns the number of events queued so far, or -1 while the
+// server is between reading messages and queueing them.
+int64_t odp_fs_settled_events(odp_fs *fs);
+// odp_fs_now_ns reads CLOCK_MONOTONIC, the clock of the event times.
+uint64_t odp_fs_now_ns(void);
 
 #endif

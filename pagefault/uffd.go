@@ -13,6 +13,7 @@ import (
 	"os"
 	"strings"
 	"sync"
+	"time"
 	"unsafe"
 
 	"golang.org/x/sys/unix"
@@ -240,6 +241,9 @@ type Msg struct {
 	// Remap: From, To, Len. Remove and Unmap: Start, End.
 	From, To, Len uint64
 	Start, End    uint64
+	// ReadAt is when a CPUServer read the message (CLOCK_MONOTONIC); see
+	// CPUServer.Since. Zero for messages decoded elsewhere.
+	ReadAt time.Duration
 }
 
 // ErrShortMsg is returned by DecodeMsg for a buffer shorter than MsgSize.

@@ -1,0 +1,142 @@
+package invalidate
+
+import (
+	"sync"
+	"testing"
+	"unsafe"
+
+	"github.com/odpemu/odpemu/pagefault"
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+	"go.uber.org/goleak"
+	"golang.org/x/sys/unix"
+)
+
+func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
+
+type recorder struct {
+	mu  sync.Mutex
+	got []Range
+	why []Reason
+}
+
+func (r *recorder) Invalidate(rg Range, why Reason) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	r.got = append(r.got, rg)
+	r.why = append(r.why, why)
+}
+
+func (r *recorder) ranges() []Range {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return append([]Range(nil), r.got...)
+}
+
+func TestRegistryClipsAndSkipsDisjoint(t *testing.T) {
+	g := NewRegistry()
+	a, b := &recorder{}, &recorder{}
+	sa := g.Insert(100, 200, a)
+	g.Insert(300, 400, b)
+	assert.Equal(t, 2, g.Invalidate(Range{150, 350}, ReasonExplicit), "both overlap [150, 350)")
+	assert.Equal(t, []Range{{150, 200}}, a.ranges())
+	assert.Equal(t, []Range{{300, 350}}, b.ranges())
+	assert.Equal(t, 0, g.Invalidate(Range{200, 300}, ReasonExplicit), "touching, not overlapping")
+	sa.Remove()
+	sa.Remove()
+	assert.Equal(t, 1, g.Invalidate(Range{0, 1000}, ReasonRemove))
+	assert.Len(t, a.ranges(), 1, "removed subscriber not called")
+	assert.EqualValues(t, 2, g.Count(ReasonExplicit))
+	assert.EqualValues(t, 1, g.Count(ReasonRemove))
+	assert.Equal(t, "remap", ReasonRemap.String())
+}
+
+// pumped maps npages, registers them with a userfaultfd asking for the
+// non-cooperative events, and starts a fault server and a pump over reg.
+func pumped(t *testing.T, npages int, reg *Registry, disabled bool) ([]byte, *pagefault.CPUServer, *Pump) {
+	t.Helper()
+	b, err := unix.Mmap(-1, 0, npages*4096, unix.PROT_READ|unix.PROT_WRITE, unix.MAP_PRIVATE|unix.MAP_ANONYMOUS)
+	require.NoError(t, err)
+	u, err := pagefault.Open(pagefault.Options{Features: pagefault.FeatureEventRemove | pagefault.FeatureEventUnmap | pagefault.FeatureEventRemap})
+	require.NoError(t, err)
+	_, err = u.Register(addrOf(b), uintptr(len(b)), pagefault.ModeMissing)
+	require.NoError(t, err)
+	s, err := pagefault.StartCPUServer(u, 1)
+	require.NoError(t, err)
+	p, err := StartPump(s, reg, disabled)
+	require.NoError(t, err)
+	t.Cleanup(func() {
+		p.Stop()
+		s.Stop()
+		u.Close()
+		unix.Munmap(b)
+	})
+	return b, s, p
+}
+
+func addrOf(b []byte) uintptr { return uintptr(unsafe.Pointer(&b[0])) }
+
+func TestPumpTurnsEventsIntoInvalidations(t *testing.T) {
+	g := NewRegistry()
+	rec := &recorder{}
+	b, s, p := pumped(t, 32, g, false)
+	base := addrOf(b)
+	g.Insert(base, base+32*4096, rec)
+	for i := 0; i < 32; i++ {
+		b[i*4096] = 1
+	}
+
+	require.NoError(t, unix.Madvise(b[4096:3*4096], unix.MADV_DONTNEED))
+	require.NoError(t, p.Sync())
+	assert.Equal(t, []Range{{base + 4096, base + 3*4096}}, rec.ranges())
+
+	// Unmap the last 4 pages: the pages are gone, the registration with them.
+	_, _, e := unix.Syscall(unix.SYS_MUNMAP, base+28*4096, 4*4096, 0) // unix.Munmap wants whole mappings
+	require.Zero(t, e)
+	require.NoError(t, p.Sync())
+	assert.Equal(t, Range{base + 28*4096, base + 32*4096}, rec.ranges()[1])
+
+	_ = s
+	st := p.Stats()
+	assert.EqualValues(t, 2, st.Events)
+	assert.EqualValues(t, 1, st.Removes)
+	assert.EqualValues(t, 1, st.Unmaps)
+	assert.NotZero(t, st.Latency)
+	assert.GreaterOrEqual(t, st.MaxLat, st.Latency/2)
+}
+
+func TestPumpRemap(t *testing.T) {
+	g := NewRegistry()
+	rec := &recorder{}
+	b, _, p := pumped(t, 8, g, false)
+	base := addrOf(b)
+	g.Insert(base, base+8*4096, rec)
+	b[0] = 9
+	// Move the first two pages elsewhere (MREMAP_MAYMOVE|MREMAP_FIXED into a fresh hole).
+	hole, err := unix.Mmap(-1, 0, 2*4096, unix.PROT_NONE, unix.MAP_PRIVATE|unix.MAP_ANONYMOUS)
+	require.NoError(t, err)
+	to, _, e := unix.Syscall6(unix.SYS_MREMAP, base, 2*4096, 2*4096, unix.MREMAP_MAYMOVE|unix.MREMAP_FIXED, addrOf(hole), 0)
+	require.Zero(t, e)
+	require.Equal(t, addrOf(hole), to)
+	defer unix.Munmap(hole)
+	require.NoError(t, p.Sync())
+	// REMAP, then UNMAP of the old range (its VMA still carried the context).
+	for _, r := range rec.ranges() {
+		assert.Equal(t, Range{base, base + 2*4096}, r)
+	}
+	assert.Contains(t, rec.why, ReasonRemap)
+	assert.EqualValues(t, 1, p.Stats().Remaps)
+	assert.EqualValues(t, 9, hole[0], "the page moved with its content, to where hole was")
+}
+
+func TestPumpDisabledDropsEvents(t *testing.T) {
+	g := NewRegistry()
+	rec := &recorder{}
+	b, _, p := pumped(t, 4, g, true)
+	g.Insert(addrOf(b), addrOf(b)+4*4096, rec)
+	b[0] = 1
+	require.NoError(t, unix.Madvise(b, unix.MADV_DONTNEED))
+	require.NoError(t, p.Sync())
+	assert.Empty(t, rec.ranges())
+	assert.EqualValues(t, 1, p.Stats().Ignored)
+}

@@ -1,0 +1,163 @@
+package invalidate
+
+import (
+	"fmt"
+	"sync"
+	"time"
+
+	"github.com/odpemu/odpemu/pagefault"
+	"golang.org/x/sys/unix"
+)
+
+// EventSource is where a Pump reads events: a pagefault.CPUServer.
+type EventSource interface {
+	EventFd() int
+	Events(dst []pagefault.Msg) (int, error)
+	Since(readAt time.Duration) time.Duration
+	SettledEvents() uint64
+}
+
+// PumpStats count what a Pump did.
+type PumpStats struct {
+	Events  uint64 // events read
+	Removes uint64
+	Unmaps  uint64
+	Remaps  uint64
+	Ignored uint64        // events dropped because invalidation is disabled
+	Latency time.Duration // sum, from the server reading an event to its invalidation done
+	MaxLat  time.Duration
+}
+
+// Pump applies a server's events to a registry in one goroutine. That goroutine never
+// madvises, unmaps or remaps a registered range itself (it would wait for its own
+// event).
+type Pump struct {
+	src      EventSource
+	reg      *Registry
+	disabled bool
+	stop     int // eventfd
+	done     chan struct{}
+
+	mu      sync.Mutex
+	cond    sync.Cond // on mu: signalled after each batch is applied
+	applied uint64    // events applied (or ignored), protected by mu
+	stats   PumpStats // protected by mu
+	err     error     // protected by mu
+}
+
+// StartPump starts applying src's events to reg. With disabled set (the ablation
+// switch) events are read and counted but not applied.
+func StartPump(src EventSource, reg *Registry, disabled bool) (*Pump, error) {
+	stop, err := unix.Eventfd(0, unix.EFD_CLOEXEC|unix.EFD_NONBLOCK)
+	if err != nil {
+		return nil, fmt.Errorf("invalidate: eventfd: %w", err)
+	}
+	p := &Pump{src: src, reg: reg, disabled: disabled, stop: stop, done: make(chan struct{})}
+	p.cond.L = &p.mu
+	go p.run()
+	return p, nil
+}
+
+func (p *Pump) run() {
+	defer close(p.done)
+	msgs := make([]pagefault.Msg, 64)
+	fds := []unix.PollFd{{Fd: int32(p.src.EventFd()), Events: unix.POLLIN}, {Fd: int32(p.stop), Events: unix.POLLIN}}
+	for {
+		n, err := p.src.Events(msgs)
+		if err != nil {
+			p.fail(err)
+			return
+		}
+		if n > 0 {
+			p.apply(msgs[:n])
+			continue
+		}
+		// Blocking in poll(2) releases this goroutine's P.
+		if _, err := unix.Poll(fds, -1); err != nil && err != unix.EINTR {
+			p.fail(err)
+			return
+		}
+		if fds[1].Revents != 0 {
+			return
+		}
+	}
+}
+
+func (p *Pump) fail(err error) {
+	p.mu.Lock()
+	p.err = err
+	p.cond.Broadcast()
+	p.mu.Unlock()
+}
+
+func (p *Pump) apply(msgs []pagefault.Msg) {
+	var st PumpStats
+	for _, m := range msgs {
+		st.Events++
+		var r Range
+		var why Reason
+		switch m.Event {
+		case pagefault.EventRemove:
+			r, why = Range{uintptr(m.Start), uintptr(m.End)}, ReasonRemove
+			st.Removes++
+		case pagefault.EventUnmap:
+			r, why = Range{uintptr(m.Start), uintptr(m.End)}, ReasonUnmap
+			st.Unmaps++
+		case pagefault.EventRemap:
+			// The MR keeps its virtual range: the pages left it.
+			r, why = Range{uintptr(m.From), uintptr(m.From + m.Len)}, ReasonRemap
+			st.Remaps++
+		default:
+			continue // FORK is not requested
+		}
+		if p.disabled {
+			st.Ignored++
+			continue
+		}
+		p.reg.Invalidate(r, why)
+		lat := p.src.Since(m.ReadAt)
+		st.Latency += lat
+		st.MaxLat = max(st.MaxLat, lat)
+	}
+	p.mu.Lock()
+	p.applied += st.Events
+	s := &p.stats
+	s.Events += st.Events
+	s.Removes += st.Removes
+	s.Unmaps += st.Unmaps
+	s.Remaps += st.Remaps
+	s.Ignored += st.Ignored
+	s.Latency += st.Latency
+	s.MaxLat = max(s.MaxLat, st.MaxLat)
+	p.cond.Broadcast()
+	p.mu.Unlock()
+}
+
+// Sync waits until every event the kernel had delivered when Sync was called has been
+// applied: after madvise, munmap or mremap returns, Sync returns once the NIC's
+// entries for that range are invalid. It is the way to know an event was handled
+// without sleeping.
+func (p *Pump) Sync() error {
+	queued := p.src.SettledEvents()
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	for p.applied < queued && p.err == nil {
+		p.cond.Wait()
+	}
+	return p.err
+}
+
+// Stats returns the counters.
+func (p *Pump) Stats() PumpStats {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return p.stats
+}
+
+// Stop stops the goroutine and waits for it.
+func (p *Pump) Stop() {
+	one := []byte{1, 0, 0, 0, 0, 0, 0, 0}
+	unix.Write(p.stop, one)
+	<-p.done
+	unix.Close(p.stop)
+}

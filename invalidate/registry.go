@@ -1,0 +1,103 @@
+// Package invalidate delivers MMU-notifier-like invalidations to the emulated NIC.
+//
+// A Registry holds interval subscriptions (one per ODP memory region, like
+// mmu_interval_notifier_insert) and calls every subscriber overlapping an invalidated
+// range. A Pump reads the userfaultfd events (REMOVE, UNMAP, REMAP) that the CPU fault
+// server queued and turns them into invalidations.
+//
+// Ordering, and what userfaultfd cannot give: the kernel's notifier runs before a
+// page's translation changes and the change waits for it. A userfaultfd event
+// releases the thread that caused it as soon as the event is read, and UNMAP is sent
+// after the range is gone, so event-driven invalidation is after the fact. Changes that
+// odpemu makes itself (explicit invalidation, discards and evictions it performs) call
+// Registry.Invalidate first and change the mapping only after it returned, which is
+// the kernel's order.
+package invalidate
+
+import (
+	"sync"
+	"sync/atomic"
+)
+
+// Reason says why a range is invalidated.
+type Reason int
+
+const (
+	ReasonRemove   Reason = iota // madvise(DONTNEED/REMOVE) (UFFD_EVENT_REMOVE)
+	ReasonUnmap                  // munmap (UFFD_EVENT_UNMAP)
+	ReasonRemap                  // mremap moved the range away (UFFD_EVENT_REMAP)
+	ReasonExplicit               // an Invalidate call
+	ReasonDiscard                // a discard odpemu performs itself
+	numReasons
+)
+
+func (r Reason) String() string {
+	return [...]string{"remove", "unmap", "remap", "explicit", "discard"}[r]
+}
+
+// Range is the half-open address range [Start, End).
+type Range struct{ Start, End uintptr }
+
+// Subscriber is told about invalidations overlapping its interval. Invalidate must
+// return only when no DMA can use the old translations of r any more; it may block
+// for DMA in flight, and must not itself call into the Registry.
+type Subscriber interface {
+	Invalidate(r Range, why Reason)
+}
+
+// Subscription is one registered interval.
+type Subscription struct {
+	reg   *Registry
+	r     Range
+	sub   Subscriber
+	alive bool // protected by reg.mu
+}
+
+// Registry is a set of subscriptions. Safe for concurrent use.
+type Registry struct {
+	mu   sync.RWMutex // protects subs; held for reading while subscribers run
+	subs map[*Subscription]struct{}
+
+	counts [numReasons]atomic.Uint64
+}
+
+// NewRegistry returns an empty registry.
+func NewRegistry() *Registry { return &Registry{subs: map[*Subscription]struct{}{}} }
+
+// Insert subscribes s to invalidations overlapping [start, end).
+func (g *Registry) Insert(start, end uintptr, s Subscriber) *Subscription {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	sub := &Subscription{reg: g, r: Range{start, end}, sub: s, alive: true}
+	g.subs[sub] = struct{}{}
+	return sub
+}
+
+// Remove unsubscribes; once it returns, the subscriber is not called again. Safe to
+// call more than once.
+func (s *Subscription) Remove() {
+	g := s.reg
+	g.mu.Lock() // waits for invalidations running over the registry
+	defer g.mu.Unlock()
+	s.alive = false
+	delete(g.subs, s)
+}
+
+// Invalidate calls every subscriber overlapping r, with r clipped to its interval, and
+// returns how many it called. When it returns, every one of them has finished.
+func (g *Registry) Invalidate(r Range, why Reason) int {
+	g.counts[why].Add(1)
+	g.mu.RLock()
+	defer g.mu.RUnlock()
+	n := 0
+	for s := range g.subs {
+		if s.alive && s.r.Start < r.End && r.Start < s.r.End {
+			s.sub.Invalidate(Range{max(r.Start, s.r.Start), min(r.End, s.r.End)}, why)
+			n++
+		}
+	}
+	return n
+}
+
+// Count returns how many invalidations were requested for a reason.
+func (g *Registry) Count(why Reason) uint64 { return g.counts[why].Load() }
