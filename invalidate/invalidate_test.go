@@ -15,16 +15,24 @@ import (
 func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
 
 type recorder struct {
-	mu  sync.Mutex
-	got []Range
-	why []Reason
+	mu   sync.Mutex
+	got  []Range
+	why  []Reason
+	open int // started, not yet ended
 }
 
-func (r *recorder) Invalidate(rg Range, why Reason) {
+func (r *recorder) InvalidateStart(rg Range, why Reason) {
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	r.got = append(r.got, rg)
 	r.why = append(r.why, why)
+	r.open++
+}
+
+func (r *recorder) InvalidateEnd(rg Range, why Reason) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	r.open--
 }
 
 func (r *recorder) ranges() []Range {
@@ -38,13 +46,24 @@ func TestRegistryClipsAndSkipsDisjoint(t *testing.T) {
 	a, b := &recorder{}, &recorder{}
 	sa := g.Insert(100, 200, a)
 	g.Insert(300, 400, b)
-	assert.Equal(t, 2, g.Invalidate(Range{150, 350}, ReasonExplicit), "both overlap [150, 350)")
+	changed := false
+	n, err := g.Invalidate(Range{150, 350}, ReasonExplicit, func() error {
+		changed = true
+		assert.Equal(t, 1, a.open, "change runs between start and end")
+		return nil
+	})
+	require.NoError(t, err)
+	assert.True(t, changed)
+	assert.Equal(t, 2, n, "both overlap [150, 350)")
+	assert.Zero(t, a.open)
 	assert.Equal(t, []Range{{150, 200}}, a.ranges())
 	assert.Equal(t, []Range{{300, 350}}, b.ranges())
-	assert.Equal(t, 0, g.Invalidate(Range{200, 300}, ReasonExplicit), "touching, not overlapping")
+	n, _ = g.Invalidate(Range{200, 300}, ReasonExplicit, nil)
+	assert.Equal(t, 0, n, "touching, not overlapping")
 	sa.Remove()
 	sa.Remove()
-	assert.Equal(t, 1, g.Invalidate(Range{0, 1000}, ReasonRemove))
+	n, _ = g.Invalidate(Range{0, 1000}, ReasonRemove, nil)
+	assert.Equal(t, 1, n)
 	assert.Len(t, a.ranges(), 1, "removed subscriber not called")
 	assert.EqualValues(t, 2, g.Count(ReasonExplicit))
 	assert.EqualValues(t, 1, g.Count(ReasonRemove))

@@ -114,7 +114,7 @@ func (p *Pump) apply(msgs []pagefault.Msg) {
 			st.Ignored++
 			continue
 		}
-		p.reg.Invalidate(r, why)
+		p.reg.Invalidate(r, why, nil)
 		lat := p.src.Since(m.ReadAt)
 		st.Latency += lat
 		st.MaxLat = max(st.MaxLat, lat)

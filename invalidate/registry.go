@@ -38,11 +38,13 @@ func (r Reason) String() string {
 // Range is the half-open address range [Start, End).
 type Range struct{ Start, End uintptr }
 
-// Subscriber is told about invalidations overlapping its interval. Invalidate must
-// return only when no DMA can use the old translations of r any more; it may block
-// for DMA in flight, and must not itself call into the Registry.
+// Subscriber is told about invalidations overlapping its interval.
+// InvalidateStart must return only when no DMA can use the old translations of r any
+// more (it may block for DMA in flight) and must hold new translations off until the
+// matching InvalidateEnd. Neither may call into the Registry.
 type Subscriber interface {
-	Invalidate(r Range, why Reason)
+	InvalidateStart(r Range, why Reason)
+	InvalidateEnd(r Range, why Reason)
 }
 
 // Subscription is one registered interval.
@@ -83,20 +85,34 @@ func (s *Subscription) Remove() {
 	delete(g.subs, s)
 }
 
-// Invalidate calls every subscriber overlapping r, with r clipped to its interval, and
-// returns how many it called. When it returns, every one of them has finished.
-func (g *Registry) Invalidate(r Range, why Reason) int {
+// Invalidate runs invalidate_range_start on every subscriber overlapping r (with r
+// clipped to its interval), then change (which may be nil: the mapping already
+// changed), then invalidate_range_end, and returns how many subscribers it called.
+// change's error is returned.
+func (g *Registry) Invalidate(r Range, why Reason, change func() error) (int, error) {
 	g.counts[why].Add(1)
 	g.mu.RLock()
 	defer g.mu.RUnlock()
-	n := 0
+	type hit struct {
+		s *Subscription
+		r Range
+	}
+	var hits []hit
 	for s := range g.subs {
 		if s.alive && s.r.Start < r.End && r.Start < s.r.End {
-			s.sub.Invalidate(Range{max(r.Start, s.r.Start), min(r.End, s.r.End)}, why)
-			n++
+			h := hit{s, Range{max(r.Start, s.r.Start), min(r.End, s.r.End)}}
+			h.s.sub.InvalidateStart(h.r, why)
+			hits = append(hits, h)
 		}
 	}
-	return n
+	var err error
+	if change != nil {
+		err = change()
+	}
+	for _, h := range hits {
+		h.s.sub.InvalidateEnd(h.r, why)
+	}
+	return len(hits), err
 }
 
 // Count returns how many invalidations were requested for a reason.

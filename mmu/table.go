@@ -42,7 +42,12 @@ type DMA struct {
 	id    uint64
 	first int
 	n     int
+	seq   uint64
 }
+
+// Seq is the notifier sequence the DMA began under: if Sequence still returns it, no
+// invalidation began on the table since.
+func (d DMA) Seq() uint64 { return d.seq }
 
 // Stats counts table events.
 type Stats struct {
@@ -202,7 +207,7 @@ func (t *Table) BeginDMA(first, n int, write bool) (DMA, int) {
 		return DMA{}, miss
 	}
 	t.nextDMA++
-	d := DMA{id: t.nextDMA, first: first, n: n}
+	d := DMA{id: t.nextDMA, first: first, n: n, seq: t.seq}
 	t.inflight[d.id] = d
 	t.stats.DMAs++
 	return d, -1
@@ -225,11 +230,39 @@ type InvalidateResult struct {
 	WaitedDMAs int // in-flight DMAs it waited for
 }
 
-// Invalidate runs the notifier's invalidate for pages [first, first+n): it bumps the
-// sequence (so a fault in progress fails ReadRetryLocked), clears the entries, then
-// waits for every overlapping DMA that began before it. When it returns, no DMA can
-// touch those pages through their old translations.
+// Invalidate is InvalidateBegin followed by InvalidateEnd.
 func (t *Table) Invalidate(first, n int) InvalidateResult {
+	r := t.InvalidateBegin(first, n)
+	t.InvalidateEnd()
+	return r
+}
+
+// InvalidateEnd ends an invalidation begun by InvalidateBegin: faults waiting in
+// ReadBegin go on.
+func (t *Table) InvalidateEnd() {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	if t.invalidating == 0 {
+		panic("mmu: InvalidateEnd without InvalidateBegin")
+	}
+	t.invalidating--
+	t.cond.Broadcast()
+}
+
+// Sequence returns the notifier sequence without waiting: it changes whenever an
+// invalidation begins, so a DMA that sees it unchanged was not overlapped by one.
+func (t *Table) Sequence() uint64 {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	return t.seq
+}
+
+// InvalidateBegin is invalidate_range_start for pages [first, first+n): it bumps the
+// sequence (so a fault in progress fails ReadRetryLocked), clears the entries, then
+// waits for every overlapping DMA that began before it. When it returns no DMA can
+// touch those pages through their old translations, and until InvalidateEnd no fault
+// can map new ones (ReadBegin waits): the caller changes the mapping in between.
+func (t *Table) InvalidateBegin(first, n int) InvalidateResult {
 	t.mu.Lock()
 	defer t.mu.Unlock()
 	t.check(first, n)
@@ -267,8 +300,6 @@ func (t *Table) Invalidate(first, n int) InvalidateResult {
 			t.cond.Wait()
 		}
 	}
-	t.invalidating--
-	t.cond.Broadcast()
 	return r
 }
 

@@ -197,3 +197,24 @@ func BenchmarkBeginEndDMA(b *testing.B) {
 		})
 	}
 }
+
+// Between InvalidateBegin and InvalidateEnd a fault cannot begin: the mapping is
+// being changed.
+func TestInvalidateBeginHoldsFaultsOff(t *testing.T) {
+	tb := New(8)
+	mapped(tb, 0, 8, true)
+	s0 := tb.Sequence()
+	r := tb.InvalidateBegin(2, 2)
+	assert.Equal(t, 2, r.Pages)
+	assert.NotEqual(t, s0, tb.Sequence())
+	begun := make(chan uint64)
+	go func() { begun <- tb.ReadBegin() }()
+	select {
+	case <-begun:
+		t.Fatal("ReadBegin returned inside an invalidation")
+	default:
+	}
+	tb.InvalidateEnd()
+	<-begun
+	assert.Panics(t, tb.InvalidateEnd)
+}

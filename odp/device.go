@@ -23,6 +23,7 @@ import (
 	"unsafe"
 
 	"github.com/odpemu/odpemu/internal/interval"
+	"github.com/odpemu/odpemu/invalidate"
 	"github.com/odpemu/odpemu/pagefault"
 	"golang.org/x/sys/unix"
 )
@@ -45,6 +46,16 @@ type Config struct {
 	MemlockLimit int64
 	// NoSnapshot skips mapping already-present pages at ODP registration.
 	NoSnapshot bool
+	// NoInvalidate is the ablation switch: userfaultfd events are read but not
+	// applied, and Discard changes the mapping without invalidating first. The NIC
+	// then keeps translations the CPU no longer has; Audit counts its DMAs through them.
+	NoInvalidate bool
+	// Audit checks every DMA on an ODP MR after the copy: a copy during which a page
+	// of its range was installed anew (a CPU fault found it missing) or whose recorded
+	// frame is no longer the page's frame, with no invalidation observed meanwhile, is
+	// a stale DMA (on hardware: silent corruption). Costs two cgo calls and a pagemap
+	// read per DMA.
+	Audit bool
 }
 
 // Device is an emulated RDMA NIC. It owns a userfaultfd for its ODP regions, the CPU
@@ -55,6 +66,8 @@ type Device struct {
 	server   *pagefault.CPUServer
 	pagemap  *pagefault.Pagemap
 	resolver *pagefault.Resolver
+	registry *invalidate.Registry
+	pump     *invalidate.Pump
 	limit    int64 // pinned byte limit, <0 unlimited
 
 	mu      sync.RWMutex // protects everything below; read-locked for key lookups
@@ -104,7 +117,10 @@ func Open(cfg Config) (*Device, error) {
 	}
 	if d.pagemap, err = pagefault.OpenPagemap(); err == nil {
 		if d.resolver, err = pagefault.NewResolver(d.uffd, d.pagemap, pagefault.ZeroSource{}); err == nil {
-			d.server, err = pagefault.StartCPUServer(d.uffd, cfg.CPUFaultAround)
+			if d.server, err = pagefault.StartCPUServer(d.uffd, cfg.CPUFaultAround); err == nil {
+				d.registry = invalidate.NewRegistry()
+				d.pump, err = invalidate.StartPump(d.server, d.registry, cfg.NoInvalidate)
+			}
 		}
 	}
 	if err != nil {
@@ -184,6 +200,9 @@ func (d *Device) Close() error {
 }
 
 func (d *Device) release() {
+	if d.pump != nil {
+		d.pump.Stop()
+	}
 	if d.server != nil {
 		d.server.Stop()
 	}
@@ -358,6 +377,7 @@ type deviceCounters struct {
 	invalidations, pagesInvalidated                atomic.Uint64
 	prefetches, pagesPrefetched                    atomic.Uint64
 	mrsPinned, mrsODP                              atomic.Uint64
+	audited, stale, dmaFaults                      atomic.Uint64
 }
 
 // Stats are a device's counters, named after mlx5's ODP counters.
@@ -376,11 +396,20 @@ type Stats struct {
 	CPUFaultTime         time.Duration
 	CPUFaultMax          time.Duration
 	CPUFaultsFoundMapped uint64 // CPU faults on pages the NIC had installed meanwhile
+
+	Events              uint64        // userfaultfd REMOVE, UNMAP and REMAP events read
+	EventsIgnored       uint64        // of which dropped by the NoInvalidate ablation
+	InvalidationLatency time.Duration // sum over events: event read to entries cleared, DMA drained
+	InvalidationMax     time.Duration
+	AuditedDMAs         uint64 // DMAs checked by the audit
+	StaleDMAs           uint64 // audit violations: copies through stale translations
+	DMAFaults           uint64 // copies that hit unmapped memory (reported as access errors)
 }
 
 // Stats returns the device's counters.
 func (d *Device) Stats() Stats {
 	s := d.server.Stats()
+	ps := d.pump.Stats()
 	d.mu.Lock()
 	pinned := d.pinned
 	d.mu.Unlock()
@@ -392,5 +421,65 @@ func (d *Device) Stats() Stats {
 		PagesPrefetched: c.pagesPrefetched.Load(), PinnedBytes: pinned,
 		CPUFaults: s.Faults, CPUFaultPages: s.Pages, CPUFaultTime: s.ServiceTime, CPUFaultMax: s.MaxServiceTime,
 		CPUFaultsFoundMapped: s.Exist,
+		Events:               ps.Events, EventsIgnored: ps.Ignored, InvalidationLatency: ps.Latency, InvalidationMax: ps.MaxLat,
+		AuditedDMAs: c.audited.Load(), StaleDMAs: c.stale.Load(), DMAFaults: c.dmaFaults.Load(),
 	}
+}
+
+// SyncEvents returns once every userfaultfd event raised before the call (by a
+// madvise, munmap or mremap that has returned) has been applied to the NIC's tables.
+func (d *Device) SyncEvents() error { return d.pump.Sync() }
+
+// Invalidate invalidates the NIC's translations of [addr, addr+length) in every ODP MR
+// of the device, waiting for DMA in flight on them: the next access faults afresh.
+// It works with NoInvalidate too (it is the experimenter's own call).
+func (d *Device) Invalidate(addr, length uint64) error {
+	r, err := pageRange(addr, length)
+	if err != nil {
+		return err
+	}
+	_, err = d.registry.Invalidate(r, invalidate.ReasonExplicit, nil)
+	return err
+}
+
+// Discard drops the pages of b (madvise MADV_DONTNEED), which must lie in a buffer from
+// Alloc, in the kernel's order: the NIC's translations are invalidated and DMA on them
+// drained first, faults are held off while the pages are dropped, and the next access
+// faults in zero-filled pages. With NoInvalidate the pages are dropped without telling
+// the NIC.
+func (d *Device) Discard(b []byte) error {
+	if len(b) == 0 {
+		return wrap(ErrInvalidArgument, "discard of an empty slice")
+	}
+	r, err := pageRange(uint64(addrOf(b)), uint64(len(b)))
+	if err != nil {
+		return err
+	}
+	d.mu.RLock()
+	_, ok := d.bufferLocked(r.Start, r.End-r.Start)
+	d.mu.RUnlock()
+	if !ok {
+		return wrap(ErrNotMmapped, "discard %#x+%d", r.Start, len(b))
+	}
+	zap := func() error {
+		if _, _, e := unix.Syscall(unix.SYS_MADVISE, r.Start, r.End-r.Start, unix.MADV_DONTNEED); e != 0 {
+			return fmt.Errorf("odp: madvise: %w", e)
+		}
+		return nil
+	}
+	if d.cfg.NoInvalidate {
+		return zap()
+	}
+	_, err = d.registry.Invalidate(r, invalidate.ReasonDiscard, zap)
+	return err
+}
+
+// pageRange rounds [addr, addr+length) out to pages.
+func pageRange(addr, length uint64) (invalidate.Range, error) {
+	end := addr + length
+	if length == 0 || end < addr || end > uint64(^uintptr(0))-uint64(pagefault.PageSize) {
+		return invalidate.Range{}, wrap(ErrInvalidArgument, "range %#x+%d", addr, length)
+	}
+	ps := pagefault.PageSize
+	return invalidate.Range{Start: uintptr(addr) &^ (ps - 1), End: (uintptr(end) + ps - 1) &^ (ps - 1)}, nil
 }

@@ -11,7 +11,9 @@ package odp
 // between mmu.Table BeginDMA and EndDMA, after any fault has been resolved.
 
 import (
+	"errors"
 	"fmt"
+	"runtime/debug"
 
 	"github.com/odpemu/odpemu/transport"
 )
@@ -122,20 +124,25 @@ func (qp *QP) gather(sgl []SGE) (payload []byte, release func(), status WCStatus
 	}
 	if len(segs) == 1 {
 		s := segs[0]
-		dma, err := s.mr.beginDMA(s.off, s.n, false)
+		ref, err := s.mr.acquire(s.off, s.n, false)
 		if err != nil {
 			return nil, nil, WCLocProtErr, err.Error()
 		}
-		return s.mr.mem[s.off : s.off+s.n], func() { s.mr.endDMA(dma) }, WCSuccess, ""
+		return ref.bytes(), ref.release, WCSuccess, ""
 	}
-	buf := make([]byte, 0, sglLen(sgl))
+	buf := make([]byte, sglLen(sgl))
+	pos := uint64(0)
 	for _, s := range segs {
-		dma, err := s.mr.beginDMA(s.off, s.n, false)
+		ref, err := s.mr.acquire(s.off, s.n, false)
 		if err != nil {
 			return nil, nil, WCLocProtErr, err.Error()
 		}
-		buf = append(buf, s.mr.mem[s.off:s.off+s.n]...)
-		s.mr.endDMA(dma)
+		err = qp.dev.dmaCopy(buf[pos:pos+s.n], ref.bytes())
+		ref.release()
+		if err != nil {
+			return nil, nil, WCLocProtErr, err.Error()
+		}
+		pos += s.n
 	}
 	return buf, nil, WCSuccess, ""
 }
@@ -152,12 +159,15 @@ func (qp *QP) scatter(sgl []SGE, data []byte) (WCStatus, string) {
 			return WCLocProtErr, why
 		}
 		n := min(uint64(s.Length), uint64(len(data)))
-		dma, err := mr.beginDMA(off, n, true)
+		ref, err := mr.acquire(off, n, true)
 		if err != nil {
 			return WCLocProtErr, err.Error()
 		}
-		copy(mr.mem[off:off+n], data[:n])
-		mr.endDMA(dma)
+		err = qp.dev.dmaCopy(ref.bytes(), data[:n])
+		ref.release()
+		if err != nil {
+			return WCLocProtErr, err.Error()
+		}
 		data = data[n:]
 	}
 	return WCSuccess, ""
@@ -165,6 +175,7 @@ func (qp *QP) scatter(sgl []SGE, data []byte) (WCStatus, string) {
 
 func (qp *QP) sendLoop() {
 	defer qp.wg.Done()
+	debug.SetPanicOnFault(true) // see dmaCopy
 	for {
 		wr, ok := qp.sq.Pop()
 		if !ok {
@@ -231,6 +242,7 @@ func (qp *QP) request(wr *SendWR, p *pending) (*transport.Frame, WCStatus, strin
 
 func (qp *QP) recvLoop() {
 	defer qp.wg.Done()
+	debug.SetPanicOnFault(true) // see dmaCopy
 	qp.mu.Lock()
 	conn := qp.conn
 	qp.mu.Unlock()
@@ -322,6 +334,7 @@ func nakStatus(s transport.Syndrome) WCStatus {
 
 func (qp *QP) respLoop() {
 	defer qp.wg.Done()
+	debug.SetPanicOnFault(true) // see dmaCopy
 	qp.mu.Lock()
 	conn := qp.conn
 	qp.mu.Unlock()
@@ -370,27 +383,27 @@ func (qp *QP) execute(f *transport.Frame) *transport.Frame {
 		if !ok {
 			return nak(f, transport.SynRemoteAccess)
 		}
-		n := uint64(len(f.Payload))
-		dma, err := mr.beginDMA(off, n, true)
+		ref, err := mr.acquire(off, uint64(len(f.Payload)), true)
 		if err != nil {
 			return nak(f, transport.SynRemoteAccess)
 		}
-		copy(mr.mem[off:off+n], f.Payload)
-		mr.endDMA(dma)
+		err = qp.dev.dmaCopy(ref.bytes(), f.Payload)
+		ref.release()
+		if err != nil {
+			return nak(f, transport.SynRemoteAccess)
+		}
 		return &transport.Frame{Op: transport.OpAck, PSN: f.PSN}
 	case transport.OpRead:
 		mr, off, ok := qp.remoteMR(f, AccessRemoteRead)
 		if !ok {
 			return nak(f, transport.SynRemoteAccess)
 		}
-		n := uint64(f.Len)
-		dma, err := mr.beginDMA(off, n, false)
+		ref, err := mr.acquire(off, uint64(f.Len), false)
 		if err != nil {
 			return nak(f, transport.SynRemoteAccess)
 		}
 		// The response aliases the MR; the DMA ends when the requester has the data.
-		return &transport.Frame{Op: transport.OpReadResp, PSN: f.PSN, Len: uint32(n), Payload: mr.mem[off : off+n],
-			Release: func() { mr.endDMA(dma) }}
+		return &transport.Frame{Op: transport.OpReadResp, PSN: f.PSN, Len: f.Len, Payload: ref.bytes(), Release: ref.release}
 	case transport.OpSend:
 		return qp.receive(f)
 	}
@@ -434,4 +447,28 @@ func (qp *QP) receive(f *transport.Frame) *transport.Frame {
 	qp.cfg.RecvCQ.push(wc)
 	qp.mu.Unlock()
 	return resp
+}
+
+// errDMAFault: a copy touched memory that is not mapped any more.
+var errDMAFault = errors.New("odp: DMA touched unmapped memory")
+
+// dmaCopy is the DMA engine's copy. An application that unmaps memory under an
+// in-flight DMA makes the copy fault; the engine goroutines run with
+// debug.SetPanicOnFault, so that is reported as an error (an access error completion),
+// not a crash.
+func (d *Device) dmaCopy(dst, src []byte) (err error) {
+	defer func() {
+		if r := recover(); r != nil {
+			// Memory faults under SetPanicOnFault carry the faulting address; any
+			// other panic is a bug and goes on.
+			fault, ok := r.(interface{ Addr() uintptr })
+			if !ok {
+				panic(r)
+			}
+			d.stats.dmaFaults.Add(1)
+			err = fmt.Errorf("%w at %#x", errDMAFault, fault.Addr())
+		}
+	}()
+	copy(dst, src)
+	return nil
 }

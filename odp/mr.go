@@ -6,6 +6,7 @@ import (
 	"time"
 
 	"github.com/odpemu/odpemu/internal/interval"
+	"github.com/odpemu/odpemu/invalidate"
 	"github.com/odpemu/odpemu/mmu"
 	"github.com/odpemu/odpemu/pagefault"
 	"golang.org/x/sys/unix"
@@ -29,6 +30,11 @@ type MR struct {
 	// dead is set under the table lock when deregistration starts; a fault that
 	// finds it set maps nothing.
 	dead bool
+	sub  *invalidate.Subscription // ODP: the interval notifier
+	// gone lists table page ranges [lo, hi) the application unmapped: they stay
+	// invalid and a DMA on them is an access error, whatever is mapped there later.
+	// Protected by the table lock.
+	gone [][2]int
 
 	stats mrCounters
 }
@@ -36,6 +42,7 @@ type MR struct {
 type mrCounters struct {
 	faults, pagesFaulted, faultRetries, faultNanos atomic.Uint64
 	prefetches, pagesPrefetched                    atomic.Uint64
+	stale                                          atomic.Uint64
 }
 
 // RegTiming is how long each stage of registration took.
@@ -58,7 +65,8 @@ type MRStats struct {
 	PagesPrefetched  uint64
 	Invalidations    uint64
 	PagesInvalidated uint64
-	ValidPages       int // entries valid now
+	StaleDMAs        uint64 // audit violations on this MR
+	ValidPages       int    // entries valid now
 }
 
 // RegMR registers buf for NIC access. With AccessOnDemand buf must come from
@@ -126,6 +134,7 @@ func (mr *MR) registerODP(end uintptr, npages int) error {
 	mr.table = mmu.New(npages)
 	d.mrs[key>>8] = mr
 	d.mu.Unlock()
+	mr.sub = d.registry.Insert(mr.base, end, notifier{mr})
 	mr.reg.Register = time.Since(t0)
 	d.stats.mrsODP.Add(1)
 
@@ -311,7 +320,8 @@ func (mr *MR) Stats() MRStats {
 	c := &mr.stats
 	return MRStats{PageFaults: c.faults.Load(), PagesFaulted: c.pagesFaulted.Load(), FaultRetries: c.faultRetries.Load(),
 		FaultTime: time.Duration(c.faultNanos.Load()), Prefetches: c.prefetches.Load(), PagesPrefetched: c.pagesPrefetched.Load(),
-		Invalidations: ts.Invalidations, PagesInvalidated: ts.PagesInvalidated, ValidPages: mr.table.ValidPages()}
+		Invalidations: ts.Invalidations, PagesInvalidated: ts.PagesInvalidated, StaleDMAs: c.stale.Load(),
+		ValidPages: mr.table.ValidPages()}
 }
 
 // Dereg deregisters the MR. It waits for DMA in flight on the region; work requests
@@ -326,6 +336,9 @@ func (mr *MR) Dereg() error {
 	delete(d.mrs, mr.key>>8)
 	d.mu.Unlock()
 
+	if mr.sub != nil {
+		mr.sub.Remove() // after this no invalidation runs on the table
+	}
 	mr.table.Lock()
 	mr.dead = true
 	mr.table.Unlock()
@@ -353,10 +366,55 @@ func (mr *MR) Dereg() error {
 // invalidate clears table pages [first, first+n), waiting for DMA in flight on them,
 // and counts it.
 func (mr *MR) invalidate(first, n int) {
-	r := mr.table.Invalidate(first, n)
+	mr.invalidateBegin(first, n)
+	mr.table.InvalidateEnd()
+}
+
+func (mr *MR) invalidateBegin(first, n int) {
+	r := mr.table.InvalidateBegin(first, n)
 	mr.dev.stats.invalidations.Add(1)
 	mr.dev.stats.pagesInvalidated.Add(uint64(r.Pages))
 }
+
+// notifier is an ODP MR's interval notifier.
+type notifier struct{ mr *MR }
+
+func (n notifier) pages(r invalidate.Range) (int, int) {
+	ps := pagefault.PageSize
+	first := int((r.Start - n.mr.base) / ps)
+	last := int((r.End - n.mr.base + ps - 1) / ps)
+	return first, min(last, n.mr.table.Pages()) - first
+}
+
+// InvalidateStart implements invalidate.Subscriber.
+func (n notifier) InvalidateStart(r invalidate.Range, why invalidate.Reason) {
+	first, count := n.pages(r)
+	n.mr.invalidateBegin(first, count)
+	if why == invalidate.ReasonUnmap {
+		n.mr.table.Lock()
+		n.mr.gone = append(n.mr.gone, [2]int{first, first + count})
+		n.mr.table.Unlock()
+	}
+}
+
+// clipGoneLocked narrows the fault window [lo, hi) around [miss, end) so that it
+// avoids unmapped pages; ok is false if [miss, end) itself touches one.
+func (mr *MR) clipGoneLocked(lo, hi, miss, end int) (int, int, bool) {
+	for _, g := range mr.gone {
+		if g[0] < end && miss < g[1] {
+			return 0, 0, false
+		}
+		if g[1] <= miss {
+			lo = max(lo, g[1])
+		} else if g[0] >= end {
+			hi = min(hi, g[0])
+		}
+	}
+	return lo, hi, true
+}
+
+// InvalidateEnd implements invalidate.Subscriber.
+func (n notifier) InvalidateEnd(invalidate.Range, invalidate.Reason) { n.mr.table.InvalidateEnd() }
 
 // lookupMR finds a live MR by key.
 func (d *Device) lookupMR(key uint32) *MR {
@@ -416,6 +474,72 @@ func (mr *MR) beginDMA(off, n uint64, write bool) (mmu.DMA, error) {
 
 func (mr *MR) endDMA(d mmu.DMA) { mr.table.EndDMA(d) }
 
+// dmaRef is one DMA in flight on MR bytes [off, off+n), from acquire to release.
+type dmaRef struct {
+	mr     *MR
+	off, n uint64
+	d      mmu.DMA
+	audit  bool
+	mark   uint64 // CPU fault server install sequence at acquire
+}
+
+// acquire starts a DMA, taking network page faults as needed.
+func (mr *MR) acquire(off, n uint64, write bool) (dmaRef, error) {
+	d, err := mr.beginDMA(off, n, write)
+	if err != nil {
+		return dmaRef{}, err
+	}
+	r := dmaRef{mr: mr, off: off, n: n, d: d, audit: mr.odp && mr.dev.cfg.Audit}
+	if r.audit {
+		r.mark = mr.dev.server.InstallSeq()
+	}
+	return r, nil
+}
+
+func (r dmaRef) bytes() []byte { return r.mr.mem[r.off : r.off+r.n] }
+
+// release audits the DMA when auditing is on, then ends it.
+func (r dmaRef) release() {
+	if r.audit {
+		r.check()
+	}
+	r.mr.endDMA(r.d)
+}
+
+// check is the DMA audit: did the copy run through a translation the CPU no longer
+// had, without an invalidation telling the NIC? Evidence is a CPU fault that found a
+// page of the range missing during the DMA (immune to frame reuse), or a recorded
+// frame that is not the page's frame now.
+func (r dmaRef) check() {
+	mr, d := r.mr, r.mr.dev
+	d.stats.audited.Add(1)
+	first, count := mr.pageSpan(r.off, r.n)
+	if count == 0 {
+		return
+	}
+	lo := mr.base + uintptr(first)*pagefault.PageSize
+	hi := lo + uintptr(count)*pagefault.PageSize
+	stale := d.server.InstalledSince(r.mark, lo, hi)
+	if !stale && d.pagemap.PFNsReadable() {
+		entries := make([]pagefault.PagemapEntry, count)
+		if d.pagemap.Read(lo, entries) == nil {
+			mr.table.Lock()
+			for i, e := range entries {
+				te := mr.table.EntryLocked(first + i)
+				if te.Valid && (!e.Present() || e.PFN() != te.PFN) {
+					stale = true
+					break
+				}
+			}
+			mr.table.Unlock()
+		}
+	}
+	if stale && mr.table.Sequence() == r.d.Seq() {
+		d.stats.stale.Add(1)
+		mr.stats.stale.Add(1)
+	}
+}
+
 // fault is the network page fault handler (mlx5's pagefault_real_mr): it resolves
 // pages [miss, end) widened to the fault-around alignment, then maps them unless an
 // invalidation ran meanwhile, in which case it maps nothing and the caller simply
@@ -426,6 +550,12 @@ func (mr *MR) fault(miss, end int, write, presentOnly bool) (int, error) {
 	fa := d.cfg.FaultAround
 	lo := miss &^ (fa - 1)
 	hi := min((end+fa-1)&^(fa-1), mr.table.Pages())
+	mr.table.Lock()
+	lo, hi, ok := mr.clipGoneLocked(lo, hi, miss, end)
+	mr.table.Unlock()
+	if !ok {
+		return 0, wrap(ErrInvalidArgument, "MR %#x: pages [%d, %d) were unmapped", mr.key, miss, end)
+	}
 	entries := make([]pagefault.PagemapEntry, hi-lo)
 	addr := mr.base + uintptr(lo)*pagefault.PageSize
 

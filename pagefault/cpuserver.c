@@ -16,6 +16,7 @@
 
 #define MSG_BATCH 64
 #define MAX_PENDING 4096
+#define RING 4096
 
 typedef struct queued {
 	struct uffd_msg m;
@@ -37,6 +38,10 @@ struct odp_fs {
 
 	odp_fs_stats st; // updated with __atomic builtins, read by odp_fs_stats_read
 	int reading;     // 1 from before read(2) until its events are queued
+
+	// Ring of recent installs, for DMA audits: entry seq%RING holds install seq.
+	uint64_t ring_seq;
+	struct { uint64_t seq, start, end; } ring[RING];
 };
 
 static uint64_t now_ns(void) {
@@ -93,6 +98,36 @@ int odp_fs_pop_events(odp_fs *fs, void *out, uint64_t *times, int max) {
 	return n;
 }
 
+// record notes that [start, end) was installed. Entries are written before the ring
+// sequence is published, so a reader that sees seq s finds entry s complete unless it
+// has been overwritten since (its seq then differs).
+static void record(odp_fs *fs, uint64_t start, uint64_t end) {
+	uint64_t s = __atomic_load_n(&fs->ring_seq, __ATOMIC_RELAXED) + 1;
+	int i = (int)(s % RING);
+	__atomic_store_n(&fs->ring[i].seq, 0, __ATOMIC_RELEASE);
+	fs->ring[i].start = start;
+	fs->ring[i].end = end;
+	__atomic_store_n(&fs->ring[i].seq, s, __ATOMIC_RELEASE);
+	__atomic_store_n(&fs->ring_seq, s, __ATOMIC_RELEASE);
+}
+
+uint64_t odp_fs_install_seq(odp_fs *fs) { return __atomic_load_n(&fs->ring_seq, __ATOMIC_ACQUIRE); }
+
+int odp_fs_installed_since(odp_fs *fs, uint64_t since, uint64_t lo, uint64_t hi) {
+	uint64_t now = __atomic_load_n(&fs->ring_seq, __ATOMIC_ACQUIRE);
+	if (now - since >= RING)
+		return 1; // too many to tell: assume the worst
+	for (uint64_t s = since + 1; s <= now; s++) {
+		int i = (int)(s % RING);
+		uint64_t a = fs->ring[i].start, b = fs->ring[i].end;
+		if (__atomic_load_n(&fs->ring[i].seq, __ATOMIC_ACQUIRE) != s)
+			return 1; // overwritten while reading
+		if (a < hi && lo < b)
+			return 1;
+	}
+	return 0;
+}
+
 static void wake(odp_fs *fs, uint64_t page) {
 	struct uffdio_range r = {.start = page, .len = (uint64_t)fs->ps};
 	ioctl(fs->uffd, UFFDIO_WAKE, &r);
@@ -124,6 +159,7 @@ static int resolve(odp_fs *fs, uint64_t addr, uint64_t flags, uint64_t t0) {
 		wake(fs, page);
 		return 0;
 	}
+	uint64_t end = page + (uint64_t)fs->ps;
 	add(&fs->st.pages, 1);
 	if (fs->around > 1) {
 		// Forward fault-around, best effort: stops at the first present page and fails
@@ -131,9 +167,12 @@ static int resolve(odp_fs *fs, uint64_t addr, uint64_t flags, uint64_t t0) {
 		struct uffdio_copy a = {.dst = page + (uint64_t)fs->ps, .src = (uint64_t)fs->zero,
 		                        .len = (uint64_t)fs->ps * (fs->around - 1), .mode = UFFDIO_COPY_MODE_DONTWAKE};
 		ioctl(fs->uffd, UFFDIO_COPY, &a);
-		if (a.copy > 0)
+		if (a.copy > 0) {
 			add(&fs->st.pages, (uint64_t)a.copy / (uint64_t)fs->ps);
+			end += (uint64_t)a.copy;
+		}
 	}
+	record(fs, page, end);
 	if (flags & UFFD_PAGEFAULT_FLAG_WRITE)
 		add(&fs->st.write_faults, 1);
 	add(&fs->st.faults, 1);

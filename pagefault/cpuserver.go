@@ -133,3 +133,26 @@ func (s *CPUServer) SettledEvents() uint64 {
 		runtime.Gosched()
 	}
 }
+
+// InstallSeq returns a mark for InstalledSince: the sequence number of the latest
+// page the server installed.
+func (s *CPUServer) InstallSeq() uint64 {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.fs == nil {
+		return 0
+	}
+	return uint64(C.odp_fs_install_seq(s.fs))
+}
+
+// InstalledSince reports whether the server installed a page overlapping [lo, hi)
+// after mark, that is, whether a CPU fault found a page of that range missing. When
+// too many installs happened since to tell, it reports true.
+func (s *CPUServer) InstalledSince(mark uint64, lo, hi uintptr) bool {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.fs == nil {
+		return false
+	}
+	return C.odp_fs_installed_since(s.fs, C.uint64_t(mark), C.uint64_t(lo), C.uint64_t(hi)) != 0
+}

@@ -37,6 +37,11 @@ int odp_fs_pop_events(odp_fs *fs, void *out, uint64_t *times, int max);
 // odp_fs_settled_events returns the number of events queued so far, or -1 while the
 // server is between reading messages and queueing them.
 int64_t odp_fs_settled_events(odp_fs *fs);
+// odp_fs_install_seq returns the sequence number of the latest page install.
+uint64_t odp_fs_install_seq(odp_fs *fs);
+// odp_fs_installed_since reports 1 if an install after sequence since overlapped
+// [lo, hi), or if that can no longer be told; 0 otherwise.
+int odp_fs_installed_since(odp_fs *fs, uint64_t since, uint64_t lo, uint64_t hi);
 // odp_fs_now_ns reads CLOCK_MONOTONIC, the clock of the event times.
 uint64_t odp_fs_now_ns(void);
 

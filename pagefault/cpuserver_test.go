@@ -140,3 +140,17 @@ func TestCPUServerStopIsIdempotent(t *testing.T) {
 	assert.Equal(t, CPUServerStats{}, s.Stats())
 	debug.FreeOSMemory()
 }
+
+func TestCPUServerInstallRing(t *testing.T) {
+	const npages = 16
+	b := region(t, npages)
+	u := registered(t, b, 0)
+	s, err := StartCPUServer(u, 1)
+	require.NoError(t, err)
+	defer s.Stop()
+	mark := s.InstallSeq()
+	b[3*PageSize] = 1
+	assert.True(t, s.InstalledSince(mark, addr(b)+3*PageSize, addr(b)+4*PageSize))
+	assert.False(t, s.InstalledSince(mark, addr(b), addr(b)+3*PageSize), "install of page 3 only")
+	assert.False(t, s.InstalledSince(s.InstallSeq(), addr(b), addr(b)+uintptr(len(b))))
+}
