@@ -5,6 +5,7 @@ package perf
 import (
 	"context"
 	"fmt"
+	"math/rand/v2"
 	"sort"
 	"time"
 
@@ -28,6 +29,9 @@ type Params struct {
 	MRSize      int    // region the work requests stride across, default Size*Depth
 	Warm        bool   // one untimed pass over the region before measuring
 	FaultAround int    // device fault-around, default the device's
+	// InvalidateRate invalidates this many random message-sized ranges of the
+	// server's region per second while the timed loop runs (ODP only).
+	InvalidateRate int
 }
 
 func (p *Params) defaults() error {
@@ -53,6 +57,9 @@ func (p *Params) defaults() error {
 	if p.MRSize == 0 {
 		p.MRSize = p.Size * p.Depth
 	}
+	if p.InvalidateRate < 0 || (p.InvalidateRate > 0 && !p.ODP) {
+		return fmt.Errorf("perf: --invalidate-rate needs ODP and a rate >= 0")
+	}
 	if p.Size < 1 || p.Size > 1<<30 || p.Iters < 1 || p.Depth < 1 || p.Depth > 4096 || p.MRSize < p.Size {
 		return fmt.Errorf("perf: bad parameters size=%d iters=%d depth=%d mr-size=%d", p.Size, p.Iters, p.Depth, p.MRSize)
 	}
@@ -75,6 +82,8 @@ type Result struct {
 	PagesFaulted uint64        `json:"pages_faulted"`
 	FaultTime    time.Duration `json:"fault_time_ns"`
 	CPUFaults    uint64        `json:"cpu_faults"`
+	// Invalidations issued by --invalidate-rate during the timed loop.
+	Invalidations uint64 `json:"invalidations"`
 }
 
 // Run performs one measurement on two fresh devices connected by loopback.
@@ -109,7 +118,9 @@ func Run(p Params) (Result, error) {
 		}
 	}
 	before := [2]odp.Stats{client.dev.Stats(), server.dev.Stats()}
+	stopInval := startInvalidator(server, p)
 	r, err := client.loop(p, server.mr)
+	r.Invalidations = stopInval()
 	if err != nil {
 		return Result{}, err
 	}
@@ -313,4 +324,34 @@ func fill(b []byte) {
 	for n := 4096; n < len(b); n *= 2 {
 		copy(b[n:], b[:n])
 	}
+}
+
+// startInvalidator invalidates random message-sized ranges of s's region at
+// p.InvalidateRate per second until the returned function is called, which returns
+// how many it issued. The ticker paces an experiment's load; it synchronises nothing.
+func startInvalidator(s *side, p Params) func() uint64 {
+	if p.InvalidateRate == 0 {
+		return func() uint64 { return 0 }
+	}
+	stop, done := make(chan struct{}), make(chan uint64)
+	go func() {
+		rng := rand.New(rand.NewPCG(uint64(p.Size), uint64(p.InvalidateRate)))
+		tick := time.NewTicker(time.Second / time.Duration(p.InvalidateRate))
+		defer tick.Stop()
+		slots := max(p.MRSize/p.Size, 1)
+		var n uint64
+		for {
+			select {
+			case <-stop:
+				done <- n
+				return
+			case <-tick.C:
+				off := uint64(rng.IntN(slots) * p.Size)
+				if s.dev.Invalidate(s.mr.Addr()+off, uint64(p.Size)) == nil {
+					n++
+				}
+			}
+		}
+	}()
+	return func() uint64 { close(stop); return <-done }
 }

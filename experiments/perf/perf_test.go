@@ -82,3 +82,38 @@ func TestWarmPairTakesNoFaults(t *testing.T) {
 		assert.Positive(t, onDemand[i])
 	}
 }
+
+func TestInvalidateRate(t *testing.T) {
+	r, err := Run(Params{ODP: true, Warm: true, Size: 64 << 10, Iters: 3000, Depth: 32, InvalidateRate: 2000})
+	require.NoError(t, err)
+	// The run lasts long enough for the ticker to fire; each invalidation makes the
+	// next WRITE into that range fault.
+	if r.Invalidations > 0 {
+		assert.NotZero(t, r.PageFaults)
+	}
+	_, err = Run(Params{ODP: false, InvalidateRate: 10})
+	assert.Error(t, err, "invalidation needs ODP")
+}
+
+// WRITE bandwidth under 0, 100 and 1000 invalidations per second, side by side in one
+// run; the ratio to no invalidation is reported per rate.
+func BenchmarkWriteUnderInvalidation(b *testing.B) {
+	for i := 0; i < b.N; i++ {
+		var base float64
+		for _, rate := range []int{0, 100, 1000} {
+			var bws []float64
+			for rep := 0; rep < 5; rep++ {
+				r, err := Run(Params{ODP: true, Warm: true, Size: 64 << 10, Iters: 20000, InvalidateRate: rate})
+				if err != nil {
+					b.Fatal(err)
+				}
+				bws = append(bws, r.AvgMiBps)
+			}
+			m := Median(bws)
+			if rate == 0 {
+				base = m
+			}
+			b.ReportMetric(m/base, fmt.Sprintf("ratio@%d/s", rate))
+		}
+	}
+}

@@ -90,6 +90,7 @@ func bw(test string, args []string, stdout, stderr io.Writer) error {
 	fs.Var(&mrSize, "mr-size", "region the work requests stride across (default size x tx-depth)")
 	fa := fs.Int("fault-around", 0, "network page fault alignment in pages (default 16)")
 	asJSON := fs.Bool("json", false, "print one JSON object per size")
+	invRate := fs.Int("invalidate-rate", 0, "invalidations per second of random message-sized ranges of the server's MR during the run (needs --odp)")
 	if err := fs.Parse(args); err != nil {
 		return err
 	}
@@ -117,7 +118,7 @@ func bw(test string, args []string, stdout, stderr io.Writer) error {
 	enc := json.NewEncoder(stdout)
 	for _, s := range sizes {
 		r, err := perf.Run(perf.Params{Test: test, ODP: *odpFlag, Size: s, Iters: *iters, Depth: *depth, CQMod: *cqMod,
-			MRSize: int(mrSize), Warm: *warm, FaultAround: *fa})
+			MRSize: int(mrSize), Warm: *warm, FaultAround: *fa, InvalidateRate: *invRate})
 		if err != nil {
 			return err
 		}
