@@ -3,7 +3,6 @@ package invalidate
 import (
 	"sync"
 	"testing"
-	"unsafe"
 
 	"github.com/odpemu/odpemu/pagefault"
 	"github.com/stretchr/testify/assert"
@@ -92,8 +91,6 @@ func pumped(t *testing.T, npages int, reg *Registry, disabled bool) ([]byte, *pa
 	})
 	return b, s, p
 }
-
-func addrOf(b []byte) uintptr { return uintptr(unsafe.Pointer(&b[0])) }
 
 func TestPumpTurnsEventsIntoInvalidations(t *testing.T) {
 	g := NewRegistry()

@@ -4,6 +4,7 @@ import (
 	"fmt"
 	"sync"
 	"time"
+	"unsafe"
 
 	"github.com/odpemu/odpemu/pagefault"
 	"golang.org/x/sys/unix"
@@ -161,3 +162,5 @@ func (p *Pump) Stop() {
 	<-p.done
 	unix.Close(p.stop)
 }
+
+func addrOf(b []byte) uintptr { return uintptr(unsafe.Pointer(unsafe.SliceData(b))) }

@@ -32,7 +32,7 @@ const (
 )
 
 func (r Reason) String() string {
-	return [...]string{"remove", "unmap", "remap", "explicit", "discard"}[r]
+	return [...]string{"remove", "unmap", "remap", "explicit", "discard", "evict", "migrate"}[r]
 }
 
 // Range is the half-open address range [Start, End).
@@ -60,7 +60,7 @@ type Registry struct {
 	mu   sync.RWMutex // protects subs; held for reading while subscribers run
 	subs map[*Subscription]struct{}
 
-	counts [numReasons]atomic.Uint64
+	counts [numReasons + 2]atomic.Uint64 // with the pager's reasons
 }
 
 // NewRegistry returns an empty registry.

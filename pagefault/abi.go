@@ -113,6 +113,8 @@ const (
 	copyModeDontWake     = 1 << 0
 	copyModeWP           = 1 << 1
 	zeropageModeDontWake = 1 << 0
+	moveModeDontWake     = 1 << 0
+	moveModeAllowHoles   = 1 << 1
 )
 
 // Event is the uffd_msg.event code.

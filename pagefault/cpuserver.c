@@ -2,6 +2,8 @@
 #include "cpuserver.h"
 
 #include <errno.h>
+#include <fcntl.h>
+#include <linux/falloc.h>
 #include <linux/userfaultfd.h>
 #include <poll.h>
 #include <sched.h>
@@ -15,8 +17,32 @@
 #include <unistd.h>
 
 #define MSG_BATCH 64
+
+#ifndef UFFDIO_MOVE
+struct uffdio_move {
+	__u64 dst;
+	__u64 src;
+	__u64 len;
+	__u64 mode;
+	__s64 move;
+};
+#define UFFDIO_MOVE _IOWR(UFFDIO, 0x05, struct uffdio_move)
+#endif
 #define MAX_PENDING 4096
 #define RING 4096
+
+#define MAX_REGIONS 256
+
+// A paged region: memory whose pages the emulator may evict to a store or migrate.
+// state[i] is one of ODP_PAGE_*; bounce + i*ps is page i's private bounce page in a
+// stash mapping registered on the same userfaultfd; the store holds page i at
+// store_off + i*ps.
+typedef struct region {
+	uint64_t base, npages, bounce;
+	uint32_t *state;
+	uint64_t store_off;
+	int used;
+} region;
 
 typedef struct queued {
 	struct uffd_msg m;
@@ -38,6 +64,12 @@ struct odp_fs {
 
 	odp_fs_stats st; // updated with __atomic builtins, read by odp_fs_stats_read
 	int reading;     // 1 from before read(2) until its events are queued
+
+	pthread_mutex_t rmu; // protects regions' slots being added and removed
+	region regions[MAX_REGIONS];
+	int store_fd;        // -1 until set
+	char *bounce_buf;    // one page, the server thread's pread buffer
+	uint64_t restored;   // pages restored from the store or a bounce page
 
 	// Ring of recent installs, for DMA audits: entry seq%RING holds install seq.
 	uint64_t ring_seq;
@@ -140,10 +172,83 @@ static void account(odp_fs *fs, uint64_t t0) {
 		__atomic_store_n(&fs->st.max_service_ns, d, __ATOMIC_RELAXED);
 }
 
+// find returns the region holding page and its index, or NULL. Regions are only
+// removed after their memory is unregistered, so no fault can be in them then.
+static region *find(odp_fs *fs, uint64_t page, uint64_t *idx) {
+	for (int i = 0; i < MAX_REGIONS; i++) {
+		region *r = &fs->regions[i];
+		if (__atomic_load_n(&r->used, __ATOMIC_ACQUIRE) && page >= r->base &&
+		    page < r->base + r->npages * (uint64_t)fs->ps) {
+			*idx = (page - r->base) / (uint64_t)fs->ps;
+			return r;
+		}
+	}
+	return NULL;
+}
+
+// restore tries to install page i of r from where the evictor put it. It returns 0
+// when it installed nothing (the caller zero-fills), 1 when the page is now present,
+// or EAGAIN. It never waits for Go.
+static int restore(odp_fs *fs, region *r, uint64_t i, uint64_t page) {
+	uint32_t *st = &r->state[i];
+	uint32_t s = __atomic_load_n(st, __ATOMIC_ACQUIRE);
+	if (s == ODP_PAGE_EVICTING)
+		__atomic_compare_exchange_n(st, &s, ODP_PAGE_RECLAIMED, 0, __ATOMIC_ACQ_REL, __ATOMIC_ACQUIRE);
+	s = __atomic_load_n(st, __ATOMIC_ACQUIRE);
+	if (s == ODP_PAGE_RECLAIMED) {
+		// The content is in the bounce page, or still in place (then this fault
+		// came first and the page is missing anyway).
+		struct uffdio_move m = {.dst = page, .src = r->bounce + i * (uint64_t)fs->ps, .len = (uint64_t)fs->ps};
+		if (ioctl(fs->uffd, UFFDIO_MOVE, &m) == 0) {
+			add(&fs->restored, 1);
+			return 1;
+		}
+		if (errno == EAGAIN)
+			return EAGAIN;
+		return errno == EEXIST ? 1 : 0;
+	}
+	if (s == ODP_PAGE_STORED && fs->store_fd >= 0) {
+		ssize_t n = pread(fs->store_fd, fs->bounce_buf, (size_t)fs->ps, (off_t)(r->store_off + i * (uint64_t)fs->ps));
+		if (n != fs->ps)
+			return 0;
+		struct uffdio_copy c = {.dst = page, .src = (uint64_t)fs->bounce_buf, .len = (uint64_t)fs->ps,
+		                        .mode = UFFDIO_COPY_MODE_DONTWAKE};
+		if (ioctl(fs->uffd, UFFDIO_COPY, &c) == 0 || errno == EEXIST) {
+			uint32_t want = ODP_PAGE_STORED;
+			if (__atomic_compare_exchange_n(st, &want, ODP_PAGE_NONE, 0, __ATOMIC_ACQ_REL, __ATOMIC_ACQUIRE))
+				fallocate(fs->store_fd, FALLOC_FL_PUNCH_HOLE | FALLOC_FL_KEEP_SIZE,
+				          (off_t)(r->store_off + i * (uint64_t)fs->ps), fs->ps);
+			add(&fs->restored, 1);
+			return 1;
+		}
+		return errno == EAGAIN ? EAGAIN : 0;
+	}
+	return 0;
+}
+
 // resolve returns 0 when the fault is served, EAGAIN when it must be retried. Counters
 // are updated before the faulting thread is woken, so they are exact once it runs.
 static int resolve(odp_fs *fs, uint64_t addr, uint64_t flags, uint64_t t0) {
 	uint64_t page = addr & ~((uint64_t)fs->ps - 1);
+	uint64_t idx = 0;
+	region *r = find(fs, page, &idx);
+	if (r) {
+		int got = restore(fs, r, idx, page);
+		if (got == EAGAIN) {
+			add(&fs->st.retries, 1);
+			return EAGAIN;
+		}
+		if (got == 1) {
+			record(fs, page, page + (uint64_t)fs->ps);
+			add(&fs->st.pages, 1);
+			add(&fs->st.faults, 1);
+			if (flags & UFFD_PAGEFAULT_FLAG_WRITE)
+				add(&fs->st.write_faults, 1);
+			account(fs, t0);
+			wake(fs, page);
+			return 0;
+		}
+	}
 	struct uffdio_copy c = {.dst = page, .src = (uint64_t)fs->zero, .len = (uint64_t)fs->ps,
 	                        .mode = UFFDIO_COPY_MODE_DONTWAKE};
 	if (ioctl(fs->uffd, UFFDIO_COPY, &c) != 0) {
@@ -161,11 +266,15 @@ static int resolve(odp_fs *fs, uint64_t addr, uint64_t flags, uint64_t t0) {
 	}
 	uint64_t end = page + (uint64_t)fs->ps;
 	add(&fs->st.pages, 1);
-	if (fs->around > 1) {
+	uint64_t around = fs->around;
+	for (uint64_t k = 1; r && k < around; k++) // never zero-fill over evicted content
+		if (idx + k >= r->npages || __atomic_load_n(&r->state[idx + k], __ATOMIC_ACQUIRE) != ODP_PAGE_NONE)
+			around = k;
+	if (around > 1) {
 		// Forward fault-around, best effort: stops at the first present page and fails
 		// as a whole past the end of the registered range.
 		struct uffdio_copy a = {.dst = page + (uint64_t)fs->ps, .src = (uint64_t)fs->zero,
-		                        .len = (uint64_t)fs->ps * (fs->around - 1), .mode = UFFDIO_COPY_MODE_DONTWAKE};
+		                        .len = (uint64_t)fs->ps * (around - 1), .mode = UFFDIO_COPY_MODE_DONTWAKE};
 		ioctl(fs->uffd, UFFDIO_COPY, &a);
 		if (a.copy > 0) {
 			add(&fs->st.pages, (uint64_t)a.copy / (uint64_t)fs->ps);
@@ -239,6 +348,9 @@ odp_fs *odp_fs_start(int uffd, unsigned around, int *err) {
 	fs->ps = sysconf(_SC_PAGESIZE);
 	fs->stopfd = eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK);
 	fs->evfd = eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK);
+	fs->store_fd = -1;
+	fs->bounce_buf = aligned_alloc((size_t)fs->ps, (size_t)fs->ps);
+	pthread_mutex_init(&fs->rmu, NULL);
 	fs->zero = mmap(NULL, (size_t)fs->ps * fs->around, PROT_READ, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
 	pthread_mutex_init(&fs->qmu, NULL);
 	if (fs->stopfd < 0 || fs->evfd < 0 || fs->zero == MAP_FAILED) {
@@ -269,9 +381,52 @@ void odp_fs_stop(odp_fs *fs) {
 	close(fs->evfd);
 	munmap(fs->zero, (size_t)fs->ps * fs->around);
 	pthread_mutex_destroy(&fs->qmu);
+	pthread_mutex_destroy(&fs->rmu);
+	for (int i = 0; i < MAX_REGIONS; i++)
+		free(fs->regions[i].state);
+	free(fs->bounce_buf);
 	free(fs->q);
 	free(fs);
 }
+
+int odp_fs_set_store(odp_fs *fs, int fd) {
+	fs->store_fd = fd;
+	return 0;
+}
+
+uint32_t *odp_fs_add_region(odp_fs *fs, uint64_t base, uint64_t npages, uint64_t bounce, uint64_t store_off, int *slot) {
+	pthread_mutex_lock(&fs->rmu);
+	for (int i = 0; i < MAX_REGIONS; i++) {
+		region *r = &fs->regions[i];
+		if (r->used || r->state)
+			continue;
+		r->state = calloc((size_t)npages, sizeof(uint32_t));
+		if (!r->state)
+			break;
+		r->base = base;
+		r->npages = npages;
+		r->bounce = bounce;
+		r->store_off = store_off;
+		__atomic_store_n(&r->used, 1, __ATOMIC_RELEASE);
+		*slot = i;
+		pthread_mutex_unlock(&fs->rmu);
+		return r->state;
+	}
+	pthread_mutex_unlock(&fs->rmu);
+	return NULL;
+}
+
+void odp_fs_remove_region(odp_fs *fs, int slot) {
+	pthread_mutex_lock(&fs->rmu);
+	region *r = &fs->regions[slot];
+	__atomic_store_n(&r->used, 0, __ATOMIC_RELEASE);
+	// The memory is unregistered before this is called: the server thread can be in
+	// find() at most for a fault that has already failed, so freeing is deferred to
+	// odp_fs_stop, which joins the thread; the slot stays taken until then.
+	pthread_mutex_unlock(&fs->rmu);
+}
+
+uint64_t odp_fs_restored(odp_fs *fs) { return __atomic_load_n(&fs->restored, __ATOMIC_RELAXED); }
 
 void odp_fs_stats_read(odp_fs *fs, odp_fs_stats *out) {
 	uint64_t *src = (uint64_t *)&fs->st, *dst = (uint64_t *)out;

@@ -7,7 +7,9 @@ package pagefault
 import "C"
 
 import (
+	"errors"
 	"fmt"
+	"sync/atomic"
 	"runtime"
 	"sync"
 	"time"
@@ -155,4 +157,74 @@ func (s *CPUServer) InstalledSince(mark uint64, lo, hi uintptr) bool {
 		return false
 	}
 	return C.odp_fs_installed_since(s.fs, C.uint64_t(mark), C.uint64_t(lo), C.uint64_t(hi)) != 0
+}
+
+// Page states of a paged region, shared with the server thread.
+const (
+	PageNone      = C.ODP_PAGE_NONE      // a fault zero-fills
+	PageStored    = C.ODP_PAGE_STORED    // the content is in the store
+	PageEvicting  = C.ODP_PAGE_EVICTING  // being moved to its bounce page
+	PageReclaimed = C.ODP_PAGE_RECLAIMED // a fault took it back from the bounce page
+)
+
+// SetStore gives the server the store file that stored pages are read from.
+func (s *CPUServer) SetStore(fd int) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	C.odp_fs_set_store(s.fs, C.int(fd))
+}
+
+// PagedRegion is memory whose pages the emulator may evict or migrate; the server
+// restores them on faults. Its state words are shared with the server thread and
+// accessed atomically.
+type PagedRegion struct {
+	s      *CPUServer
+	slot   C.int
+	states []uint32 // C memory, one word per page
+}
+
+// ErrRegionTable is returned when the server's region table is full.
+var ErrRegionTable = errors.New("pagefault: paged region table full")
+
+// AddRegion makes npages pages at base a paged region: page i bounces at
+// bounce + i*PageSize and is stored at storeOff + i*PageSize.
+func (s *CPUServer) AddRegion(base uintptr, npages int, bounce uintptr, storeOff int64) (*PagedRegion, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	var slot C.int
+	st := C.odp_fs_add_region(s.fs, C.uint64_t(base), C.uint64_t(npages), C.uint64_t(bounce), C.uint64_t(storeOff), &slot)
+	if st == nil {
+		return nil, ErrRegionTable
+	}
+	return &PagedRegion{s: s, slot: slot, states: unsafe.Slice((*uint32)(unsafe.Pointer(st)), npages)}, nil
+}
+
+// Remove retires the region; its memory must be unregistered first.
+func (r *PagedRegion) Remove() {
+	r.s.mu.Lock()
+	defer r.s.mu.Unlock()
+	if r.s.fs != nil {
+		C.odp_fs_remove_region(r.s.fs, r.slot)
+	}
+}
+
+// State returns page i's state.
+func (r *PagedRegion) State(i int) uint32 { return atomic.LoadUint32(&r.states[i]) }
+
+// SetState stores page i's state.
+func (r *PagedRegion) SetState(i int, v uint32) { atomic.StoreUint32(&r.states[i], v) }
+
+// CompareAndSwap changes page i's state from old to new if it is old.
+func (r *PagedRegion) CompareAndSwap(i int, old, new uint32) bool {
+	return atomic.CompareAndSwapUint32(&r.states[i], old, new)
+}
+
+// Restored counts pages the server restored from the store or a bounce page.
+func (s *CPUServer) Restored() uint64 {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.fs == nil {
+		return 0
+	}
+	return uint64(C.odp_fs_restored(s.fs))
 }

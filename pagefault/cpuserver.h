@@ -22,6 +22,14 @@ typedef struct odp_fs_stats {
 
 typedef struct odp_fs odp_fs;
 
+// Page states of a paged region (see odp_fs_add_region).
+enum {
+	ODP_PAGE_NONE = 0,      // a fault zero-fills
+	ODP_PAGE_STORED = 1,    // the content is in the store
+	ODP_PAGE_EVICTING = 2,  // the evictor is moving the page to its bounce page
+	ODP_PAGE_RECLAIMED = 3, // a fault took an evicting page back from the bounce page
+};
+
 // odp_fs_start starts a server on uffd. around is the number of pages installed per
 // fault (the faulting page plus around-1 following ones, when missing). It returns NULL
 // and sets *err to an errno on failure.
@@ -42,6 +50,18 @@ uint64_t odp_fs_install_seq(odp_fs *fs);
 // odp_fs_installed_since reports 1 if an install after sequence since overlapped
 // [lo, hi), or if that can no longer be told; 0 otherwise.
 int odp_fs_installed_since(odp_fs *fs, uint64_t since, uint64_t lo, uint64_t hi);
+// odp_fs_set_store sets the file descriptor of the store that STORED pages are read
+// from. Call before adding regions.
+int odp_fs_set_store(odp_fs *fs, int fd);
+// odp_fs_add_region makes [base, base+npages pages) a paged region whose page i
+// bounces at bounce + i*ps and is stored at store_off + i*ps. It returns the region's
+// state array (in C memory, read and written atomically by both sides) and its slot,
+// or NULL when the table is full.
+uint32_t *odp_fs_add_region(odp_fs *fs, uint64_t base, uint64_t npages, uint64_t bounce, uint64_t store_off, int *slot);
+// odp_fs_remove_region retires a region after its memory was unregistered.
+void odp_fs_remove_region(odp_fs *fs, int slot);
+// odp_fs_restored counts pages the server restored from the store or a bounce page.
+uint64_t odp_fs_restored(odp_fs *fs);
 // odp_fs_now_ns reads CLOCK_MONOTONIC, the clock of the event times.
 uint64_t odp_fs_now_ns(void);
 

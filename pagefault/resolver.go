@@ -19,6 +19,12 @@ type Source interface {
 	Fill(addr uintptr, dst []byte) (zero bool, err error)
 }
 
+// Installer is implemented by sources that must know which pages the resolver
+// installed from their content (for example to free a backing store's copy).
+type Installer interface {
+	Installed(addr uintptr, npages int)
+}
+
 // ZeroSource fills every page with zeros: anonymous memory's first touch.
 type ZeroSource struct{}
 
@@ -144,8 +150,12 @@ func (r *Resolver) install(dst uintptr, npages int, st *ResolveStats) error {
 		src = r.zero[:length]
 	}
 	var deadline time.Time
+	inst, _ := r.src.(Installer)
 	for off := uintptr(0); off < length; {
 		n, err := r.uffd.Copy(dst+off, uintptr(unsafe.Pointer(&src[off])), length-off, false)
+		if n > 0 && inst != nil && !zero {
+			inst.Installed(dst+off, int(n/PageSize))
+		}
 		off += n
 		st.Installed += int(n / PageSize)
 		switch {

@@ -191,6 +191,18 @@ func (u *FD) Zeropage(start, length uintptr, dontWake bool) (uintptr, error) {
 	return result("UFFDIO_ZEROPAGE", z.Zeropage, err)
 }
 
+// Move atomically moves length bytes of pages from src to dst (UFFDIO_MOVE; dst must
+// be registered on this userfaultfd and missing, both anonymous and private). With
+// allowHoles, missing source pages are skipped instead of failing. Results as Copy.
+func (u *FD) Move(dst, src, length uintptr, allowHoles bool) (uintptr, error) {
+	m := uffdioMove{Dst: uint64(dst), Src: uint64(src), Len: uint64(length)}
+	if allowHoles {
+		m.Mode = moveModeAllowHoles
+	}
+	err := ioctl(u.fd, ioctlMove, unsafe.Pointer(&m))
+	return result("UFFDIO_MOVE", m.Move, err)
+}
+
 // result interprets a mapping ioctl's signed result field (bytes done, or -errno).
 func result(op string, done int64, err error) (uintptr, error) {
 	if done > 0 {

@@ -1,0 +1,540 @@
+package invalidate
+
+import (
+	"errors"
+	"fmt"
+	"runtime"
+	"sort"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/odpemu/odpemu/pagefault"
+	"golang.org/x/sys/unix"
+)
+
+// Reasons for the emulator's own invalidations.
+const (
+	ReasonEvict   Reason = numReasons + iota // a page went to the backing store
+	ReasonMigrate                            // a page moved to a new frame
+)
+
+// Pager evicts pages of paged regions to a Store and migrates them to new frames, the
+// way reclaim, compaction and NUMA balancing change a page's translation under an ODP
+// MR. Every change runs inside Registry.Invalidate, so the NIC's entries are cleared
+// and its DMA drained first, and no fault maps the page while it moves.
+//
+// A page leaves the application's mapping atomically (UFFDIO_MOVE into the page's own
+// bounce page), so a concurrent write either lands before the move, and is saved, or
+// faults after it; the CPU fault server then takes the page back from the bounce page
+// or restores it from the store, without waiting for Go. See ODP_PAGE_* in
+// pagefault/cpuserver.h for the page states.
+type Pager struct {
+	uffd     *pagefault.FD
+	srv      *pagefault.CPUServer
+	reg      *Registry
+	pm       *pagefault.Pagemap
+	store    *Store
+	eligible func(start, end uintptr) bool
+	budget   int64 // pages; 0 means none
+
+	rmu     sync.RWMutex // protects regions and nextOff
+	regions []*Region    // sorted by base
+	nextOff int64
+
+	reclaimMu sync.Mutex // one reclaimer at a time; protects hand and Region.ref
+	hand      struct{ region, page int }
+	sweep     int64 // present pages seen in the current sweep
+
+	resident atomic.Int64 // estimate of present pages in paged regions
+	lastCPU  atomic.Uint64
+
+	evictions, writtenBack, migrations, aborts, restores atomic.Uint64
+
+	stop      chan struct{}
+	done      chan struct{}
+	closeOnce sync.Once
+}
+
+// PagerConfig configures a Pager.
+type PagerConfig struct {
+	// Budget is the resident size, in bytes, the pager keeps paged regions within
+	// (0: no budget; eviction and migration only on request).
+	Budget int64
+	// Eligible says whether pages in [start, end) may be evicted or migrated: they
+	// must be registered with the userfaultfd, or a later access would not fault.
+	Eligible func(start, end uintptr) bool
+}
+
+// ErrNotPaged is returned for addresses outside every paged region.
+var ErrNotPaged = errors.New("invalidate: address not in a paged region")
+
+// NewPager returns a pager over uffd's server with store as its backing store.
+func NewPager(uffd *pagefault.FD, srv *pagefault.CPUServer, reg *Registry, pm *pagefault.Pagemap, store *Store, cfg PagerConfig) *Pager {
+	p := &Pager{uffd: uffd, srv: srv, reg: reg, pm: pm, store: store, eligible: cfg.Eligible,
+		budget: cfg.Budget / int64(pagefault.PageSize)}
+	if p.eligible == nil {
+		p.eligible = func(uintptr, uintptr) bool { return true }
+	}
+	srv.SetStore(store.Fd())
+	p.lastCPU.Store(srv.Stats().Pages)
+	if p.budget > 0 {
+		p.stop, p.done = make(chan struct{}), make(chan struct{})
+		go p.background()
+	}
+	return p
+}
+
+// background reclaims when the estimate is over budget, the way kswapd runs between
+// watermarks. The ticker paces reclaim; it synchronises nothing.
+func (p *Pager) background() {
+	defer close(p.done)
+	t := time.NewTicker(time.Millisecond)
+	defer t.Stop()
+	for {
+		select {
+		case <-p.stop:
+			return
+		case <-t.C:
+			if p.Over(0) {
+				p.Reclaim(false)
+			}
+		}
+	}
+}
+
+// Close stops background reclaim; it may be called more than once. Regions must be
+// removed by their owners.
+func (p *Pager) Close() {
+	p.closeOnce.Do(func() {
+		if p.stop != nil {
+			close(p.stop)
+			<-p.done
+		}
+	})
+}
+
+// Region is one paged buffer.
+type Region struct {
+	p        *Pager
+	base     uintptr
+	npages   int
+	stash    []byte // bounce pages, registered on the userfaultfd
+	pr       *pagefault.PagedRegion
+	storeOff int64
+	ref      []bool // CLOCK reference bits, protected by p.reclaimMu
+}
+
+// AddRegion makes mem (page aligned, from mmap) a paged region.
+func (p *Pager) AddRegion(mem []byte) (*Region, error) {
+	ps := int(pagefault.PageSize)
+	stash, err := unix.Mmap(-1, 0, len(mem), unix.PROT_READ|unix.PROT_WRITE, unix.MAP_PRIVATE|unix.MAP_ANONYMOUS|unix.MAP_NORESERVE)
+	if err != nil {
+		return nil, fmt.Errorf("invalidate: map bounce pages: %w", err)
+	}
+	if _, err := p.uffd.Register(addrOf(stash), uintptr(len(stash)), pagefault.ModeMissing); err != nil {
+		unix.Munmap(stash)
+		return nil, err
+	}
+	p.rmu.Lock()
+	defer p.rmu.Unlock()
+	r := &Region{p: p, base: addrOf(mem), npages: len(mem) / ps, stash: stash, storeOff: p.nextOff, ref: make([]bool, len(mem)/ps)}
+	if r.pr, err = p.srv.AddRegion(r.base, r.npages, addrOf(stash), r.storeOff); err != nil {
+		p.uffd.Unregister(addrOf(stash), uintptr(len(stash)))
+		unix.Munmap(stash)
+		return nil, err
+	}
+	p.nextOff += int64(len(mem))
+	i := sort.Search(len(p.regions), func(i int) bool { return p.regions[i].base > r.base })
+	p.regions = append(p.regions, nil)
+	copy(p.regions[i+1:], p.regions[i:])
+	p.regions[i] = r
+	return r, nil
+}
+
+// Remove retires the region; its memory's content is no longer needed (it is being
+// unmapped). Call with the memory still mapped.
+func (r *Region) Remove() {
+	p := r.p
+	p.reclaimMu.Lock()
+	defer p.reclaimMu.Unlock()
+	p.rmu.Lock()
+	for i, x := range p.regions {
+		if x == r {
+			p.regions = append(p.regions[:i], p.regions[i+1:]...)
+			break
+		}
+	}
+	p.hand.region, p.hand.page = 0, 0
+	p.rmu.Unlock()
+	p.uffd.Unregister(addrOf(r.stash), uintptr(len(r.stash)))
+	r.pr.Remove()
+	unix.Munmap(r.stash)
+	p.store.Punch(r.storeOff, int64(r.npages)*int64(pagefault.PageSize))
+}
+
+func (p *Pager) lookup(addr uintptr) (*Region, int) {
+	p.rmu.RLock()
+	defer p.rmu.RUnlock()
+	i := sort.Search(len(p.regions), func(i int) bool { return p.regions[i].base > addr }) - 1
+	if i < 0 {
+		return nil, 0
+	}
+	r := p.regions[i]
+	idx := int((addr - r.base) / pagefault.PageSize)
+	if idx >= r.npages {
+		return nil, 0
+	}
+	return r, idx
+}
+
+func (r *Region) page(i int) uintptr { return r.base + uintptr(i)*pagefault.PageSize }
+func (r *Region) bounce(i int) uintptr {
+	return addrOf(r.stash) + uintptr(i)*pagefault.PageSize
+}
+func (r *Region) storeAt(i int) int64 { return r.storeOff + int64(i)*int64(pagefault.PageSize) }
+
+// settled waits out an eviction in progress on page i: the evictor finishes it
+// without waiting for anyone, so this ends.
+func (r *Region) settled(i int) uint32 {
+	for {
+		s := r.pr.State(i)
+		if s != pagefault.PageEvicting && s != pagefault.PageReclaimed {
+			return s
+		}
+		runtime.Gosched()
+	}
+}
+
+// Fill implements pagefault.Source for the NIC's resolver: stored pages come from the
+// store, others are zero.
+func (p *Pager) Fill(addr uintptr, dst []byte) (bool, error) {
+	ps := int(pagefault.PageSize)
+	zero := true
+	for off := 0; off < len(dst); off += ps {
+		r, i := p.lookup(addr + uintptr(off))
+		if r == nil || r.settled(i) != pagefault.PageStored {
+			clear(dst[off : off+ps])
+			continue
+		}
+		if err := p.store.ReadAt(dst[off:off+ps], r.storeAt(i)); err != nil {
+			return false, err
+		}
+		zero = false
+	}
+	return zero, nil
+}
+
+// Installed implements pagefault.Installer: the store's copies of installed pages are
+// no longer needed.
+func (p *Pager) Installed(addr uintptr, npages int) {
+	for k := 0; k < npages; k++ {
+		r, i := p.lookup(addr + uintptr(k)*pagefault.PageSize)
+		if r != nil && r.pr.CompareAndSwap(i, pagefault.PageStored, pagefault.PageNone) {
+			p.store.Punch(r.storeAt(i), int64(pagefault.PageSize))
+			p.restores.Add(1)
+		}
+	}
+}
+
+// NoteInstalled tells the pager that n pages were installed outside the CPU fault
+// server (by the NIC's resolver).
+func (p *Pager) NoteInstalled(n int) { p.resident.Add(int64(n)) }
+
+// Touch marks pages [addr, addr+n) referenced, for CLOCK: the NIC's access bits.
+func (p *Pager) Touch(addr uintptr, n int) {
+	// Reference bits are advisory: they are written without the reclaim lock, and a
+	// lost update only costs a page its second chance.
+	for k := 0; k < n; k++ {
+		if r, i := p.lookup(addr + uintptr(k)*pagefault.PageSize); r != nil && !r.ref[i] {
+			r.ref[i] = true
+		}
+	}
+}
+
+// Over reports whether the resident estimate exceeds the budget by more than slack
+// pages.
+func (p *Pager) Over(slack int) bool {
+	if p.budget == 0 {
+		return false
+	}
+	cpu := p.srv.Stats().Pages
+	if last := p.lastCPU.Swap(cpu); cpu > last {
+		p.resident.Add(int64(cpu - last))
+	}
+	return p.resident.Load() > p.budget+int64(slack)
+}
+
+// Reclaim evicts pages, CLOCK order, until the estimate is below nine tenths of the
+// budget or a whole sweep found nothing to evict. With try it gives up at once if
+// another reclaim is running (direct reclaim from a fault must not wait for one that
+// may be waiting for the faulting goroutine's DMA).
+func (p *Pager) Reclaim(try bool) int {
+	if try {
+		if !p.reclaimMu.TryLock() {
+			return 0
+		}
+	} else {
+		p.reclaimMu.Lock()
+	}
+	defer p.reclaimMu.Unlock()
+	target := p.budget * 9 / 10
+	const chunk = 256
+	evicted, idle := 0, 0
+	entries := make([]pagefault.PagemapEntry, chunk)
+	for p.resident.Load() > target {
+		p.rmu.RLock()
+		if len(p.regions) == 0 {
+			p.rmu.RUnlock()
+			break
+		}
+		if p.hand.region >= len(p.regions) {
+			p.hand.region, p.hand.page = 0, 0
+		}
+		r := p.regions[p.hand.region]
+		p.rmu.RUnlock()
+		first := p.hand.page
+		n := min(chunk, r.npages-first)
+		if p.hand.page += n; p.hand.page >= r.npages {
+			p.hand.region, p.hand.page = p.hand.region+1, 0
+		}
+		got, present := p.evictChunk(r, first, entries[:n], true)
+		evicted += got
+		p.sweep += int64(present)
+		if p.hand.region == 0 && p.hand.page == 0 || p.hand.region >= len(p.regions) {
+			// A sweep ended: the count of present pages seen replaces the estimate.
+			p.resident.Store(p.sweep)
+			p.sweep = 0
+		}
+		if got == 0 {
+			if idle++; idle > 4*p.totalChunks(chunk) {
+				break // a whole sweep and more found nothing to evict
+			}
+		} else {
+			idle = 0
+		}
+	}
+	return evicted
+}
+
+func (p *Pager) totalChunks(chunk int) int {
+	p.rmu.RLock()
+	defer p.rmu.RUnlock()
+	c := 0
+	for _, r := range p.regions {
+		c += (r.npages + chunk - 1) / chunk
+	}
+	return c
+}
+
+// evictChunk evicts the present, unreferenced pages among pages [first, first+n) of r
+// (all present pages when clock is false) and returns how many it evicted and how
+// many were present. Called with reclaimMu held.
+func (p *Pager) evictChunk(r *Region, first int, entries []pagefault.PagemapEntry, clock bool) (int, int) {
+	lo, hi := r.page(first), r.page(first+len(entries))
+	if !p.eligible(lo, hi) || p.pm.Read(lo, entries) != nil {
+		return 0, 0
+	}
+	var victims []int
+	present := 0
+	for k, e := range entries {
+		i := first + k
+		if !e.Present() {
+			continue
+		}
+		present++
+		if clock && r.ref[i] {
+			r.ref[i] = false // second chance
+			continue
+		}
+		if r.pr.State(i) == pagefault.PageNone {
+			victims = append(victims, i)
+		}
+	}
+	if len(victims) == 0 {
+		return 0, present
+	}
+	done := 0
+	p.reg.Invalidate(Range{lo, hi}, ReasonEvict, func() error {
+		for _, i := range victims {
+			if p.evictLocked(r, i) {
+				done++
+			}
+		}
+		p.dropBounces(r, victims)
+		return nil
+	})
+	p.resident.Add(-int64(done))
+	return done, present - done
+}
+
+// evictLocked moves page i to the store. Faults on the page meanwhile are served by
+// the CPU fault server from the bounce page; then the eviction is abandoned.
+func (p *Pager) evictLocked(r *Region, i int) bool {
+	ps := pagefault.PageSize
+	r.pr.SetState(i, pagefault.PageEvicting)
+	moved, err := p.uffd.Move(r.bounce(i), r.page(i), ps, false)
+	if moved == 0 || err != nil {
+		// Missing after all, or not movable (shared, pinned): nothing to evict.
+		if !r.pr.CompareAndSwap(i, pagefault.PageEvicting, pagefault.PageNone) {
+			r.pr.SetState(i, pagefault.PageNone) // a fault reclaimed an empty page
+		}
+		return false
+	}
+	werr := p.store.WriteAt(r.stash[i*int(ps):(i+1)*int(ps)], r.storeAt(i))
+	if werr == nil && r.pr.CompareAndSwap(i, pagefault.PageEvicting, pagefault.PageStored) {
+		p.evictions.Add(1)
+		p.writtenBack.Add(uint64(ps))
+		return true
+	}
+	// A fault took the page back (RECLAIMED), or the store failed: put the content
+	// back if the server has not already, and forget the eviction.
+	p.uffd.Move(r.page(i), r.bounce(i), ps, true)
+	r.pr.SetState(i, pagefault.PageNone)
+	p.aborts.Add(1)
+	return false
+}
+
+// dropBounces frees the bounce pages of pages that are settled, in one madvise (one
+// REMOVE event for the stash, which nothing subscribes to).
+func (p *Pager) dropBounces(r *Region, idx []int) {
+	if len(idx) == 0 {
+		return
+	}
+	lo, hi := idx[0], idx[len(idx)-1]+1
+	unix.Syscall(unix.SYS_MADVISE, r.bounce(lo), uintptr(hi-lo)*pagefault.PageSize, unix.MADV_DONTNEED)
+}
+
+// Evict evicts every present page of [start, end) that may be evicted, and returns
+// how many it evicted.
+func (p *Pager) Evict(start, end uintptr) (int, error) {
+	return p.each(start, end, func(r *Region, first, n int) int {
+		got, _ := p.evictChunk(r, first, make([]pagefault.PagemapEntry, n), false)
+		return got
+	})
+}
+
+// Migrate moves every present page of [start, end) that may be moved to a new frame
+// (UFFDIO_MOVE out, UFFDIO_COPY back), and returns how many moved.
+func (p *Pager) Migrate(start, end uintptr) (int, error) {
+	return p.each(start, end, func(r *Region, first, n int) int {
+		lo, hi := r.page(first), r.page(first+n)
+		entries := make([]pagefault.PagemapEntry, n)
+		if !p.eligible(lo, hi) || p.pm.Read(lo, entries) != nil {
+			return 0
+		}
+		var pages []int
+		for k, e := range entries {
+			if e.Present() && r.pr.State(first+k) == pagefault.PageNone {
+				pages = append(pages, first+k)
+			}
+		}
+		done := 0
+		p.reg.Invalidate(Range{lo, hi}, ReasonMigrate, func() error {
+			for _, i := range pages {
+				if p.migrateLocked(r, i) {
+					done++
+				}
+			}
+			p.dropBounces(r, pages)
+			return nil
+		})
+		return done
+	})
+}
+
+func (p *Pager) migrateLocked(r *Region, i int) bool {
+	ps := pagefault.PageSize
+	r.pr.SetState(i, pagefault.PageEvicting)
+	if moved, err := p.uffd.Move(r.bounce(i), r.page(i), ps, false); moved == 0 || err != nil {
+		r.pr.SetState(i, pagefault.PageNone)
+		return false
+	}
+	// A copy allocates a new frame. If a fault already took the page back, the copy
+	// finds it present and the page keeps its frame.
+	n, _ := p.uffd.Copy(r.page(i), r.bounce(i), ps, false)
+	r.pr.SetState(i, pagefault.PageNone)
+	if n == ps {
+		p.migrations.Add(1)
+		return true
+	}
+	p.uffd.Move(r.page(i), r.bounce(i), ps, true)
+	return false
+}
+
+// Restore brings every stored page of [start, end) back into memory, before the range
+// stops being registered (then a fault would zero-fill it).
+func (p *Pager) Restore(start, end uintptr) error {
+	_, err := p.each(start, end, func(r *Region, first, n int) int {
+		buf := make([]byte, pagefault.PageSize)
+		got := 0
+		for i := first; i < first+n; i++ {
+			if r.pr.State(i) != pagefault.PageStored {
+				continue
+			}
+			if p.store.ReadAt(buf, r.storeAt(i)) != nil {
+				continue
+			}
+			if c, _ := p.uffd.Copy(r.page(i), addrOf(buf), pagefault.PageSize, false); c > 0 {
+				got++
+			}
+			p.Installed(r.page(i), 1)
+		}
+		return got
+	})
+	return err
+}
+
+// Discarded forgets the stored copies of [start, end): after MADV_DONTNEED a page
+// reads as zeros, not as what was evicted.
+func (p *Pager) Discarded(start, end uintptr) {
+	p.each(start, end, func(r *Region, first, n int) int {
+		for i := first; i < first+n; i++ {
+			if r.pr.CompareAndSwap(i, pagefault.PageStored, pagefault.PageNone) {
+				p.store.Punch(r.storeAt(i), int64(pagefault.PageSize))
+			}
+		}
+		return 0
+	})
+}
+
+// each runs fn over the paged pages of [start, end), region by region, with the
+// reclaim lock held, and sums its results.
+func (p *Pager) each(start, end uintptr, fn func(r *Region, first, n int) int) (int, error) {
+	p.reclaimMu.Lock()
+	defer p.reclaimMu.Unlock()
+	total, found := 0, false
+	for a := start &^ (pagefault.PageSize - 1); a < end; {
+		r, i := p.lookup(a)
+		if r == nil {
+			a += pagefault.PageSize
+			continue
+		}
+		found = true
+		n := min(r.npages-i, int((end-a+pagefault.PageSize-1)/pagefault.PageSize))
+		for off := 0; off < n; off += 256 {
+			total += fn(r, i+off, min(256, n-off))
+		}
+		a = r.page(i + n)
+	}
+	if !found {
+		return 0, ErrNotPaged
+	}
+	return total, nil
+}
+
+// PagerStats count what a pager did.
+type PagerStats struct {
+	Evictions   uint64 // pages written to the store
+	WrittenBack uint64 // bytes written to the store
+	Migrations  uint64 // pages moved to new frames
+	Aborts      uint64 // evictions abandoned because the page was faulted meanwhile
+	Restores    uint64 // stored pages brought back by the NIC's faults or Restore
+	Resident    int64  // estimate of present pages
+}
+
+// Stats returns the counters.
+func (p *Pager) Stats() PagerStats {
+	return PagerStats{Evictions: p.evictions.Load(), WrittenBack: p.writtenBack.Load(), Migrations: p.migrations.Load(),
+		Aborts: p.aborts.Load(), Restores: p.restores.Load(), Resident: p.resident.Load()}
+}

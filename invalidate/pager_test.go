@@ -1,0 +1,208 @@
+package invalidate
+
+import (
+	"encoding/binary"
+	"fmt"
+	"runtime"
+	"sync"
+	"sync/atomic"
+	"testing"
+
+	"github.com/odpemu/odpemu/pagefault"
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+	"golang.org/x/sys/unix"
+)
+
+type pagerEnv struct {
+	mem   []byte
+	u     *pagefault.FD
+	srv   *pagefault.CPUServer
+	pm    *pagefault.Pagemap
+	pager *Pager
+	reg   *Registry
+	res   *pagefault.Resolver
+}
+
+func newPagerEnv(t *testing.T, npages int, budget int64) *pagerEnv {
+	t.Helper()
+	e := &pagerEnv{reg: NewRegistry()}
+	var err error
+	e.mem, err = unix.Mmap(-1, 0, npages*4096, unix.PROT_READ|unix.PROT_WRITE, unix.MAP_PRIVATE|unix.MAP_ANONYMOUS)
+	require.NoError(t, err)
+	e.u, err = pagefault.Open(pagefault.Options{Features: pagefault.FeatureEventRemove})
+	require.NoError(t, err)
+	_, err = e.u.Register(addrOf(e.mem), uintptr(len(e.mem)), pagefault.ModeMissing)
+	require.NoError(t, err)
+	e.srv, err = pagefault.StartCPUServer(e.u, 1)
+	require.NoError(t, err)
+	e.pm, err = pagefault.OpenPagemap()
+	require.NoError(t, err)
+	store, err := NewMemStore()
+	require.NoError(t, err)
+	e.pager = NewPager(e.u, e.srv, e.reg, e.pm, store, PagerConfig{Budget: budget})
+	r, err := e.pager.AddRegion(e.mem)
+	require.NoError(t, err)
+	pump, err := StartPump(e.srv, e.reg, false) // the stash's REMOVE events must be read
+	require.NoError(t, err)
+	e.res, err = pagefault.NewResolver(e.u, e.pm, e.pager)
+	require.NoError(t, err)
+	t.Cleanup(func() {
+		e.pager.Close()
+		r.Remove()
+		pump.Stop()
+		e.res.Close()
+		e.srv.Stop()
+		e.u.Close()
+		e.pm.Close()
+		store.Close()
+		unix.Munmap(e.mem)
+	})
+	return e
+}
+
+func (e *pagerEnv) present(t *testing.T) int {
+	entries := make([]pagefault.PagemapEntry, len(e.mem)/4096)
+	require.NoError(t, e.pm.Read(addrOf(e.mem), entries))
+	n := 0
+	for _, x := range entries {
+		if x.Present() {
+			n++
+		}
+	}
+	return n
+}
+
+func TestEvictAndRestoreOnCPUFault(t *testing.T) {
+	e := newPagerEnv(t, 64, 0)
+	for p := 0; p < 64; p++ {
+		binary.LittleEndian.PutUint64(e.mem[p*4096+8:], uint64(p)*1000+7)
+	}
+	n, err := e.pager.Evict(addrOf(e.mem), addrOf(e.mem)+uintptr(len(e.mem)))
+	require.NoError(t, err)
+	assert.Equal(t, 64, n)
+	assert.Zero(t, e.present(t), "evicted pages are gone from the mapping")
+	for p := 0; p < 64; p++ { // CPU faults, restored by the C server from the store
+		require.EqualValues(t, uint64(p)*1000+7, binary.LittleEndian.Uint64(e.mem[p*4096+8:]), "page %d", p)
+	}
+	st := e.pager.Stats()
+	assert.EqualValues(t, 64, st.Evictions)
+	assert.EqualValues(t, 64*4096, st.WrittenBack)
+	assert.EqualValues(t, 64, e.srv.Restored())
+	_, err = e.pager.Evict(0, 4096)
+	assert.ErrorIs(t, err, ErrNotPaged)
+}
+
+func TestEvictedPagesRestoreThroughResolver(t *testing.T) {
+	e := newPagerEnv(t, 32, 0)
+	for p := 0; p < 32; p++ {
+		e.mem[p*4096] = byte(p + 1)
+	}
+	_, err := e.pager.Evict(addrOf(e.mem), addrOf(e.mem)+16*4096)
+	require.NoError(t, err)
+	out := make([]pagefault.PagemapEntry, 32)
+	st, err := e.res.Resolve(addrOf(e.mem), out, false) // the NIC's path: no CPU fault
+	require.NoError(t, err)
+	assert.Equal(t, 16, st.Installed)
+	for p := 0; p < 32; p++ {
+		require.EqualValues(t, p+1, e.mem[p*4096], "page %d", p)
+	}
+	assert.EqualValues(t, 16, e.pager.Stats().Restores)
+	assert.Zero(t, e.srv.Restored(), "the CPU server restored nothing")
+}
+
+// A writer that never stops writing a page while the pager evicts it over and over:
+// no write may be lost.
+func TestEvictionLosesNoConcurrentWrite(t *testing.T) {
+	for _, procs := range []int{1, 2} {
+		t.Run(fmt.Sprintf("GOMAXPROCS=%d", procs), func(t *testing.T) {
+			defer runtime.GOMAXPROCS(runtime.GOMAXPROCS(procs))
+			e := newPagerEnv(t, 4, 0)
+			var last atomic.Uint64
+			stop, started := make(chan struct{}), make(chan struct{})
+			var wg sync.WaitGroup
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				for v := uint64(1); ; v++ {
+					select {
+					case <-stop:
+						return
+					default:
+					}
+					binary.LittleEndian.PutUint64(e.mem[4096+64:], v) // may fault: served in C
+					last.Store(v)
+					if v == 1 {
+						close(started)
+					}
+					if v%64 == 0 {
+						runtime.Gosched()
+					}
+				}
+			}()
+			<-started
+			evicted := 0
+			for i := 0; i < 100000 && evicted < 50; i++ {
+				n, err := e.pager.Evict(addrOf(e.mem)+4096, addrOf(e.mem)+2*4096)
+				require.NoError(t, err)
+				evicted += n
+				if i%100 == 0 {
+					runtime.Gosched()
+				}
+			}
+			close(stop)
+			wg.Wait()
+			assert.Equal(t, last.Load(), binary.LittleEndian.Uint64(e.mem[4096+64:]), "the last write survived")
+			st := e.pager.Stats()
+			t.Logf("evicted %d times, %d aborted by a racing fault, %d restored by the server", evicted, st.Aborts, e.srv.Restored())
+			assert.NotZero(t, evicted)
+		})
+	}
+}
+
+func TestMigrateChangesFrame(t *testing.T) {
+	e := newPagerEnv(t, 8, 0)
+	for p := 0; p < 8; p++ {
+		e.mem[p*4096+100] = byte(0x40 + p)
+	}
+	before := make([]pagefault.PagemapEntry, 8)
+	require.NoError(t, e.pm.Read(addrOf(e.mem), before))
+	n, err := e.pager.Migrate(addrOf(e.mem), addrOf(e.mem)+8*4096)
+	require.NoError(t, err)
+	assert.Equal(t, 8, n)
+	after := make([]pagefault.PagemapEntry, 8)
+	require.NoError(t, e.pm.Read(addrOf(e.mem), after))
+	for p := 0; p < 8; p++ {
+		assert.True(t, after[p].Present())
+		assert.EqualValues(t, 0x40+p, e.mem[p*4096+100])
+		if e.pm.PFNsReadable() {
+			assert.NotEqual(t, before[p].PFN(), after[p].PFN(), "page %d moved to a new frame", p)
+		}
+	}
+	assert.EqualValues(t, 8, e.pager.Stats().Migrations)
+}
+
+func TestReclaimKeepsBudget(t *testing.T) {
+	const npages, budget = 2048, 512
+	e := newPagerEnv(t, npages, budget*4096)
+	e.pager.Close() // no background reclaim: this test calls Reclaim itself
+	for p := 0; p < npages; p++ {
+		e.mem[p*4096] = byte(p)
+	}
+	require.True(t, e.pager.Over(0))
+	n := e.pager.Reclaim(false)
+	assert.GreaterOrEqual(t, n, npages-budget)
+	assert.LessOrEqual(t, e.present(t), budget)
+	for p := 0; p < npages; p++ {
+		require.EqualValues(t, byte(p), e.mem[p*4096], "page %d", p)
+	}
+}
+
+func TestDiscardedForgetsStoredCopies(t *testing.T) {
+	e := newPagerEnv(t, 4, 0)
+	e.mem[0] = 9
+	_, err := e.pager.Evict(addrOf(e.mem), addrOf(e.mem)+4096)
+	require.NoError(t, err)
+	e.pager.Discarded(addrOf(e.mem), addrOf(e.mem)+4096)
+	assert.Zero(t, e.mem[0], "a discarded page reads as zeros")
+}

@@ -1,0 +1,64 @@
+package invalidate
+
+import (
+	"fmt"
+	"os"
+
+	"golang.org/x/sys/unix"
+)
+
+// Store is the backing store evicted pages are written to: a memfd by default (in
+// memory, but outside the process's mappings, so not part of its RSS), or a file.
+// Offsets are page aligned; a restored page's copy is punched out.
+type Store struct {
+	f *os.File
+}
+
+// NewMemStore returns a store in an anonymous memfd.
+func NewMemStore() (*Store, error) {
+	fd, err := unix.MemfdCreate("odpemu-store", unix.MFD_CLOEXEC)
+	if err != nil {
+		return nil, fmt.Errorf("invalidate: memfd_create: %w", err)
+	}
+	return &Store{f: os.NewFile(uintptr(fd), "odpemu-store")}, nil
+}
+
+// NewFileStore returns a store in a new file at path, removed when closed.
+func NewFileStore(path string) (*Store, error) {
+	f, err := os.OpenFile(path, os.O_RDWR|os.O_CREATE|os.O_EXCL, 0o600)
+	if err != nil {
+		return nil, fmt.Errorf("invalidate: file store: %w", err)
+	}
+	os.Remove(path) // the descriptor keeps it alive
+	return &Store{f: f}, nil
+}
+
+// Fd is the store's descriptor (for the CPU fault server).
+func (s *Store) Fd() int { return int(s.f.Fd()) }
+
+// WriteAt writes b at off.
+func (s *Store) WriteAt(b []byte, off int64) error {
+	_, err := s.f.WriteAt(b, off)
+	return err
+}
+
+// ReadAt reads len(b) bytes at off; holes read as zeros.
+func (s *Store) ReadAt(b []byte, off int64) error {
+	n, err := s.f.ReadAt(b, off)
+	if n == len(b) {
+		return nil
+	}
+	if err != nil && n < len(b) {
+		clear(b[n:]) // past the end of a sparse store
+		return nil
+	}
+	return err
+}
+
+// Punch frees [off, off+n).
+func (s *Store) Punch(off, n int64) {
+	unix.Fallocate(int(s.f.Fd()), unix.FALLOC_FL_PUNCH_HOLE|unix.FALLOC_FL_KEEP_SIZE, off, n)
+}
+
+// Close closes the store.
+func (s *Store) Close() error { return s.f.Close() }
