@@ -46,8 +46,10 @@ type Pager struct {
 	hand      struct{ region, page int }
 	sweep     int64 // present pages seen in the current sweep
 
-	resident atomic.Int64 // estimate of present pages in paged regions
-	lastCPU  atomic.Uint64
+	resident  atomic.Int64 // estimate of present pages in paged regions
+	installed atomic.Int64 // pages installed so far (NIC and CPU faults)
+	sweepFrom int64        // installed when the current sweep began; reclaimMu
+	lastCPU   atomic.Uint64
 
 	evictions, writtenBack, migrations, aborts, restores atomic.Uint64
 
@@ -122,7 +124,7 @@ type Region struct {
 	stash    []byte // bounce pages, registered on the userfaultfd
 	pr       *pagefault.PagedRegion
 	storeOff int64
-	ref      []bool // CLOCK reference bits, protected by p.reclaimMu
+	ref      []atomic.Bool // CLOCK reference bits: set by Touch, cleared by the hand
 }
 
 // AddRegion makes mem (page aligned, from mmap) a paged region.
@@ -138,7 +140,7 @@ func (p *Pager) AddRegion(mem []byte) (*Region, error) {
 	}
 	p.rmu.Lock()
 	defer p.rmu.Unlock()
-	r := &Region{p: p, base: addrOf(mem), npages: len(mem) / ps, stash: stash, storeOff: p.nextOff, ref: make([]bool, len(mem)/ps)}
+	r := &Region{p: p, base: addrOf(mem), npages: len(mem) / ps, stash: stash, storeOff: p.nextOff, ref: make([]atomic.Bool, len(mem)/ps)}
 	if r.pr, err = p.srv.AddRegion(r.base, r.npages, addrOf(stash), r.storeOff); err != nil {
 		p.uffd.Unregister(addrOf(stash), uintptr(len(stash)))
 		unix.Munmap(stash)
@@ -239,15 +241,21 @@ func (p *Pager) Installed(addr uintptr, npages int) {
 
 // NoteInstalled tells the pager that n pages were installed outside the CPU fault
 // server (by the NIC's resolver).
-func (p *Pager) NoteInstalled(n int) { p.resident.Add(int64(n)) }
+func (p *Pager) NoteInstalled(n int) {
+	p.resident.Add(int64(n))
+	p.installed.Add(int64(n))
+}
 
-// Touch marks pages [addr, addr+n) referenced, for CLOCK: the NIC's access bits.
+// Touch marks n pages from the page holding addr referenced, for CLOCK: the NIC's
+// access bits. The pages must lie in one region.
 func (p *Pager) Touch(addr uintptr, n int) {
-	// Reference bits are advisory: they are written without the reclaim lock, and a
-	// lost update only costs a page its second chance.
-	for k := 0; k < n; k++ {
-		if r, i := p.lookup(addr + uintptr(k)*pagefault.PageSize); r != nil && !r.ref[i] {
-			r.ref[i] = true
+	r, i := p.lookup(addr)
+	if r == nil {
+		return
+	}
+	for k := i; k < min(i+n, r.npages); k++ {
+		if !r.ref[k].Load() {
+			r.ref[k].Store(true)
 		}
 	}
 }
@@ -261,6 +269,7 @@ func (p *Pager) Over(slack int) bool {
 	cpu := p.srv.Stats().Pages
 	if last := p.lastCPU.Swap(cpu); cpu > last {
 		p.resident.Add(int64(cpu - last))
+		p.installed.Add(int64(cpu - last))
 	}
 	return p.resident.Load() > p.budget+int64(slack)
 }
@@ -302,9 +311,12 @@ func (p *Pager) Reclaim(try bool) int {
 		evicted += got
 		p.sweep += int64(present)
 		if p.hand.region == 0 && p.hand.page == 0 || p.hand.region >= len(p.regions) {
-			// A sweep ended: the count of present pages seen replaces the estimate.
-			p.resident.Store(p.sweep)
-			p.sweep = 0
+			// A sweep ended: the present pages it saw, plus what was installed since it
+			// began (behind the hand, or counted twice: an overestimate is safe),
+			// replace the estimate.
+			now := p.installed.Load()
+			p.resident.Store(p.sweep + now - p.sweepFrom)
+			p.sweep, p.sweepFrom = 0, now
 		}
 		if got == 0 {
 			if idle++; idle > 4*p.totalChunks(chunk) {
@@ -343,9 +355,8 @@ func (p *Pager) evictChunk(r *Region, first int, entries []pagefault.PagemapEntr
 			continue
 		}
 		present++
-		if clock && r.ref[i] {
-			r.ref[i] = false // second chance
-			continue
+		if clock && r.ref[i].Swap(false) {
+			continue // second chance
 		}
 		if r.pr.State(i) == pagefault.PageNone {
 			victims = append(victims, i)
@@ -405,9 +416,19 @@ func (p *Pager) dropBounces(r *Region, idx []int) {
 	unix.Syscall(unix.SYS_MADVISE, r.bounce(lo), uintptr(hi-lo)*pagefault.PageSize, unix.MADV_DONTNEED)
 }
 
+// Exclusive runs fn with reclaim held off. Lock order: the reclaim lock comes before
+// the registry, so fn may call Registry.Invalidate.
+func (p *Pager) Exclusive(fn func() error) error {
+	p.reclaimMu.Lock()
+	defer p.reclaimMu.Unlock()
+	return fn()
+}
+
 // Evict evicts every present page of [start, end) that may be evicted, and returns
 // how many it evicted.
 func (p *Pager) Evict(start, end uintptr) (int, error) {
+	p.reclaimMu.Lock()
+	defer p.reclaimMu.Unlock()
 	return p.each(start, end, func(r *Region, first, n int) int {
 		got, _ := p.evictChunk(r, first, make([]pagefault.PagemapEntry, n), false)
 		return got
@@ -417,6 +438,8 @@ func (p *Pager) Evict(start, end uintptr) (int, error) {
 // Migrate moves every present page of [start, end) that may be moved to a new frame
 // (UFFDIO_MOVE out, UFFDIO_COPY back), and returns how many moved.
 func (p *Pager) Migrate(start, end uintptr) (int, error) {
+	p.reclaimMu.Lock()
+	defer p.reclaimMu.Unlock()
 	return p.each(start, end, func(r *Region, first, n int) int {
 		lo, hi := r.page(first), r.page(first+n)
 		entries := make([]pagefault.PagemapEntry, n)
@@ -465,6 +488,8 @@ func (p *Pager) migrateLocked(r *Region, i int) bool {
 // Restore brings every stored page of [start, end) back into memory, before the range
 // stops being registered (then a fault would zero-fill it).
 func (p *Pager) Restore(start, end uintptr) error {
+	p.reclaimMu.Lock()
+	defer p.reclaimMu.Unlock()
 	_, err := p.each(start, end, func(r *Region, first, n int) int {
 		buf := make([]byte, pagefault.PageSize)
 		got := 0
@@ -486,7 +511,8 @@ func (p *Pager) Restore(start, end uintptr) error {
 }
 
 // Discarded forgets the stored copies of [start, end): after MADV_DONTNEED a page
-// reads as zeros, not as what was evicted.
+// reads as zeros, not as what was evicted. It takes no lock (it runs from the event
+// pump, inside the registry); page states change by compare-and-swap.
 func (p *Pager) Discarded(start, end uintptr) {
 	p.each(start, end, func(r *Region, first, n int) int {
 		for i := first; i < first+n; i++ {
@@ -498,11 +524,9 @@ func (p *Pager) Discarded(start, end uintptr) {
 	})
 }
 
-// each runs fn over the paged pages of [start, end), region by region, with the
-// reclaim lock held, and sums its results.
+// each runs fn over the paged pages of [start, end), region by region, in chunks of
+// at most 256 pages, and sums its results.
 func (p *Pager) each(start, end uintptr, fn func(r *Region, first, n int) int) (int, error) {
-	p.reclaimMu.Lock()
-	defer p.reclaimMu.Unlock()
 	total, found := 0, false
 	for a := start &^ (pagefault.PageSize - 1); a < end; {
 		r, i := p.lookup(a)

@@ -50,6 +50,16 @@ type Config struct {
 	// applied, and Discard changes the mapping without invalidating first. The NIC
 	// then keeps translations the CPU no longer has; Audit counts its DMAs through them.
 	NoInvalidate bool
+	// ResidentBudget bounds, in bytes, the resident pages of ODP memory: beyond it the
+	// device evicts pages (CLOCK over the NIC's access bits) to its backing store, and
+	// faults bring them back with their content. Pinned registrations are limited to
+	// the budget too. 0: no budget.
+	ResidentBudget int64
+	// Paging enables the backing store, Evict and Migrate without a budget.
+	Paging bool
+	// StorePath puts the backing store in a new file at this path instead of in
+	// memory (a memfd, which is outside the process's RSS).
+	StorePath string
 	// Audit checks every DMA on an ODP MR after the copy: a copy during which a page
 	// of its range was installed anew (a CPU fault found it missing) or whose recorded
 	// frame is no longer the page's frame, with no invalidation observed meanwhile, is
@@ -68,7 +78,10 @@ type Device struct {
 	resolver *pagefault.Resolver
 	registry *invalidate.Registry
 	pump     *invalidate.Pump
-	limit    int64 // pinned byte limit, <0 unlimited
+	pager    *invalidate.Pager // nil unless paging
+	store    *invalidate.Store
+	regMu    sync.Mutex // serialises ODP userfaultfd registration changes
+	limit    int64      // pinned byte limit, <0 unlimited
 
 	mu      sync.RWMutex // protects everything below; read-locked for key lookups
 	closed  bool
@@ -89,6 +102,7 @@ type Device struct {
 type buffer struct {
 	start, end uintptr
 	mem        []byte
+	paged      *invalidate.Region // nil unless paging
 }
 
 // Open opens an emulated device.
@@ -110,16 +124,37 @@ func Open(cfg Config) (*Device, error) {
 	if d.limit == 0 {
 		d.limit = memlockLimit()
 	}
+	if cfg.ResidentBudget < 0 {
+		return nil, wrap(ErrInvalidArgument, "ResidentBudget %d", cfg.ResidentBudget)
+	}
+	if b := cfg.ResidentBudget; b > 0 && (d.limit < 0 || d.limit > b) {
+		d.limit = b // what may be resident may be pinned, no more
+	}
 	var err error
 	feats := pagefault.FeatureEventRemove | pagefault.FeatureEventUnmap | pagefault.FeatureEventRemap
 	if d.uffd, err = pagefault.Open(pagefault.Options{Features: feats, UserModeOnly: cfg.UserModeOnly}); err != nil {
 		return nil, fmt.Errorf("odp: open %s: %w", cfg.Name, err)
 	}
 	if d.pagemap, err = pagefault.OpenPagemap(); err == nil {
-		if d.resolver, err = pagefault.NewResolver(d.uffd, d.pagemap, pagefault.ZeroSource{}); err == nil {
-			if d.server, err = pagefault.StartCPUServer(d.uffd, cfg.CPUFaultAround); err == nil {
-				d.registry = invalidate.NewRegistry()
-				d.pump, err = invalidate.StartPump(d.server, d.registry, cfg.NoInvalidate)
+		if d.server, err = pagefault.StartCPUServer(d.uffd, cfg.CPUFaultAround); err == nil {
+			d.registry = invalidate.NewRegistry()
+			if d.pump, err = invalidate.StartPump(d.server, d.registry, cfg.NoInvalidate); err == nil {
+				var src pagefault.Source = pagefault.ZeroSource{}
+				if cfg.Paging || cfg.ResidentBudget > 0 {
+					if cfg.StorePath != "" {
+						d.store, err = invalidate.NewFileStore(cfg.StorePath)
+					} else {
+						d.store, err = invalidate.NewMemStore()
+					}
+					if err == nil {
+						d.pager = invalidate.NewPager(d.uffd, d.server, d.registry, d.pagemap, d.store,
+							invalidate.PagerConfig{Budget: cfg.ResidentBudget, Eligible: d.evictable})
+						src = d.pager
+					}
+				}
+				if err == nil {
+					d.resolver, err = pagefault.NewResolver(d.uffd, d.pagemap, src)
+				}
 			}
 		}
 	}
@@ -192,6 +227,14 @@ func (d *Device) Close() error {
 	bufs := d.buffers
 	d.buffers = nil
 	d.mu.Unlock()
+	if d.pager != nil {
+		d.pager.Close()
+	}
+	for _, b := range bufs {
+		if b.paged != nil {
+			b.paged.Remove()
+		}
+	}
 	d.release()
 	for _, b := range bufs {
 		unix.Munmap(b.mem)
@@ -199,7 +242,27 @@ func (d *Device) Close() error {
 	return nil
 }
 
+// evictable reports whether pages [start, end) may be evicted or migrated: inside
+// ODP registrations (so that a later access faults) and in no pinned MR.
+func (d *Device) evictable(start, end uintptr) bool {
+	d.mu.RLock()
+	defer d.mu.RUnlock()
+	r := interval.Range{Start: start, End: end}
+	if len(interval.Uncovered(r, d.odpRegs)) > 0 {
+		return false
+	}
+	for _, l := range d.locked {
+		if l.Start < end && start < l.End {
+			return false
+		}
+	}
+	return true
+}
+
 func (d *Device) release() {
+	if d.pager != nil {
+		d.pager.Close()
+	}
 	if d.pump != nil {
 		d.pump.Stop()
 	}
@@ -214,6 +277,9 @@ func (d *Device) release() {
 	}
 	if d.uffd != nil {
 		d.uffd.Close()
+	}
+	if d.store != nil {
+		d.store.Close()
 	}
 }
 
@@ -243,6 +309,14 @@ func (d *Device) Alloc(n int) ([]byte, error) {
 		return nil, ErrClosed
 	}
 	b := buffer{start: addrOf(mem), end: addrOf(mem) + size, mem: mem}
+	if d.pager != nil {
+		r, err := d.pager.AddRegion(mem)
+		if err != nil {
+			unix.Munmap(mem)
+			return nil, fmt.Errorf("odp: page buffer: %w", err)
+		}
+		b.paged = r
+	}
 	i := sort.Search(len(d.buffers), func(i int) bool { return d.buffers[i].start > b.start })
 	d.buffers = append(d.buffers, buffer{})
 	copy(d.buffers[i+1:], d.buffers[i:])
@@ -267,6 +341,9 @@ func (d *Device) Free(buf []byte) error {
 		if mr.start < b.end && b.start < mr.start+uintptr(mr.length) {
 			return wrap(ErrBusy, "buffer %#x is registered as MR %#x", start, mr.key)
 		}
+	}
+	if b.paged != nil {
+		b.paged.Remove()
 	}
 	if err := unix.Munmap(b.mem); err != nil {
 		return fmt.Errorf("odp: munmap: %w", err)
@@ -404,6 +481,13 @@ type Stats struct {
 	AuditedDMAs         uint64 // DMAs checked by the audit
 	StaleDMAs           uint64 // audit violations: copies through stale translations
 	DMAFaults           uint64 // copies that hit unmapped memory (reported as access errors)
+
+	Evictions        uint64 // pages written to the backing store and dropped
+	BytesWrittenBack uint64
+	EvictionAborts   uint64 // evictions abandoned because the page was touched meanwhile
+	Migrations       uint64 // pages moved to new frames
+	Restores         uint64 // evicted pages brought back (CPU and NIC faults)
+	ResidentPages    int64  // the pager's estimate of resident ODP pages
 }
 
 // Stats returns the device's counters.
@@ -414,7 +498,7 @@ func (d *Device) Stats() Stats {
 	pinned := d.pinned
 	d.mu.Unlock()
 	c := &d.stats
-	return Stats{
+	st := Stats{
 		PageFaults: c.faults.Load(), PagesFaulted: c.pagesFaulted.Load(), FaultRetries: c.faultRetries.Load(),
 		FaultTime: time.Duration(c.faultNanos.Load()), Invalidations: c.invalidations.Load(),
 		PagesInvalidated: c.pagesInvalidated.Load(), Prefetches: c.prefetches.Load(),
@@ -424,6 +508,12 @@ func (d *Device) Stats() Stats {
 		Events:               ps.Events, EventsIgnored: ps.Ignored, InvalidationLatency: ps.Latency, InvalidationMax: ps.MaxLat,
 		AuditedDMAs: c.audited.Load(), StaleDMAs: c.stale.Load(), DMAFaults: c.dmaFaults.Load(),
 	}
+	if d.pager != nil {
+		pg := d.pager.Stats()
+		st.Evictions, st.BytesWrittenBack, st.EvictionAborts = pg.Evictions, pg.WrittenBack, pg.Aborts
+		st.Migrations, st.Restores, st.ResidentPages = pg.Migrations, pg.Restores+d.server.Restored(), pg.Resident
+	}
+	return st
 }
 
 // SyncEvents returns once every userfaultfd event raised before the call (by a
@@ -467,11 +557,54 @@ func (d *Device) Discard(b []byte) error {
 		}
 		return nil
 	}
+	if d.pager != nil {
+		inner := zap
+		zap = func() error { // evicted copies are forgotten: a discarded page is zero
+			d.pager.Discarded(r.Start, r.End)
+			err := inner()
+			d.pager.Discarded(r.Start, r.End)
+			return err
+		}
+	}
 	if d.cfg.NoInvalidate {
 		return zap()
 	}
-	_, err = d.registry.Invalidate(r, invalidate.ReasonDiscard, zap)
-	return err
+	run := func() error {
+		_, err := d.registry.Invalidate(r, invalidate.ReasonDiscard, zap)
+		return err
+	}
+	if d.pager != nil {
+		return d.pager.Exclusive(run) // no eviction between forgetting and dropping
+	}
+	return run()
+}
+
+// Evict writes the present pages of [addr, addr+length) in ODP memory to the backing
+// store and drops them, invalidating the NIC's entries first; the next access faults
+// them back with their content. Needs Config.Paging or a ResidentBudget.
+func (d *Device) Evict(addr, length uint64) (int, error) {
+	if d.pager == nil {
+		return 0, wrap(ErrNotSupported, "Evict without Config.Paging")
+	}
+	r, err := pageRange(addr, length)
+	if err != nil {
+		return 0, err
+	}
+	return d.pager.Evict(r.Start, r.End)
+}
+
+// Migrate moves the present pages of [addr, addr+length) in ODP memory to new page
+// frames, invalidating the NIC's entries first (compaction, NUMA balancing). Needs
+// Config.Paging or a ResidentBudget.
+func (d *Device) Migrate(addr, length uint64) (int, error) {
+	if d.pager == nil {
+		return 0, wrap(ErrNotSupported, "Migrate without Config.Paging")
+	}
+	r, err := pageRange(addr, length)
+	if err != nil {
+		return 0, err
+	}
+	return d.pager.Migrate(r.Start, r.End)
 }
 
 // pageRange rounds [addr, addr+length) out to pages.

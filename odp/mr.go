@@ -110,6 +110,8 @@ func (mr *MR) span(end uintptr) interval.Range { return interval.Range{Start: mr
 func (mr *MR) registerODP(end uintptr, npages int) error {
 	d := mr.dev
 	t0 := time.Now()
+	d.regMu.Lock()
+	defer d.regMu.Unlock()
 	d.mu.Lock()
 	if d.closed {
 		d.mu.Unlock()
@@ -345,20 +347,31 @@ func (mr *MR) Dereg() error {
 	mr.invalidate(0, mr.table.Pages()) // waits for DMA in flight
 
 	end := mr.base + uintptr(mr.table.Pages())*pagefault.PageSize
-	d.mu.Lock()
-	defer d.mu.Unlock()
 	if mr.odp {
-		d.odpRegs = removeRange(d.odpRegs, mr.span(end))
-		for _, r := range interval.Uncovered(mr.span(end), d.odpRegs) {
+		d.regMu.Lock()
+		defer d.regMu.Unlock()
+		d.mu.Lock()
+		d.odpRegs = removeRange(d.odpRegs, mr.span(end)) // not evictable from here on
+		gone := interval.Uncovered(mr.span(end), d.odpRegs)
+		d.mu.Unlock()
+		for _, r := range gone {
+			if d.pager != nil {
+				d.pager.Restore(r.Start, r.End) // unregistered, a stored page would read as zero
+			}
 			d.uffd.Unregister(r.Start, r.End-r.Start)
 		}
-	} else {
-		d.locked = removeRange(d.locked, mr.span(end))
-		for _, r := range interval.Uncovered(mr.span(end), d.locked) {
-			unix.Syscall(unix.SYS_MUNLOCK, r.Start, r.End-r.Start, 0)
-		}
-		d.pinned -= int64(end - mr.base)
+		d.mu.Lock()
+		d.keys.release(mr.key)
+		d.mu.Unlock()
+		return nil
 	}
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	d.locked = removeRange(d.locked, mr.span(end))
+	for _, r := range interval.Uncovered(mr.span(end), d.locked) {
+		unix.Syscall(unix.SYS_MUNLOCK, r.Start, r.End-r.Start, 0)
+	}
+	d.pinned -= int64(end - mr.base)
 	d.keys.release(mr.key)
 	return nil
 }
@@ -490,6 +503,10 @@ func (mr *MR) acquire(off, n uint64, write bool) (dmaRef, error) {
 		return dmaRef{}, err
 	}
 	r := dmaRef{mr: mr, off: off, n: n, d: d, audit: mr.odp && mr.dev.cfg.Audit}
+	if p := mr.dev.pager; p != nil && mr.odp {
+		first, count := mr.pageSpan(off, n)
+		p.Touch(mr.base+uintptr(first)*pagefault.PageSize, count) // the NIC's access bits
+	}
 	if r.audit {
 		r.mark = mr.dev.server.InstallSeq()
 	}
@@ -559,12 +576,19 @@ func (mr *MR) fault(miss, end int, write, presentOnly bool) (int, error) {
 	entries := make([]pagefault.PagemapEntry, hi-lo)
 	addr := mr.base + uintptr(lo)*pagefault.PageSize
 
+	if d.pager != nil && !presentOnly && d.pager.Over(hi-lo) {
+		d.pager.Reclaim(true) // direct reclaim, before the fault takes its sequence
+	}
 	seq := mr.table.ReadBegin()
 	var err error
 	if presentOnly {
 		err = d.pagemap.Read(addr, entries)
 	} else {
-		_, err = d.resolver.Resolve(addr, entries, write)
+		var st pagefault.ResolveStats
+		st, err = d.resolver.Resolve(addr, entries, write)
+		if d.pager != nil {
+			d.pager.NoteInstalled(st.Installed)
+		}
 	}
 	if err != nil {
 		return 0, fmt.Errorf("odp: MR %#x: fault in %#x+%d pages: %w", mr.key, addr, hi-lo, err)
