@@ -156,3 +156,16 @@ func TestPumpDisabledDropsEvents(t *testing.T) {
 	assert.Empty(t, rec.ranges())
 	assert.EqualValues(t, 1, p.Stats().Ignored)
 }
+
+func TestRegistryDisabled(t *testing.T) {
+	g := NewRegistry()
+	rec := &recorder{}
+	g.Insert(0, 100, rec)
+	g.SetDisabled(true)
+	ran := false
+	n, err := g.Invalidate(Range{0, 100}, ReasonEvict, func() error { ran = true; return nil })
+	require.NoError(t, err)
+	assert.True(t, ran, "the change still happens")
+	assert.Zero(t, n)
+	assert.Empty(t, rec.ranges())
+}

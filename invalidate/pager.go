@@ -196,39 +196,8 @@ func (r *Region) bounce(i int) uintptr {
 }
 func (r *Region) storeAt(i int) int64 { return r.storeOff + int64(i)*int64(pagefault.PageSize) }
 
-// settled waits out an eviction in progress on page i: the evictor finishes it
-// without waiting for anyone, so this ends.
-func (r *Region) settled(i int) uint32 {
-	for {
-		s := r.pr.State(i)
-		if s != pagefault.PageEvicting && s != pagefault.PageReclaimed {
-			return s
-		}
-		runtime.Gosched()
-	}
-}
-
-// Fill implements pagefault.Source for the NIC's resolver: stored pages come from the
-// store, others are zero.
-func (p *Pager) Fill(addr uintptr, dst []byte) (bool, error) {
-	ps := int(pagefault.PageSize)
-	zero := true
-	for off := 0; off < len(dst); off += ps {
-		r, i := p.lookup(addr + uintptr(off))
-		if r == nil || r.settled(i) != pagefault.PageStored {
-			clear(dst[off : off+ps])
-			continue
-		}
-		if err := p.store.ReadAt(dst[off:off+ps], r.storeAt(i)); err != nil {
-			return false, err
-		}
-		zero = false
-	}
-	return zero, nil
-}
-
-// Installed implements pagefault.Installer: the store's copies of installed pages are
-// no longer needed.
+// Installed records that stored pages were installed: the store's copies are no
+// longer needed.
 func (p *Pager) Installed(addr uintptr, npages int) {
 	for k := 0; k < npages; k++ {
 		r, i := p.lookup(addr + uintptr(k)*pagefault.PageSize)
@@ -239,8 +208,7 @@ func (p *Pager) Installed(addr uintptr, npages int) {
 	}
 }
 
-// NoteInstalled tells the pager that n pages were installed outside the CPU fault
-// server (by the NIC's resolver).
+// NoteInstalled tells the pager that n pages were installed (on the NIC's behalf).
 func (p *Pager) NoteInstalled(n int) {
 	p.resident.Add(int64(n))
 	p.installed.Add(int64(n))
@@ -365,26 +333,36 @@ func (p *Pager) evictChunk(r *Region, first int, entries []pagefault.PagemapEntr
 	if len(victims) == 0 {
 		return 0, present
 	}
+	done := p.change(r, lo, hi, ReasonEvict, victims, p.evictLocked)
+	p.resident.Add(-int64(done))
+	return done, present - done
+}
+
+// change applies op to pages of r inside one invalidation of [lo, hi) (the NIC's
+// entries cleared, its DMA drained, its faults held off), then frees the bounce pages,
+// and returns for how many pages op reported success.
+func (p *Pager) change(r *Region, lo, hi uintptr, why Reason, pages []int, op func(*Region, int) bool) int {
 	done := 0
-	p.reg.Invalidate(Range{lo, hi}, ReasonEvict, func() error {
-		for _, i := range victims {
-			if p.evictLocked(r, i) {
+	p.reg.Invalidate(Range{lo, hi}, why, func() error {
+		for _, i := range pages {
+			if op(r, i) {
 				done++
 			}
 		}
-		p.dropBounces(r, victims)
+		p.dropBounces(r, pages)
 		return nil
 	})
-	p.resident.Add(-int64(done))
-	return done, present - done
+	return done
 }
 
 // evictLocked moves page i to the store. Faults on the page meanwhile are served by
 // the CPU fault server from the bounce page; then the eviction is abandoned.
 func (p *Pager) evictLocked(r *Region, i int) bool {
 	ps := pagefault.PageSize
-	r.pr.SetState(i, pagefault.PageEvicting)
-	moved, err := p.uffd.Move(r.bounce(i), r.page(i), ps, false)
+	if !p.ours(r, i) || !r.pr.CompareAndSwap(i, pagefault.PageNone, pagefault.PageEvicting) {
+		return false // gone, or claimed by an install in progress: skip it
+	}
+	moved, err := again(func() (uintptr, error) { return p.uffd.Move(r.bounce(i), r.page(i), ps, false) })
 	if moved == 0 || err != nil {
 		// Missing after all, or not movable (shared, pinned): nothing to evict.
 		if !r.pr.CompareAndSwap(i, pagefault.PageEvicting, pagefault.PageNone) {
@@ -400,20 +378,68 @@ func (p *Pager) evictLocked(r *Region, i int) bool {
 	}
 	// A fault took the page back (RECLAIMED), or the store failed: put the content
 	// back if the server has not already, and forget the eviction.
-	p.uffd.Move(r.page(i), r.bounce(i), ps, true)
-	r.pr.SetState(i, pagefault.PageNone)
+	p.putBack(r, i)
 	p.aborts.Add(1)
 	return false
 }
 
-// dropBounces frees the bounce pages of pages that are settled, in one madvise (one
-// REMOVE event for the stash, which nothing subscribes to).
-func (p *Pager) dropBounces(r *Region, idx []int) {
-	if len(idx) == 0 {
+// putBack moves page i's content from its bounce page back into place, unless a
+// fault already did, and marks the page settled. If the move cannot be made now, the
+// page stays RECLAIMED with its bounce page kept: the next fault takes it back.
+func (p *Pager) putBack(r *Region, i int) {
+	_, err := again(func() (uintptr, error) { return p.uffd.Move(r.page(i), r.bounce(i), pagefault.PageSize, true) })
+	if err != nil && !errors.Is(err, pagefault.ErrExist) {
+		r.pr.SetState(i, pagefault.PageReclaimed) // dropBounces leaves its bounce page
 		return
 	}
-	lo, hi := idx[0], idx[len(idx)-1]+1
-	unix.Syscall(unix.SYS_MADVISE, r.bounce(lo), uintptr(hi-lo)*pagefault.PageSize, unix.MADV_DONTNEED)
+	r.pr.SetState(i, pagefault.PageNone)
+}
+
+// again retries an ioctl while a non-cooperative event is pending (EAGAIN), for up to
+// a second, as the resolver does.
+func again(op func() (uintptr, error)) (uintptr, error) {
+	deadline := time.Now().Add(time.Second)
+	for {
+		n, err := op()
+		if !errors.Is(err, pagefault.ErrAgain) || time.Now().After(deadline) {
+			return n, err
+		}
+		runtime.Gosched()
+	}
+}
+
+// ours reports whether page i is still present memory registered on our userfaultfd:
+// UFFDIO_MOVE needs only its destination registered, so without this check a page of
+// an address the application unmapped and the process mapped again (its own heap,
+// say) could be moved away. UFFDIO_ZEROPAGE answers EEXIST exactly for a present page
+// of a range registered on this userfaultfd, ENOENT when the range is not.
+func (p *Pager) ours(r *Region, i int) bool {
+	if r.pr.State(i) != pagefault.PageNone {
+		return false // gone (unmapped), or busy
+	}
+	_, err := p.uffd.Zeropage(r.page(i), pagefault.PageSize, true)
+	// nil: it was missing after all, and a missing page of state NONE is zero, so
+	// the zero page now mapped there is its content. Nothing to evict either way.
+	return errors.Is(err, pagefault.ErrExist)
+}
+
+// dropBounces frees the bounce pages of the settled pages among idx (sorted), one
+// madvise per run of consecutive pages (each a REMOVE event for the stash, which
+// nothing subscribes to). A RECLAIMED page keeps its bounce page: it may still hold
+// the content, for the next fault to take back.
+func (p *Pager) dropBounces(r *Region, idx []int) {
+	for k := 0; k < len(idx); {
+		if r.pr.State(idx[k]) == pagefault.PageReclaimed {
+			k++
+			continue
+		}
+		j := k + 1
+		for j < len(idx) && idx[j] == idx[j-1]+1 && r.pr.State(idx[j]) != pagefault.PageReclaimed {
+			j++
+		}
+		unix.Syscall(unix.SYS_MADVISE, r.bounce(idx[k]), uintptr(j-k)*pagefault.PageSize, unix.MADV_DONTNEED)
+		k = j
+	}
 }
 
 // Exclusive runs fn with reclaim held off. Lock order: the reclaim lock comes before
@@ -452,36 +478,30 @@ func (p *Pager) Migrate(start, end uintptr) (int, error) {
 				pages = append(pages, first+k)
 			}
 		}
-		done := 0
-		p.reg.Invalidate(Range{lo, hi}, ReasonMigrate, func() error {
-			for _, i := range pages {
-				if p.migrateLocked(r, i) {
-					done++
-				}
-			}
-			p.dropBounces(r, pages)
-			return nil
-		})
-		return done
+		return p.change(r, lo, hi, ReasonMigrate, pages, p.migrateLocked)
 	})
 }
 
 func (p *Pager) migrateLocked(r *Region, i int) bool {
 	ps := pagefault.PageSize
-	r.pr.SetState(i, pagefault.PageEvicting)
-	if moved, err := p.uffd.Move(r.bounce(i), r.page(i), ps, false); moved == 0 || err != nil {
-		r.pr.SetState(i, pagefault.PageNone)
+	if !p.ours(r, i) || !r.pr.CompareAndSwap(i, pagefault.PageNone, pagefault.PageEvicting) {
+		return false
+	}
+	if moved, err := again(func() (uintptr, error) { return p.uffd.Move(r.bounce(i), r.page(i), ps, false) }); moved == 0 || err != nil {
+		if !r.pr.CompareAndSwap(i, pagefault.PageEvicting, pagefault.PageNone) {
+			r.pr.SetState(i, pagefault.PageNone) // a fault found it missing: zero was right
+		}
 		return false
 	}
 	// A copy allocates a new frame. If a fault already took the page back, the copy
 	// finds it present and the page keeps its frame.
-	n, _ := p.uffd.Copy(r.page(i), r.bounce(i), ps, false)
-	r.pr.SetState(i, pagefault.PageNone)
+	n, _ := again(func() (uintptr, error) { return p.uffd.Copy(r.page(i), r.bounce(i), ps, false) })
 	if n == ps {
+		r.pr.SetState(i, pagefault.PageNone)
 		p.migrations.Add(1)
 		return true
 	}
-	p.uffd.Move(r.page(i), r.bounce(i), ps, true)
+	p.putBack(r, i)
 	return false
 }
 
@@ -500,7 +520,7 @@ func (p *Pager) Restore(start, end uintptr) error {
 			if p.store.ReadAt(buf, r.storeAt(i)) != nil {
 				continue
 			}
-			if c, _ := p.uffd.Copy(r.page(i), addrOf(buf), pagefault.PageSize, false); c > 0 {
+			if c, _ := again(func() (uintptr, error) { return p.uffd.Copy(r.page(i), addrOf(buf), pagefault.PageSize, false) }); c > 0 {
 				got++
 			}
 			p.Installed(r.page(i), 1)
@@ -511,8 +531,9 @@ func (p *Pager) Restore(start, end uintptr) error {
 }
 
 // Discarded forgets the stored copies of [start, end): after MADV_DONTNEED a page
-// reads as zeros, not as what was evicted. It takes no lock (it runs from the event
-// pump, inside the registry); page states change by compare-and-swap.
+// reads as zeros, not as what was evicted. (The CPU fault server does the same when
+// it reads a REMOVE or UNMAP event, and restores stored pages at their new address on
+// REMAP.) It takes no lock; page states change by compare-and-swap.
 func (p *Pager) Discarded(start, end uintptr) {
 	p.each(start, end, func(r *Region, first, n int) int {
 		for i := first; i < first+n; i++ {

@@ -30,7 +30,7 @@ func newPagerEnv(t *testing.T, npages int, budget int64) *pagerEnv {
 	var err error
 	e.mem, err = unix.Mmap(-1, 0, npages*4096, unix.PROT_READ|unix.PROT_WRITE, unix.MAP_PRIVATE|unix.MAP_ANONYMOUS)
 	require.NoError(t, err)
-	e.u, err = pagefault.Open(pagefault.Options{Features: pagefault.FeatureEventRemove})
+	e.u, err = pagefault.Open(pagefault.Options{Features: pagefault.FeatureEventRemove | pagefault.FeatureEventUnmap | pagefault.FeatureEventRemap})
 	require.NoError(t, err)
 	_, err = e.u.Register(addrOf(e.mem), uintptr(len(e.mem)), pagefault.ModeMissing)
 	require.NoError(t, err)
@@ -45,7 +45,7 @@ func newPagerEnv(t *testing.T, npages int, budget int64) *pagerEnv {
 	require.NoError(t, err)
 	pump, err := StartPump(e.srv, e.reg, false) // the stash's REMOVE events must be read
 	require.NoError(t, err)
-	e.res, err = pagefault.NewResolver(e.u, e.pm, e.pager)
+	e.res, err = pagefault.NewResolver(e.u, e.pm, nil)
 	require.NoError(t, err)
 	t.Cleanup(func() {
 		e.pager.Close()
@@ -100,15 +100,15 @@ func TestEvictedPagesRestoreThroughResolver(t *testing.T) {
 	}
 	_, err := e.pager.Evict(addrOf(e.mem), addrOf(e.mem)+16*4096)
 	require.NoError(t, err)
-	out := make([]pagefault.PagemapEntry, 32)
-	st, err := e.res.Resolve(addrOf(e.mem), out, false) // the NIC's path: no CPU fault
-	require.NoError(t, err)
-	assert.Equal(t, 16, st.Installed)
+	// The NIC's path: the server thread installs, no CPU fault is taken.
+	require.NoError(t, e.srv.Install(addrOf(e.mem), 32))
+	assert.Equal(t, 32, e.present(t))
+	faults := e.srv.Stats().Faults
 	for p := 0; p < 32; p++ {
 		require.EqualValues(t, p+1, e.mem[p*4096], "page %d", p)
 	}
-	assert.EqualValues(t, 16, e.pager.Stats().Restores)
-	assert.Zero(t, e.srv.Restored(), "the CPU server restored nothing")
+	assert.Equal(t, faults, e.srv.Stats().Faults, "no CPU fault: all were present")
+	assert.EqualValues(t, 16, e.srv.Restored())
 }
 
 // A writer that never stops writing a page while the pager evicts it over and over:
@@ -205,4 +205,20 @@ func TestDiscardedForgetsStoredCopies(t *testing.T) {
 	require.NoError(t, err)
 	e.pager.Discarded(addrOf(e.mem), addrOf(e.mem)+4096)
 	assert.Zero(t, e.mem[0], "a discarded page reads as zeros")
+}
+
+// mremap of an evicted page: the CPU fault server restores it at the new address as it
+// reads the REMAP event, before it serves faults there.
+func TestEvictedPageFollowsMremap(t *testing.T) {
+	e := newPagerEnv(t, 4, 0)
+	e.mem[2*4096+5] = 77
+	n, err := e.pager.Evict(addrOf(e.mem)+2*4096, addrOf(e.mem)+3*4096)
+	require.NoError(t, err)
+	require.Equal(t, 1, n)
+	hole, err := unix.Mmap(-1, 0, 4096, unix.PROT_NONE, unix.MAP_PRIVATE|unix.MAP_ANONYMOUS)
+	require.NoError(t, err)
+	defer unix.Munmap(hole)
+	_, _, errno := unix.Syscall6(unix.SYS_MREMAP, addrOf(e.mem)+2*4096, 4096, 4096, unix.MREMAP_MAYMOVE|unix.MREMAP_FIXED, addrOf(hole), 0)
+	require.Zero(t, errno)
+	assert.EqualValues(t, 77, hole[5], "the evicted page's content followed it")
 }

@@ -40,10 +40,20 @@ type Pump struct {
 	done     chan struct{}
 
 	mu      sync.Mutex
-	cond    sync.Cond // on mu: signalled after each batch is applied
-	applied uint64    // events applied (or ignored), protected by mu
-	stats   PumpStats // protected by mu
-	err     error     // protected by mu
+	cond    sync.Cond           // on mu: signalled after each batch is applied
+	applied uint64              // events applied (or ignored), protected by mu
+	stats   PumpStats           // protected by mu
+	err     error               // protected by mu
+	hook    func(pagefault.Msg) // protected by mu
+}
+
+// SetHook sets a function called with every event before it is applied, also when
+// invalidation is disabled: for bookkeeping that is about memory, not about the NIC
+// (which parts of its buffers the device still owns). Set it before events flow.
+func (p *Pump) SetHook(h func(pagefault.Msg)) {
+	p.mu.Lock()
+	p.hook = h
+	p.mu.Unlock()
 }
 
 // StartPump starts applying src's events to reg. With disabled set (the ablation
@@ -93,7 +103,13 @@ func (p *Pump) fail(err error) {
 
 func (p *Pump) apply(msgs []pagefault.Msg) {
 	var st PumpStats
+	p.mu.Lock()
+	hook := p.hook
+	p.mu.Unlock()
 	for _, m := range msgs {
+		if hook != nil {
+			hook(m)
+		}
 		st.Events++
 		var r Range
 		var why Reason

@@ -60,8 +60,13 @@ type Registry struct {
 	mu   sync.RWMutex // protects subs; held for reading while subscribers run
 	subs map[*Subscription]struct{}
 
-	counts [numReasons + 2]atomic.Uint64 // with the pager's reasons
+	counts   [numReasons + 2]atomic.Uint64 // with the pager's reasons
+	disabled atomic.Bool
 }
+
+// SetDisabled is the ablation switch: while set, Invalidate runs the change but tells
+// no subscriber (the NIC keeps translations the CPU no longer has).
+func (g *Registry) SetDisabled(v bool) { g.disabled.Store(v) }
 
 // NewRegistry returns an empty registry.
 func NewRegistry() *Registry { return &Registry{subs: map[*Subscription]struct{}{}} }
@@ -91,6 +96,12 @@ func (s *Subscription) Remove() {
 // change's error is returned.
 func (g *Registry) Invalidate(r Range, why Reason, change func() error) (int, error) {
 	g.counts[why].Add(1)
+	if g.disabled.Load() {
+		if change != nil {
+			return 0, change()
+		}
+		return 0, nil
+	}
 	g.mu.RLock()
 	defer g.mu.RUnlock()
 	type hit struct {

@@ -47,8 +47,10 @@ type Config struct {
 	// NoSnapshot skips mapping already-present pages at ODP registration.
 	NoSnapshot bool
 	// NoInvalidate is the ablation switch: userfaultfd events are read but not
-	// applied, and Discard changes the mapping without invalidating first. The NIC
-	// then keeps translations the CPU no longer has; Audit counts its DMAs through them.
+	// applied, and Discard, Evict, Migrate and Invalidate change mappings without
+	// telling the NIC. The NIC then keeps translations the CPU no longer has; Audit
+	// counts its DMAs through them. Do not munmap registered memory with it set: the
+	// NIC would write into whatever the process maps at that address next.
 	NoInvalidate bool
 	// ResidentBudget bounds, in bytes, the resident pages of ODP memory: beyond it the
 	// device evicts pages (CLOCK over the NIC's access bits) to its backing store, and
@@ -103,6 +105,31 @@ type buffer struct {
 	start, end uintptr
 	mem        []byte
 	paged      *invalidate.Region // nil unless paging
+	holes      []interval.Range   // parts the application unmapped itself
+}
+
+// unmap unmaps the parts of b the device still owns: an address the application
+// unmapped may hold someone else's memory now (the Go heap's, say).
+func (b *buffer) unmap() {
+	base := unsafe.Pointer(unsafe.SliceData(b.mem))
+	for _, r := range interval.Uncovered(interval.Range{Start: b.start, End: b.end}, b.holes) {
+		unix.MunmapPtr(unsafe.Add(base, r.Start-b.start), r.End-r.Start)
+	}
+}
+
+// noteEvent is the pump hook: it records UNMAP events in the buffers they hit.
+func (d *Device) noteEvent(m pagefault.Msg) {
+	if m.Event != pagefault.EventUnmap {
+		return
+	}
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	for i := range d.buffers {
+		b := &d.buffers[i]
+		if lo, hi := max(b.start, uintptr(m.Start)), min(b.end, uintptr(m.End)); lo < hi {
+			b.holes = append(b.holes, interval.Range{Start: lo, End: hi})
+		}
+	}
 }
 
 // Open opens an emulated device.
@@ -138,8 +165,9 @@ func Open(cfg Config) (*Device, error) {
 	if d.pagemap, err = pagefault.OpenPagemap(); err == nil {
 		if d.server, err = pagefault.StartCPUServer(d.uffd, cfg.CPUFaultAround); err == nil {
 			d.registry = invalidate.NewRegistry()
+			d.registry.SetDisabled(cfg.NoInvalidate)
 			if d.pump, err = invalidate.StartPump(d.server, d.registry, cfg.NoInvalidate); err == nil {
-				var src pagefault.Source = pagefault.ZeroSource{}
+				d.pump.SetHook(d.noteEvent)
 				if cfg.Paging || cfg.ResidentBudget > 0 {
 					if cfg.StorePath != "" {
 						d.store, err = invalidate.NewFileStore(cfg.StorePath)
@@ -149,11 +177,10 @@ func Open(cfg Config) (*Device, error) {
 					if err == nil {
 						d.pager = invalidate.NewPager(d.uffd, d.server, d.registry, d.pagemap, d.store,
 							invalidate.PagerConfig{Budget: cfg.ResidentBudget, Eligible: d.evictable})
-						src = d.pager
 					}
 				}
 				if err == nil {
-					d.resolver, err = pagefault.NewResolver(d.uffd, d.pagemap, src)
+					d.resolver, err = pagefault.NewResolver(d.uffd, d.pagemap, pagefault.ZeroSource{})
 				}
 			}
 		}
@@ -223,6 +250,7 @@ func (d *Device) Close() error {
 	for _, mr := range mrs {
 		mr.Dereg()
 	}
+	d.pump.Sync() // holes the application made are recorded before buffers are unmapped
 	d.mu.Lock()
 	bufs := d.buffers
 	d.buffers = nil
@@ -236,8 +264,8 @@ func (d *Device) Close() error {
 		}
 	}
 	d.release()
-	for _, b := range bufs {
-		unix.Munmap(b.mem)
+	for i := range bufs {
+		bufs[i].unmap()
 	}
 	return nil
 }
@@ -298,21 +326,22 @@ func (d *Device) Alloc(n int) ([]byte, error) {
 		return nil, wrap(ErrInvalidArgument, "alloc %d bytes", n)
 	}
 	size := (uintptr(n) + pagefault.PageSize - 1) &^ (pagefault.PageSize - 1)
-	mem, err := unix.Mmap(-1, 0, int(size), unix.PROT_READ|unix.PROT_WRITE, unix.MAP_PRIVATE|unix.MAP_ANONYMOUS|unix.MAP_NORESERVE)
+	p, err := unix.MmapPtr(-1, 0, nil, size, unix.PROT_READ|unix.PROT_WRITE, unix.MAP_PRIVATE|unix.MAP_ANONYMOUS|unix.MAP_NORESERVE)
 	if err != nil {
 		return nil, wrap(ErrNoMemory, "mmap %d bytes: %v", size, err)
 	}
+	mem := unsafe.Slice((*byte)(p), size)
 	d.mu.Lock()
 	defer d.mu.Unlock()
 	if d.closed {
-		unix.Munmap(mem)
+		unix.MunmapPtr(p, size)
 		return nil, ErrClosed
 	}
 	b := buffer{start: addrOf(mem), end: addrOf(mem) + size, mem: mem}
 	if d.pager != nil {
 		r, err := d.pager.AddRegion(mem)
 		if err != nil {
-			unix.Munmap(mem)
+			unix.MunmapPtr(p, size)
 			return nil, fmt.Errorf("odp: page buffer: %w", err)
 		}
 		b.paged = r
@@ -345,9 +374,7 @@ func (d *Device) Free(buf []byte) error {
 	if b.paged != nil {
 		b.paged.Remove()
 	}
-	if err := unix.Munmap(b.mem); err != nil {
-		return fmt.Errorf("odp: munmap: %w", err)
-	}
+	b.unmap()
 	d.buffers = append(d.buffers[:i], d.buffers[i+1:]...)
 	return nil
 }
@@ -522,7 +549,7 @@ func (d *Device) SyncEvents() error { return d.pump.Sync() }
 
 // Invalidate invalidates the NIC's translations of [addr, addr+length) in every ODP MR
 // of the device, waiting for DMA in flight on them: the next access faults afresh.
-// It works with NoInvalidate too (it is the experimenter's own call).
+// With NoInvalidate it does nothing.
 func (d *Device) Invalidate(addr, length uint64) error {
 	r, err := pageRange(addr, length)
 	if err != nil {
@@ -561,13 +588,10 @@ func (d *Device) Discard(b []byte) error {
 		inner := zap
 		zap = func() error { // evicted copies are forgotten: a discarded page is zero
 			d.pager.Discarded(r.Start, r.End)
-			err := inner()
+			err := inner() // the CPU fault server forgets them again as it reads the event
 			d.pager.Discarded(r.Start, r.End)
 			return err
 		}
-	}
-	if d.cfg.NoInvalidate {
-		return zap()
 	}
 	run := func() error {
 		_, err := d.registry.Invalidate(r, invalidate.ReasonDiscard, zap)
@@ -615,4 +639,29 @@ func pageRange(addr, length uint64) (invalidate.Range, error) {
 	}
 	ps := pagefault.PageSize
 	return invalidate.Range{Start: uintptr(addr) &^ (ps - 1), End: (uintptr(end) + ps - 1) &^ (ps - 1)}, nil
+}
+
+// ResidentBytes returns how many bytes of b (memory from Alloc) are resident now,
+// counted from the page tables.
+func (d *Device) ResidentBytes(b []byte) int64 {
+	if len(b) == 0 {
+		return 0
+	}
+	start := addrOf(b) &^ (pagefault.PageSize - 1)
+	n := int((addrOf(b) + uintptr(len(b)) - start + pagefault.PageSize - 1) / pagefault.PageSize)
+	const chunk = 4096
+	entries := make([]pagefault.PagemapEntry, min(chunk, n))
+	var resident int64
+	for first := 0; first < n; first += chunk {
+		k := min(chunk, n-first)
+		if d.pagemap.Read(start+uintptr(first)*pagefault.PageSize, entries[:k]) != nil {
+			return -1
+		}
+		for _, e := range entries[:k] {
+			if e.Present() {
+				resident += int64(pagefault.PageSize)
+			}
+		}
+	}
+	return resident
 }

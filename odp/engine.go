@@ -18,6 +18,13 @@ import (
 	"github.com/odpemu/odpemu/transport"
 )
 
+// wire returns the QP's connection.
+func (qp *QP) wire() transport.Conn {
+	qp.mu.Lock()
+	defer qp.mu.Unlock()
+	return qp.conn
+}
+
 func (qp *QP) startLocked() {
 	if qp.started {
 		return
@@ -243,9 +250,7 @@ func (qp *QP) request(wr *SendWR, p *pending) (*transport.Frame, WCStatus, strin
 func (qp *QP) recvLoop() {
 	defer qp.wg.Done()
 	debug.SetPanicOnFault(true) // see dmaCopy
-	qp.mu.Lock()
-	conn := qp.conn
-	qp.mu.Unlock()
+	conn := qp.wire()
 	for {
 		f, err := conn.Recv()
 		if err != nil {
@@ -335,9 +340,7 @@ func nakStatus(s transport.Syndrome) WCStatus {
 func (qp *QP) respLoop() {
 	defer qp.wg.Done()
 	debug.SetPanicOnFault(true) // see dmaCopy
-	qp.mu.Lock()
-	conn := qp.conn
-	qp.mu.Unlock()
+	conn := qp.wire()
 	for {
 		f, ok := qp.respQ.Pop()
 		if !ok {

@@ -1,6 +1,7 @@
 package odp
 
 import (
+	"errors"
 	"fmt"
 	"sync/atomic"
 	"time"
@@ -204,7 +205,7 @@ func (mr *MR) registerPinned(end uintptr, npages int) error {
 	if d.limit >= 0 && d.pinned+bytes > d.limit {
 		pinned := d.pinned
 		d.mu.Unlock()
-		return wrap(ErrMemlockLimit, "pinning %d bytes with %d already pinned; RLIMIT_MEMLOCK is %d (raise it, or use AccessOnDemand)",
+		return wrap(ErrMemlockLimit, "pinning %d bytes with %d already pinned; the limit is %d (RLIMIT_MEMLOCK, or the device's ResidentBudget): raise it, or use AccessOnDemand",
 			bytes, pinned, d.limit)
 	}
 	d.pinned += bytes
@@ -573,6 +574,18 @@ func (mr *MR) fault(miss, end int, write, presentOnly bool) (int, error) {
 	if !ok {
 		return 0, wrap(ErrInvalidArgument, "MR %#x: pages [%d, %d) were unmapped", mr.key, miss, end)
 	}
+	mapped, err := mr.faultWindow(lo, hi, write, presentOnly)
+	if errors.Is(err, pagefault.ErrUnmapped) && (lo < miss || hi > end) {
+		// Fault-around reached memory unmapped before its event was applied: retry
+		// with exactly the pages asked for.
+		mapped, err = mr.faultWindow(miss, end, write, presentOnly)
+	}
+	return mapped, err
+}
+
+// faultWindow resolves and maps table pages [lo, hi).
+func (mr *MR) faultWindow(lo, hi int, write, presentOnly bool) (int, error) {
+	d := mr.dev
 	entries := make([]pagefault.PagemapEntry, hi-lo)
 	addr := mr.base + uintptr(lo)*pagefault.PageSize
 
@@ -581,14 +594,18 @@ func (mr *MR) fault(miss, end int, write, presentOnly bool) (int, error) {
 	}
 	seq := mr.table.ReadBegin()
 	var err error
-	if presentOnly {
+	switch {
+	case presentOnly:
 		err = d.pagemap.Read(addr, entries)
-	} else {
-		var st pagefault.ResolveStats
-		st, err = d.resolver.Resolve(addr, entries, write)
-		if d.pager != nil {
-			d.pager.NoteInstalled(st.Installed)
+	case d.pager != nil:
+		// Paged memory has one installer, the CPU fault server's thread: an
+		// eviction cannot overtake the content it chose. Then only translate.
+		if err = d.server.Install(addr, hi-lo); err == nil {
+			err = d.resolver.Translate(addr, entries, write)
+			d.pager.NoteInstalled(hi - lo)
 		}
+	default:
+		_, err = d.resolver.Resolve(addr, entries, write)
 	}
 	if err != nil {
 		return 0, fmt.Errorf("odp: MR %#x: fault in %#x+%d pages: %w", mr.key, addr, hi-lo, err)

@@ -1,6 +1,7 @@
 package odp
 
 import (
+	"bytes"
 	"fmt"
 	"math/rand/v2"
 	"os"
@@ -25,25 +26,40 @@ func stressSeed(t *testing.T) uint64 {
 }
 
 type stressResult struct {
-	mismatches int
-	stale      uint64
-	audited    uint64
-	events     uint64
+	mismatches            int
+	stale                 uint64
+	audited               uint64
+	events                uint64
+	evictions, migrations uint64
 }
 
 // runStress drives NIC traffic (WRITE, READ, SEND) on the even pages of an ODP region
-// from one goroutine and application reads, writes and discards on the odd pages from
-// another, with discards, direct madvise calls and explicit invalidations mixed in. A
-// shadow copy of every page's expected content checks every byte read.
+// from one goroutine and application reads, writes, discards and migrations on the odd
+// pages from another, with discards (through odpemu and by direct madvise), explicit
+// invalidations, migrations, eviction under a budget of a quarter of the registered
+// size, and munmap and mremap of a second MR's pages mixed in. A shadow copy of every
+// page's expected content checks every byte the NIC or the application reads.
 func runStress(t *testing.T, seed uint64, steps int, cfg Config) stressResult {
 	const pages = 128
+	const tailPages = 16
 	const ps = 4096
 	cfg.Audit = true
-	a, b := pair(t, cfg)
+	cfg.ResidentBudget = (pages + tailPages) * ps / 4 // a quarter of what is registered
+	a, b := newNode(t, Config{}), newNode(t, cfg)     // the budget is the responder's
+	require.NoError(t, ConnectLoopback(a.qp, b.qp))
 	src, smr := a.region(t, pages*ps, AccessLocalWrite)
 	back, bmr := a.region(t, pages*ps, AccessLocalWrite)
 	dst, dmr := b.region(t, pages*ps, rw|AccessOnDemand)
 	shadow := make([]byte, pages*ps) // even pages: the NIC's side; odd: the application's
+	// A second ODP MR whose pages the driver unmaps or moves away (mremap) one by one.
+	tail, tmr := b.region(t, tailPages*ps, rw|AccessOnDemand)
+	tailShadow := make([]byte, tailPages*ps)
+	tailGone := make([]bool, tailPages)
+	// Destinations for mremap, reserved up front: a hole mapped later could land in a
+	// tail page unmapped earlier, inside the MR's range.
+	holes, err := unix.Mmap(-1, 0, tailPages*ps, unix.PROT_NONE, unix.MAP_PRIVATE|unix.MAP_ANONYMOUS)
+	require.NoError(t, err)
+	defer unix.Munmap(holes)
 
 	var res stressResult
 	var mu sync.Mutex // guards res.mismatches
@@ -58,7 +74,10 @@ func runStress(t *testing.T, seed uint64, steps int, cfg Config) stressResult {
 
 	appDone := make(chan struct{})
 	stop := make(chan struct{})
-	go func() { // the application, on odd pages
+	var stopOnce sync.Once
+	stopApp := func() { stopOnce.Do(func() { close(stop) }); <-appDone }
+	defer stopApp() // on every path: the cleanup unmaps what the application touches
+	go func() {     // the application, on odd pages
 		defer close(appDone)
 		rng := rand.New(rand.NewPCG(seed, 1))
 		buf := make([]byte, ps)
@@ -81,13 +100,16 @@ func runStress(t *testing.T, seed uint64, steps int, cfg Config) stressResult {
 				copy(page[off:off+n], buf[:n]) // may take a CPU fault in copy()
 				copy(shadow[p*ps+off:p*ps+off+n], buf[:n])
 			case 2:
-				for i := 0; i < ps; i += 512 {
-					if page[i] != shadow[p*ps+i] {
-						mismatch("app read page %d byte %d: %d, want %d", p, i, page[i], shadow[p*ps+i])
-						break
-					}
+				if i := firstDiff(page, shadow[p*ps:(p+1)*ps]); i >= 0 {
+					mismatch("app read page %d byte %d: %d, want %d", p, i, page[i], shadow[p*ps+i])
 				}
 			case 3:
+				if rng.IntN(2) == 0 {
+					if _, err := b.dev.Migrate(uint64(addrOf(page)), ps); err != nil {
+						mismatch("migrate: %v", err)
+					}
+					continue
+				}
 				if err := b.dev.Discard(page); err != nil {
 					mismatch("discard: %v", err)
 				}
@@ -102,7 +124,7 @@ func runStress(t *testing.T, seed uint64, steps int, cfg Config) stressResult {
 		off := rng.IntN(ps)
 		n := rng.IntN(ps-off) + 1
 		at := p*ps + off
-		switch op := rng.IntN(10); {
+		switch op := rng.IntN(13); {
 		case op < 4: // WRITE
 			v := byte(rng.Uint32())
 			for i := at; i < at+n; i++ {
@@ -142,16 +164,82 @@ func runStress(t *testing.T, seed uint64, steps int, cfg Config) stressResult {
 				}
 				clear(shadow[q*ps : (q+1)*ps])
 			}
-		default: // explicit invalidation of any range: content unchanged
+		case op == 9: // explicit invalidation of any range: content unchanged
 			k := rng.IntN(8) + 1
 			require.NoError(t, b.dev.Invalidate(dmr.Addr()+uint64(p*ps), uint64(k*ps)))
+		case op == 10: // migrate NIC pages: content unchanged, frames new
+			_, err := b.dev.Migrate(dmr.Addr()+uint64(p*ps), ps)
+			require.NoError(t, err)
+		case op == 11: // WRITE, then READ back, a page of the tail MR still mapped
+			q := rng.IntN(tailPages)
+			if tailGone[q] {
+				continue
+			}
+			v := byte(rng.Uint32())
+			for i := 0; i < ps; i++ {
+				src[i] = v
+			}
+			wc := do(t, a, write(smr, 0, ps, tmr, uint64(q*ps)))
+			require.Equal(t, WCSuccess, wc.Status, "step %d: tail page %d: %s", step, q, wc.Detail)
+			for i := range tailShadow[q*ps : (q+1)*ps] {
+				tailShadow[q*ps+i] = v
+			}
+			require.Equal(t, WCSuccess, do(t, a, read(bmr, 0, ps, tmr, uint64(q*ps))).Status)
+			if i := firstDiff(back[:ps], tailShadow[q*ps:(q+1)*ps]); i >= 0 {
+				mismatch("step %d: NIC read tail page %d byte %d", step, q, i)
+			}
+		default: // unmap a tail page, or move it away with mremap
+			q := rng.IntN(tailPages)
+			if tailGone[q] || cfg.NoInvalidate {
+				// Without invalidation the NIC would go on writing where the page
+				// was, into whatever this process maps there next: its own heap.
+				continue
+			}
+			at := addrOf(tail) + uintptr(q*ps)
+			if rng.IntN(2) == 0 {
+				_, _, e := unix.Syscall(unix.SYS_MUNMAP, at, ps, 0)
+				require.Zero(t, e)
+			} else {
+				hole := holes[q*ps : (q+1)*ps]
+				_, _, e := unix.Syscall6(unix.SYS_MREMAP, at, ps, ps, unix.MREMAP_MAYMOVE|unix.MREMAP_FIXED, addrOf(hole), 0)
+				require.Zero(t, e)
+				// The page moved with its content, also if it was evicted: the fault
+				// server restored it at the new address when it read the event.
+				if i := firstDiff(hole, tailShadow[q*ps:(q+1)*ps]); i >= 0 {
+					mismatch("step %d: remapped tail page %d byte %d: %d, want %d", step, q, i, hole[i], tailShadow[q*ps+i])
+				}
+			}
+			require.NoError(t, b.dev.SyncEvents())
+			tailGone[q] = true
 		}
 	}
-	close(stop)
-	<-appDone
+
+	stopApp()
+	// A page the application unmapped stays unusable for the NIC.
+	for q := range tailGone {
+		if tailGone[q] {
+			wc := do(t, a, write(smr, 0, 8, tmr, uint64(q*ps)))
+			assert.Equal(t, WCRemAccessErr, wc.Status, "write to unmapped tail page %d: %s", q, wc.Detail)
+			break
+		}
+	}
 	st := b.dev.Stats()
 	res.stale, res.audited, res.events = st.StaleDMAs, st.AuditedDMAs, st.Events
+	res.evictions, res.migrations = st.Evictions, st.Migrations
 	return res
+}
+
+// firstDiff returns the first index where a and b differ, or -1.
+func firstDiff(a, b []byte) int {
+	if bytes.Equal(a, b) {
+		return -1
+	}
+	for i := range a {
+		if a[i] != b[i] {
+			return i
+		}
+	}
+	return len(a)
 }
 
 func TestStressInvalidation(t *testing.T) {
@@ -161,8 +249,11 @@ func TestStressInvalidation(t *testing.T) {
 			t.Run(fmt.Sprintf("GOMAXPROCS=%d/ablation=%v", procs, ablate), func(t *testing.T) {
 				defer runtime.GOMAXPROCS(runtime.GOMAXPROCS(procs))
 				r := runStress(t, seed, 1500, Config{FaultAround: 4, NoInvalidate: ablate})
-				t.Logf("seed %d: audited %d DMAs, stale %d, events %d, mismatches %d", seed, r.audited, r.stale, r.events, r.mismatches)
+				t.Logf("seed %d: audited %d DMAs, stale %d, events %d, evictions %d, migrations %d, mismatches %d",
+					seed, r.audited, r.stale, r.events, r.evictions, r.migrations, r.mismatches)
 				assert.NotZero(t, r.audited)
+				assert.NotZero(t, r.evictions, "the budget forced evictions")
+				assert.NotZero(t, r.migrations)
 				if ablate {
 					assert.NotZero(t, r.stale, "with invalidation off the audit must find stale DMA")
 				} else {

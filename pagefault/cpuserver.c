@@ -44,6 +44,16 @@ typedef struct region {
 	int used;
 } region;
 
+// A request from Go to make pages present, served by the server thread so that it
+// is the only installer of paged memory (see odp_fs_install).
+typedef struct install_req {
+	uint64_t next, end; // pages still to install: [next, end)
+	int done_fd;        // eventfd written when the request is finished: 1, or 2 if
+	                    // a page could not be installed (not registered)
+	int failed;
+	struct install_req *link;
+} install_req;
+
 typedef struct queued {
 	struct uffd_msg m;
 	uint64_t t_ns; // CLOCK_MONOTONIC when the message was read
@@ -64,6 +74,10 @@ struct odp_fs {
 
 	odp_fs_stats st; // updated with __atomic builtins, read by odp_fs_stats_read
 	int reading;     // 1 from before read(2) until its events are queued
+
+	pthread_mutex_t imu; // protects the install request list
+	install_req *ihead, *itail;
+	int ifd;             // eventfd: install requests queued
 
 	pthread_mutex_t rmu; // protects regions' slots being added and removed
 	region regions[MAX_REGIONS];
@@ -200,6 +214,10 @@ static int restore(odp_fs *fs, region *r, uint64_t i, uint64_t page) {
 		// came first and the page is missing anyway).
 		struct uffdio_move m = {.dst = page, .src = r->bounce + i * (uint64_t)fs->ps, .len = (uint64_t)fs->ps};
 		if (ioctl(fs->uffd, UFFDIO_MOVE, &m) == 0) {
+			// Settled; an evictor still running on the page finds its CAS failing and
+			// its own move back finding the page present.
+			uint32_t want = ODP_PAGE_RECLAIMED;
+			__atomic_compare_exchange_n(st, &want, ODP_PAGE_NONE, 0, __ATOMIC_ACQ_REL, __ATOMIC_ACQUIRE);
 			add(&fs->restored, 1);
 			return 1;
 		}
@@ -290,6 +308,164 @@ static int resolve(odp_fs *fs, uint64_t addr, uint64_t flags, uint64_t t0) {
 	return 0;
 }
 
+// forget drops the stored copies of [start, end) in every region: after MADV_DONTNEED
+// a page reads as zeros, not as what was evicted; after munmap (gone) the address is
+// never touched again, whatever is mapped there later. Runs when the event is read.
+static void forget(odp_fs *fs, uint64_t start, uint64_t end, int gone) {
+	for (int k = 0; k < MAX_REGIONS; k++) {
+		region *r = &fs->regions[k];
+		if (!__atomic_load_n(&r->used, __ATOMIC_ACQUIRE))
+			continue;
+		uint64_t rend = r->base + r->npages * (uint64_t)fs->ps;
+		uint64_t lo = start > r->base ? start : r->base, hi = end < rend ? end : rend;
+		for (uint64_t a = lo; a < hi; a += (uint64_t)fs->ps) {
+			uint64_t i = (a - r->base) / (uint64_t)fs->ps;
+			uint32_t prev = gone ? __atomic_exchange_n(&r->state[i], ODP_PAGE_GONE, __ATOMIC_ACQ_REL) : ODP_PAGE_STORED;
+			if (!gone && !__atomic_compare_exchange_n(&r->state[i], &prev, ODP_PAGE_NONE, 0, __ATOMIC_ACQ_REL, __ATOMIC_ACQUIRE))
+				continue;
+			if (prev == ODP_PAGE_STORED && fs->store_fd >= 0)
+				fallocate(fs->store_fd, FALLOC_FL_PUNCH_HOLE | FALLOC_FL_KEEP_SIZE,
+				          (off_t)(r->store_off + i * (uint64_t)fs->ps), fs->ps);
+		}
+	}
+}
+
+// A stored page's content, taken out of the store, to be put back at a new address
+// after mremap.
+typedef struct restoring { char *page; uint64_t to; } restoring;
+
+// restore_at installs a taken-out page at to and frees it. It returns EAGAIN while the
+// kernel still counts the mremap as in progress (every copy fails then, faults too).
+static int restore_at(odp_fs *fs, restoring *x) {
+	struct uffdio_copy c = {.dst = x->to, .src = (uint64_t)x->page, .len = (uint64_t)fs->ps};
+	if (ioctl(fs->uffd, UFFDIO_COPY, &c) != 0 && errno == EAGAIN)
+		return EAGAIN;
+	free(x->page);
+	add(&fs->restored, 1);
+	return 0;
+}
+
+// moved queues the stored pages of [from, from+len) to be restored at their new
+// address after mremap (the store is keyed by address; a swap entry would have moved
+// with its page table entry). The loop restores them before serving faults.
+static void moved(odp_fs *fs, uint64_t from, uint64_t to, uint64_t len, restoring **q, int *n, int *cap) {
+	for (int k = 0; k < MAX_REGIONS; k++) {
+		region *r = &fs->regions[k];
+		if (!__atomic_load_n(&r->used, __ATOMIC_ACQUIRE) || fs->store_fd < 0)
+			continue;
+		uint64_t rend = r->base + r->npages * (uint64_t)fs->ps;
+		uint64_t lo = from > r->base ? from : r->base, hi = from + len < rend ? from + len : rend;
+		for (uint64_t a = lo; a < hi; a += (uint64_t)fs->ps) {
+			uint64_t i = (a - r->base) / (uint64_t)fs->ps;
+			if (__atomic_load_n(&r->state[i], __ATOMIC_ACQUIRE) != ODP_PAGE_STORED)
+				continue;
+			// Take the content out now: the UNMAP of the old range that follows in the
+			// same batch forgets the stored copy.
+			off_t off = (off_t)(r->store_off + i * (uint64_t)fs->ps);
+			char *page = aligned_alloc((size_t)fs->ps, (size_t)fs->ps);
+			if (!page || pread(fs->store_fd, page, (size_t)fs->ps, off) != fs->ps) {
+				free(page);
+				continue;
+			}
+			uint32_t want = ODP_PAGE_STORED;
+			if (__atomic_compare_exchange_n(&r->state[i], &want, ODP_PAGE_NONE, 0, __ATOMIC_ACQ_REL, __ATOMIC_ACQUIRE))
+				fallocate(fs->store_fd, FALLOC_FL_PUNCH_HOLE | FALLOC_FL_KEEP_SIZE, off, fs->ps);
+			if (*n == *cap) {
+				int nc = *cap ? *cap * 2 : 64;
+				restoring *nq = realloc(*q, sizeof(**q) * (size_t)nc);
+				if (!nq) {
+					free(page);
+					return; // out of memory: the page reads as zero at its new address
+				}
+				*q = nq;
+				*cap = nc;
+			}
+			(*q)[(*n)++] = (restoring){page, to + (a - from)};
+		}
+	}
+}
+
+// install_one makes page present the way a fault would, without a faulting thread:
+// from the bounce page or the store if it was evicted, zero-filled otherwise. It
+// returns EAGAIN when it must be retried.
+static int install_one(odp_fs *fs, uint64_t page) {
+	uint64_t idx = 0;
+	region *r = find(fs, page, &idx);
+	uint32_t *claim = NULL;
+	if (r) {
+		int got = restore(fs, r, idx, page);
+		if (got == EAGAIN)
+			return EAGAIN;
+		if (got == 1)
+			return 0;
+		// The page may be present (a request covers present pages too): claim it so
+		// that the evictor cannot move it out between this decision and the copy.
+		uint32_t want = ODP_PAGE_NONE;
+		if (!__atomic_compare_exchange_n(&r->state[idx], &want, ODP_PAGE_INSTALLING, 0, __ATOMIC_ACQ_REL, __ATOMIC_ACQUIRE))
+			return want == ODP_PAGE_GONE ? ENOENT : EAGAIN; // evicting meanwhile: again
+		claim = &r->state[idx];
+	}
+	struct uffdio_copy c = {.dst = page, .src = (uint64_t)fs->zero, .len = (uint64_t)fs->ps};
+	int e = 0;
+	if (ioctl(fs->uffd, UFFDIO_COPY, &c) != 0) {
+		if (errno == EAGAIN)
+			e = EAGAIN;
+		else if (errno != EEXIST)
+			e = ENOENT; // not registered or unmapped
+	}
+	if (claim)
+		__atomic_store_n(claim, ODP_PAGE_NONE, __ATOMIC_RELEASE);
+	return e;
+}
+
+// serve_installs works through queued install requests; it returns with the first
+// one that must wait (EAGAIN) at the head.
+static void serve_installs(odp_fs *fs) {
+	for (;;) {
+		pthread_mutex_lock(&fs->imu);
+		install_req *q = fs->ihead;
+		pthread_mutex_unlock(&fs->imu);
+		if (!q)
+			return;
+		for (; q->next < q->end; q->next += (uint64_t)fs->ps) {
+			int e = install_one(fs, q->next);
+			if (e == EAGAIN)
+				return;
+			if (e)
+				q->failed = 1;
+		}
+		pthread_mutex_lock(&fs->imu);
+		fs->ihead = q->link;
+		if (!fs->ihead)
+			fs->itail = NULL;
+		pthread_mutex_unlock(&fs->imu);
+		uint64_t v = q->failed ? 2 : 1;
+		ssize_t w = write(q->done_fd, &v, sizeof v);
+		(void)w;
+		free(q);
+	}
+}
+
+int odp_fs_install(odp_fs *fs, uint64_t start, uint64_t npages, int done_fd) {
+	install_req *q = calloc(1, sizeof *q);
+	if (!q)
+		return ENOMEM;
+	q->next = start;
+	q->end = start + npages * (uint64_t)fs->ps;
+	q->done_fd = done_fd;
+	pthread_mutex_lock(&fs->imu);
+	if (fs->itail)
+		fs->itail->link = q;
+	else
+		fs->ihead = q;
+	fs->itail = q;
+	pthread_mutex_unlock(&fs->imu);
+	uint64_t one = 1;
+	ssize_t w = write(fs->ifd, &one, sizeof one);
+	(void)w;
+	return 0;
+}
+
 typedef struct pending { uint64_t addr, flags, t0; } pending;
 
 static void *loop(void *arg) {
@@ -301,9 +477,20 @@ static void *loop(void *arg) {
 	struct uffd_msg msgs[MSG_BATCH];
 	pending pend[MAX_PENDING]; // 96 KiB of the thread's stack
 	int npend = 0;
+	restoring *rq = NULL;
+	int nrq = 0, caprq = 0;
 	for (;;) {
-		struct pollfd p[2] = {{.fd = fs->uffd, .events = POLLIN}, {.fd = fs->stopfd, .events = POLLIN}};
-		int pr = poll(p, 2, npend ? 0 : -1);
+		struct pollfd p[3] = {{.fd = fs->uffd, .events = POLLIN}, {.fd = fs->stopfd, .events = POLLIN},
+		                      {.fd = fs->ifd, .events = POLLIN}};
+		pthread_mutex_lock(&fs->imu);
+		int ninst = fs->ihead != NULL;
+		pthread_mutex_unlock(&fs->imu);
+		int pr = poll(p, 3, npend || nrq || ninst ? 0 : -1);
+		if (p[2].revents) {
+			uint64_t v;
+			ssize_t rr = read(fs->ifd, &v, sizeof v);
+			(void)rr;
+		}
 		if (pr < 0 && errno != EINTR)
 			break;
 		if (p[1].revents)
@@ -320,20 +507,36 @@ static void *loop(void *arg) {
 				if (msgs[i].event == UFFD_EVENT_PAGEFAULT) {
 					pend[npend++] = (pending){msgs[i].arg.pagefault.address, msgs[i].arg.pagefault.flags, t0};
 				} else {
-					queue_event(fs, &msgs[i], t0);
+					struct uffd_msg *m = &msgs[i];
+					if (m->event == UFFD_EVENT_REMOVE || m->event == UFFD_EVENT_UNMAP)
+						forget(fs, m->arg.remove.start, m->arg.remove.end, m->event == UFFD_EVENT_UNMAP);
+					else if (m->event == UFFD_EVENT_REMAP)
+						moved(fs, m->arg.remap.from, m->arg.remap.to, m->arg.remap.len, &rq, &nrq, &caprq);
+					queue_event(fs, m, t0);
 				}
 			}
 			__atomic_store_n(&fs->reading, 0, __ATOMIC_SEQ_CST);
 		}
+		int keepr = 0;
+		for (int i = 0; i < nrq; i++)
+			if (restore_at(fs, &rq[i]) == EAGAIN)
+				rq[keepr++] = rq[i];
+		nrq = keepr;
 		int keep = 0;
-		for (int i = 0; i < npend; i++) {
+		for (int i = 0; i < npend && nrq == 0; i++) {
 			if (resolve(fs, pend[i].addr, pend[i].flags, pend[i].t0) == EAGAIN)
 				pend[keep++] = pend[i];
 		}
-		npend = keep;
-		if (npend)
+		if (nrq == 0) {
+			npend = keep;
+			serve_installs(fs);
+		}
+		if (npend || nrq)
 			sched_yield(); // an event is pending; it is read on the next turn
 	}
+	for (int i = 0; i < nrq; i++)
+		free(rq[i].page);
+	free(rq);
 	return NULL;
 }
 
@@ -349,6 +552,8 @@ odp_fs *odp_fs_start(int uffd, unsigned around, int *err) {
 	fs->stopfd = eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK);
 	fs->evfd = eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK);
 	fs->store_fd = -1;
+	fs->ifd = eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK);
+	pthread_mutex_init(&fs->imu, NULL);
 	fs->bounce_buf = aligned_alloc((size_t)fs->ps, (size_t)fs->ps);
 	pthread_mutex_init(&fs->rmu, NULL);
 	fs->zero = mmap(NULL, (size_t)fs->ps * fs->around, PROT_READ, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
@@ -382,6 +587,16 @@ void odp_fs_stop(odp_fs *fs) {
 	munmap(fs->zero, (size_t)fs->ps * fs->around);
 	pthread_mutex_destroy(&fs->qmu);
 	pthread_mutex_destroy(&fs->rmu);
+	pthread_mutex_destroy(&fs->imu);
+	close(fs->ifd);
+	for (install_req *q = fs->ihead; q;) {
+		install_req *n = q->link;
+		uint64_t one = 1;
+		ssize_t w = write(q->done_fd, &one, sizeof one); // release a waiter
+		(void)w;
+		free(q);
+		q = n;
+	}
 	for (int i = 0; i < MAX_REGIONS; i++)
 		free(fs->regions[i].state);
 	free(fs->bounce_buf);

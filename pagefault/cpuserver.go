@@ -7,11 +7,12 @@ package pagefault
 import "C"
 
 import (
+	"encoding/binary"
 	"errors"
 	"fmt"
-	"sync/atomic"
 	"runtime"
 	"sync"
+	"sync/atomic"
 	"time"
 	"unsafe"
 
@@ -161,10 +162,12 @@ func (s *CPUServer) InstalledSince(mark uint64, lo, hi uintptr) bool {
 
 // Page states of a paged region, shared with the server thread.
 const (
-	PageNone      = C.ODP_PAGE_NONE      // a fault zero-fills
-	PageStored    = C.ODP_PAGE_STORED    // the content is in the store
-	PageEvicting  = C.ODP_PAGE_EVICTING  // being moved to its bounce page
-	PageReclaimed = C.ODP_PAGE_RECLAIMED // a fault took it back from the bounce page
+	PageNone       = C.ODP_PAGE_NONE       // a fault zero-fills
+	PageStored     = C.ODP_PAGE_STORED     // the content is in the store
+	PageEvicting   = C.ODP_PAGE_EVICTING   // being moved to its bounce page
+	PageReclaimed  = C.ODP_PAGE_RECLAIMED  // a fault took it back from the bounce page
+	PageGone       = C.ODP_PAGE_GONE       // unmapped: never touch the address again
+	PageInstalling = C.ODP_PAGE_INSTALLING // claimed by the server thread's install
 )
 
 // SetStore gives the server the store file that stored pages are read from.
@@ -227,4 +230,60 @@ func (s *CPUServer) Restored() uint64 {
 		return 0
 	}
 	return uint64(C.odp_fs_restored(s.fs))
+}
+
+// Install makes npages pages at start present by the server thread, as faults would
+// (ErrUnmapped if some page is not in a registered range):
+// evicted pages come back with their content, others are zero-filled. Pages that are
+// present already are left alone; pages outside registered ranges stay missing. The
+// caller blocks in read(2), holding no P, until the thread is done. Because the server
+// thread is then the only one that installs pages of paged regions, no content it
+// chose can be overtaken by an eviction (a page it fills is missing until it fills it).
+func (s *CPUServer) Install(start uintptr, npages int) error {
+	efd, err := s.doneFd()
+	if err != nil {
+		return err
+	}
+	defer s.putDoneFd(efd)
+	s.mu.Lock()
+	if s.fs == nil {
+		s.mu.Unlock()
+		return ErrClosed
+	}
+	e := C.odp_fs_install(s.fs, C.uint64_t(start), C.uint64_t(npages), C.int(efd))
+	s.mu.Unlock()
+	if e != 0 {
+		return fmt.Errorf("pagefault: install request: %w", unix.Errno(e))
+	}
+	var b [8]byte
+	for {
+		_, err := unix.Read(efd, b[:])
+		if err == unix.EINTR {
+			continue
+		}
+		if err == nil && binary.NativeEndian.Uint64(b[:]) != 1 {
+			return fmt.Errorf("pagefault: install %#x+%d pages: %w", start, npages, ErrUnmapped)
+		}
+		return err
+	}
+}
+
+// doneFds is a bounded free list of completion eventfds.
+var doneFds = make(chan int, 64)
+
+func (s *CPUServer) doneFd() (int, error) {
+	select {
+	case fd := <-doneFds:
+		return fd, nil
+	default:
+		return unix.Eventfd(0, unix.EFD_CLOEXEC) // blocking: the waiter sleeps in read
+	}
+}
+
+func (s *CPUServer) putDoneFd(fd int) {
+	select {
+	case doneFds <- fd:
+	default:
+		unix.Close(fd)
+	}
 }

@@ -28,6 +28,8 @@ enum {
 	ODP_PAGE_STORED = 1,    // the content is in the store
 	ODP_PAGE_EVICTING = 2,  // the evictor is moving the page to its bounce page
 	ODP_PAGE_RECLAIMED = 3, // a fault took an evicting page back from the bounce page
+	ODP_PAGE_GONE = 4,      // unmapped: the address may belong to someone else now
+	ODP_PAGE_INSTALLING = 5, // the server thread is zero-filling it: not to be evicted
 };
 
 // odp_fs_start starts a server on uffd. around is the number of pages installed per
@@ -62,6 +64,10 @@ uint32_t *odp_fs_add_region(odp_fs *fs, uint64_t base, uint64_t npages, uint64_t
 void odp_fs_remove_region(odp_fs *fs, int slot);
 // odp_fs_restored counts pages the server restored from the store or a bounce page.
 uint64_t odp_fs_restored(odp_fs *fs);
+// odp_fs_install asks the server thread to make npages pages at start present (as
+// faults would: restored if evicted, zero-filled otherwise) and to write 1 to done_fd
+// when it has. The thread is then the only installer of paged memory.
+int odp_fs_install(odp_fs *fs, uint64_t start, uint64_t npages, int done_fd);
 // odp_fs_now_ns reads CLOCK_MONOTONIC, the clock of the event times.
 uint64_t odp_fs_now_ns(void);
 

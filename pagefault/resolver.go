@@ -19,12 +19,6 @@ type Source interface {
 	Fill(addr uintptr, dst []byte) (zero bool, err error)
 }
 
-// Installer is implemented by sources that must know which pages the resolver
-// installed from their content (for example to free a backing store's copy).
-type Installer interface {
-	Installed(addr uintptr, npages int)
-}
-
 // ZeroSource fills every page with zeros: anonymous memory's first touch.
 type ZeroSource struct{}
 
@@ -108,6 +102,23 @@ func (r *Resolver) Resolve(start uintptr, out []PagemapEntry, write bool) (Resol
 			return st, err
 		}
 	}
+	err := r.breakCOW(start, out, write, &st)
+	return st, err
+}
+
+// Translate reads the pagemap entries of the len(out) pages at start into out and,
+// with write, faults present but shared pages for write, as Resolve does; it installs
+// nothing. Missing pages stay missing (for memory that another installer owns).
+func (r *Resolver) Translate(start uintptr, out []PagemapEntry, write bool) error {
+	if err := r.pm.Read(start, out); err != nil {
+		return err
+	}
+	var st ResolveStats
+	return r.breakCOW(start, out, write, &st)
+}
+
+func (r *Resolver) breakCOW(start uintptr, out []PagemapEntry, write bool, st *ResolveStats) error {
+	n := len(out)
 	if write {
 		broke := false
 		for i := 0; i < n; i++ {
@@ -120,19 +131,17 @@ func (r *Resolver) Resolve(start uintptr, out []PagemapEntry, write bool) (Resol
 			}
 			a := start + uintptr(i)*PageSize
 			if _, _, e := unix.Syscall(unix.SYS_MADVISE, a, uintptr(j-i)*PageSize, unix.MADV_POPULATE_WRITE); e != 0 {
-				return st, fmt.Errorf("pagefault: populate for write %#x: %w", a, e)
+				return fmt.Errorf("pagefault: populate for write %#x: %w", a, e)
 			}
 			st.COWBroken += j - i
 			broke = true
 			i = j
 		}
 		if broke {
-			if err := r.pm.Read(start, out); err != nil {
-				return st, err
-			}
+			return r.pm.Read(start, out)
 		}
 	}
-	return st, nil
+	return nil
 }
 
 // install makes npages missing pages at dst present, retrying from the kernel's
@@ -150,12 +159,8 @@ func (r *Resolver) install(dst uintptr, npages int, st *ResolveStats) error {
 		src = r.zero[:length]
 	}
 	var deadline time.Time
-	inst, _ := r.src.(Installer)
 	for off := uintptr(0); off < length; {
 		n, err := r.uffd.Copy(dst+off, uintptr(unsafe.Pointer(&src[off])), length-off, false)
-		if n > 0 && inst != nil && !zero {
-			inst.Installed(dst+off, int(n/PageSize))
-		}
 		off += n
 		st.Installed += int(n / PageSize)
 		switch {

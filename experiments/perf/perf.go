@@ -32,6 +32,12 @@ type Params struct {
 	// InvalidateRate invalidates this many random message-sized ranges of the
 	// server's region per second while the timed loop runs (ODP only).
 	InvalidateRate int
+	// Budget is the server NIC's resident budget in bytes: beyond it ODP pages are
+	// evicted to the backing store and fault back on access; a pinned registration
+	// larger than it is refused.
+	Budget int64
+	// Random picks each work request's slot at random instead of striding.
+	Random bool
 }
 
 func (p *Params) defaults() error {
@@ -60,6 +66,9 @@ func (p *Params) defaults() error {
 	if p.InvalidateRate < 0 || (p.InvalidateRate > 0 && !p.ODP) {
 		return fmt.Errorf("perf: --invalidate-rate needs ODP and a rate >= 0")
 	}
+	if p.Budget < 0 {
+		return fmt.Errorf("perf: --budget must be >= 0")
+	}
 	if p.Size < 1 || p.Size > 1<<30 || p.Iters < 1 || p.Depth < 1 || p.Depth > 4096 || p.MRSize < p.Size {
 		return fmt.Errorf("perf: bad parameters size=%d iters=%d depth=%d mr-size=%d", p.Size, p.Iters, p.Depth, p.MRSize)
 	}
@@ -84,6 +93,11 @@ type Result struct {
 	CPUFaults    uint64        `json:"cpu_faults"`
 	// Invalidations issued by --invalidate-rate during the timed loop.
 	Invalidations uint64 `json:"invalidations"`
+	// Under a budget: pages evicted and restored, and the most resident bytes of
+	// the server's region seen during the loop.
+	Evictions   uint64 `json:"evictions"`
+	Restores    uint64 `json:"restores"`
+	MaxResident int64  `json:"max_resident_bytes"`
 }
 
 // Run performs one measurement on two fresh devices connected by loopback.
@@ -97,7 +111,9 @@ func Run(p Params) (Result, error) {
 		return Result{}, err
 	}
 	defer client.close()
-	server, err := newSide(cfg, p)
+	scfg := cfg
+	scfg.ResidentBudget = p.Budget
+	server, err := newSide(scfg, p)
 	if err != nil {
 		return Result{}, err
 	}
@@ -106,9 +122,11 @@ func Run(p Params) (Result, error) {
 		return Result{}, err
 	}
 	// perftest fills its buffers after registering them: with --odp these first
-	// touches are CPU faults.
-	for _, s := range []*side{client, server} {
-		fill(s.buf)
+	// touches are CPU faults. Under a budget the server's region is left untouched:
+	// filling it would only evict it again.
+	fill(client.buf)
+	if p.Budget == 0 {
+		fill(server.buf)
 	}
 	if p.Warm {
 		warm := p
@@ -119,8 +137,10 @@ func Run(p Params) (Result, error) {
 	}
 	before := [2]odp.Stats{client.dev.Stats(), server.dev.Stats()}
 	stopInval := startInvalidator(server, p)
+	stopSample := sampleResident(server)
 	r, err := client.loop(p, server.mr)
 	r.Invalidations = stopInval()
+	r.MaxResident = stopSample()
 	if err != nil {
 		return Result{}, err
 	}
@@ -131,6 +151,8 @@ func Run(p Params) (Result, error) {
 		r.FaultTime += after[i].FaultTime - before[i].FaultTime
 		r.CPUFaults += after[i].CPUFaults - before[i].CPUFaults
 	}
+	r.Evictions = after[1].Evictions - before[1].Evictions
+	r.Restores = after[1].Restores - before[1].Restores
 	r.Test, r.ODP, r.Warm = p.Test, p.ODP, p.Warm
 	r.RegTime = client.mr.Registration().Total + server.mr.Registration().Total
 	return r, nil
@@ -249,6 +271,7 @@ func (s *side) loop(p Params, remote *odp.MR) (Result, error) {
 		op = odp.OpRDMARead
 	}
 	slots := max(p.MRSize/p.Size, 1)
+	rng := rand.New(rand.NewPCG(uint64(p.Size), uint64(p.Iters)))
 	wcs := make([]odp.WC, 16)
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Minute)
 	defer cancel()
@@ -259,9 +282,13 @@ func (s *side) loop(p Params, remote *odp.MR) (Result, error) {
 	for completed < p.Iters {
 		for posted < p.Iters && posted-completed < p.Depth {
 			off := uint64((posted % slots) * p.Size)
+			roff := off
+			if p.Random {
+				roff = uint64(rng.IntN(int(remote.Len())/p.Size) * p.Size)
+			}
 			wr := odp.SendWR{WRID: uint64(posted), Opcode: op,
 				SGL:        []odp.SGE{{Addr: s.mr.Addr() + off, Length: uint32(p.Size), LKey: s.mr.LKey()}},
-				RemoteAddr: remote.Addr() + off, RKey: remote.RKey()}
+				RemoteAddr: remote.Addr() + roff, RKey: remote.RKey()}
 			if (posted+1)%p.CQMod == 0 || posted == p.Iters-1 {
 				wr.Flags = odp.SendSignaled
 			}
@@ -354,4 +381,25 @@ func startInvalidator(s *side, p Params) func() uint64 {
 		}
 	}()
 	return func() uint64 { close(stop); return <-done }
+}
+
+// sampleResident reports the most resident bytes of s's region seen until the
+// returned function is called (every 5 ms, and once at the end).
+func sampleResident(s *side) func() int64 {
+	stop, done := make(chan struct{}), make(chan int64)
+	go func() {
+		var most int64
+		t := time.NewTicker(5 * time.Millisecond)
+		defer t.Stop()
+		for {
+			most = max(most, s.dev.ResidentBytes(s.buf))
+			select {
+			case <-stop:
+				done <- max(most, s.dev.ResidentBytes(s.buf))
+				return
+			case <-t.C:
+			}
+		}
+	}()
+	return func() int64 { close(stop); return <-done }
 }

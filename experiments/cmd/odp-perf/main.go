@@ -91,6 +91,9 @@ func bw(test string, args []string, stdout, stderr io.Writer) error {
 	fa := fs.Int("fault-around", 0, "network page fault alignment in pages (default 16)")
 	asJSON := fs.Bool("json", false, "print one JSON object per size")
 	invRate := fs.Int("invalidate-rate", 0, "invalidations per second of random message-sized ranges of the server's MR during the run (needs --odp)")
+	budget := size(0)
+	fs.Var(&budget, "budget", "resident budget in bytes for the server NIC (K, M, G suffixes): ODP pages beyond it are evicted to the backing store; pinned registrations larger than it are refused")
+	random := fs.Bool("random", false, "send each work request to a random slot of the server's region")
 	if err := fs.Parse(args); err != nil {
 		return err
 	}
@@ -118,7 +121,7 @@ func bw(test string, args []string, stdout, stderr io.Writer) error {
 	enc := json.NewEncoder(stdout)
 	for _, s := range sizes {
 		r, err := perf.Run(perf.Params{Test: test, ODP: *odpFlag, Size: s, Iters: *iters, Depth: *depth, CQMod: *cqMod,
-			MRSize: int(mrSize), Warm: *warm, FaultAround: *fa, InvalidateRate: *invRate})
+			MRSize: int(mrSize), Warm: *warm, FaultAround: *fa, InvalidateRate: *invRate, Budget: int64(budget), Random: *random})
 		if err != nil {
 			return err
 		}
@@ -129,6 +132,11 @@ func bw(test string, args []string, stdout, stderr io.Writer) error {
 			continue
 		}
 		fmt.Fprintf(stdout, " %-10d %-12d %-18.2f %-21.2f %.6f\n", r.Bytes, r.Iters, r.PeakMiBps, r.AvgMiBps, r.MsgRateMpps)
+		if budget > 0 {
+			fmt.Fprintf(stdout, "# budget %s: max resident %s of %s registered, %d evictions, %d restores\n",
+				perf.HumanBytes(int(budget)), perf.HumanBytes(int(r.MaxResident)), perf.HumanBytes(r.Bytes*max(int(mrSize)/r.Bytes, 128)),
+				r.Evictions, r.Restores)
+		}
 	}
 	return nil
 }

@@ -29,6 +29,10 @@ func TestBWPrintsPerftestColumns(t *testing.T) {
 	assert.Len(t, lines, 3)
 	assert.True(t, strings.HasPrefix(strings.TrimSpace(lines[2]), "8192"))
 
+	out, _, err = runArgs("write_bw", "--odp", "--size", "4K", "--iters", "2000", "--mr-size", "8M", "--budget", "2M", "--random")
+	require.NoError(t, err)
+	assert.Contains(t, out, "# budget 2 MiB: max resident")
+
 	out, _, err = runArgs("read_bw", "--json", "--size", "4096", "--iters", "100", "--warm")
 	require.NoError(t, err)
 	var r map[string]any
@@ -52,7 +56,7 @@ func TestCompareWritesCSV(t *testing.T) {
 func TestBadArguments(t *testing.T) {
 	for _, args := range [][]string{
 		{}, {"atomic_bw"}, {"write_bw", "--size", "12Q"}, {"write_bw", "extra"}, {"compare", "--min-size", "8K", "--max-size", "4K"},
-		{"compare", "--reg-sizes", "abc"}, {"write_bw", "--iters", "0"},
+		{"compare", "--reg-sizes", "abc"}, {"write_bw", "--iters", "0"}, {"write_bw", "--budget", "1M", "--mr-size", "8M"},
 	} {
 		_, _, err := runArgs(args...)
 		assert.Error(t, err, "%v", args)
