@@ -354,9 +354,10 @@ func (mr *MR) Dereg() error {
 		d.mu.Lock()
 		d.odpRegs = removeRange(d.odpRegs, mr.span(end)) // not evictable from here on
 		gone := interval.Uncovered(mr.span(end), d.odpRegs)
+		closing := d.closed // Close unmaps the buffers next: their content is dropped
 		d.mu.Unlock()
 		for _, r := range gone {
-			if d.pager != nil {
+			if d.pager != nil && !closing {
 				d.pager.Restore(r.Start, r.End) // unregistered, a stored page would read as zero
 			}
 			d.uffd.Unregister(r.Start, r.End-r.Start)

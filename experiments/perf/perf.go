@@ -106,7 +106,13 @@ func Run(p Params) (Result, error) {
 		return Result{}, err
 	}
 	cfg := odp.Config{FaultAround: p.FaultAround}
-	client, err := newSide(cfg, p)
+	cp := p
+	if p.Budget > 0 {
+		// Under a budget the experiment is about the server's region: the client
+		// needs only a message per work request in flight, not a copy of it.
+		cp.MRSize = min(p.MRSize, p.Size*p.Depth)
+	}
+	client, err := newSide(cfg, cp)
 	if err != nil {
 		return Result{}, err
 	}
@@ -270,7 +276,8 @@ func (s *side) loop(p Params, remote *odp.MR) (Result, error) {
 	if p.Test == ReadBW {
 		op = odp.OpRDMARead
 	}
-	slots := max(p.MRSize/p.Size, 1)
+	slots := max(len(s.buf)/p.Size, 1) // local slots; the remote side may be larger
+	rslots := max(int(remote.Len())/p.Size, 1)
 	rng := rand.New(rand.NewPCG(uint64(p.Size), uint64(p.Iters)))
 	wcs := make([]odp.WC, 16)
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Minute)
@@ -282,9 +289,9 @@ func (s *side) loop(p Params, remote *odp.MR) (Result, error) {
 	for completed < p.Iters {
 		for posted < p.Iters && posted-completed < p.Depth {
 			off := uint64((posted % slots) * p.Size)
-			roff := off
+			roff := uint64((posted % rslots) * p.Size)
 			if p.Random {
-				roff = uint64(rng.IntN(int(remote.Len())/p.Size) * p.Size)
+				roff = uint64(rng.IntN(rslots) * p.Size)
 			}
 			wr := odp.SendWR{WRID: uint64(posted), Opcode: op,
 				SGL:        []odp.SGE{{Addr: s.mr.Addr() + off, Length: uint32(p.Size), LKey: s.mr.LKey()}},

@@ -95,25 +95,30 @@ func TestInvalidateRate(t *testing.T) {
 	assert.Error(t, err, "invalidation needs ODP")
 }
 
-// WRITE bandwidth under 0, 100 and 1000 invalidations per second, side by side in one
-// run; the ratio to no invalidation is reported per rate.
+// WRITE bandwidth under 0, 100 and 1000 invalidations per second, side by side: the
+// three rates run interleaved in every repetition (their order rotating), and each
+// rate's figure is the median over repetitions of its ratio to the same repetition's
+// run without invalidation.
 func BenchmarkWriteUnderInvalidation(b *testing.B) {
+	rates := []int{0, 100, 1000}
 	for i := 0; i < b.N; i++ {
-		var base float64
-		for _, rate := range []int{0, 100, 1000} {
-			var bws []float64
-			for rep := 0; rep < 5; rep++ {
-				r, err := Run(Params{ODP: true, Warm: true, Size: 64 << 10, Iters: 20000, InvalidateRate: rate})
+		ratios := make([][]float64, len(rates))
+		for rep := 0; rep < 9; rep++ {
+			bw := make([]float64, len(rates))
+			for k := range rates {
+				j := (k + rep) % len(rates)
+				r, err := Run(Params{ODP: true, Warm: true, Size: 64 << 10, Iters: 20000, InvalidateRate: rates[j]})
 				if err != nil {
 					b.Fatal(err)
 				}
-				bws = append(bws, r.AvgMiBps)
+				bw[j] = r.AvgMiBps
 			}
-			m := Median(bws)
-			if rate == 0 {
-				base = m
+			for j := range rates {
+				ratios[j] = append(ratios[j], bw[j]/bw[0])
 			}
-			b.ReportMetric(m/base, fmt.Sprintf("ratio@%d/s", rate))
+		}
+		for j, rate := range rates[1:] {
+			b.ReportMetric(Median(ratios[j+1]), fmt.Sprintf("ratio@%d/s", rate))
 		}
 	}
 }
