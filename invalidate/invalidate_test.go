@@ -69,12 +69,37 @@ func TestRegistryClipsAndSkipsDisjoint(t *testing.T) {
 	assert.Equal(t, "remap", ReasonRemap.String())
 }
 
+// owned lists the parts of a test mapping the test has not unmapped itself: an
+// address it unmapped may hold the Go runtime's memory by cleanup time.
+type owned struct{ live []Range }
+
+func (o *owned) drop(r Range) {
+	var next []Range
+	for _, l := range o.live {
+		if l.Start < r.Start {
+			next = append(next, Range{l.Start, min(l.End, r.Start)})
+		}
+		if l.End > r.End {
+			next = append(next, Range{max(l.Start, r.End), l.End})
+		}
+	}
+	o.live = next
+}
+
+func (o *owned) unmap() {
+	for _, r := range o.live {
+		unix.Syscall(unix.SYS_MUNMAP, r.Start, r.End-r.Start, 0)
+	}
+}
+
 // pumped maps npages, registers them with a userfaultfd asking for the
-// non-cooperative events, and starts a fault server and a pump over reg.
-func pumped(t *testing.T, npages int, reg *Registry, disabled bool) ([]byte, *pagefault.CPUServer, *Pump) {
+// non-cooperative events, and starts a fault server and a pump over reg. Tests that
+// unmap part of the mapping tell the returned owned.
+func pumped(t *testing.T, npages int, reg *Registry, disabled bool) ([]byte, *pagefault.CPUServer, *Pump, *owned) {
 	t.Helper()
 	b, err := unix.Mmap(-1, 0, npages*4096, unix.PROT_READ|unix.PROT_WRITE, unix.MAP_PRIVATE|unix.MAP_ANONYMOUS)
 	require.NoError(t, err)
+	own := &owned{live: []Range{{addrOf(b), addrOf(b) + uintptr(len(b))}}}
 	u, err := pagefault.Open(pagefault.Options{Features: pagefault.FeatureEventRemove | pagefault.FeatureEventUnmap | pagefault.FeatureEventRemap})
 	require.NoError(t, err)
 	_, err = u.Register(addrOf(b), uintptr(len(b)), pagefault.ModeMissing)
@@ -87,15 +112,15 @@ func pumped(t *testing.T, npages int, reg *Registry, disabled bool) ([]byte, *pa
 		p.Stop()
 		s.Stop()
 		u.Close()
-		unix.Munmap(b)
+		own.unmap()
 	})
-	return b, s, p
+	return b, s, p, own
 }
 
 func TestPumpTurnsEventsIntoInvalidations(t *testing.T) {
 	g := NewRegistry()
 	rec := &recorder{}
-	b, s, p := pumped(t, 32, g, false)
+	b, s, p, own := pumped(t, 32, g, false)
 	base := addrOf(b)
 	g.Insert(base, base+32*4096, rec)
 	for i := 0; i < 32; i++ {
@@ -109,6 +134,7 @@ func TestPumpTurnsEventsIntoInvalidations(t *testing.T) {
 	// Unmap the last 4 pages: the pages are gone, the registration with them.
 	_, _, e := unix.Syscall(unix.SYS_MUNMAP, base+28*4096, 4*4096, 0) // unix.Munmap wants whole mappings
 	require.Zero(t, e)
+	own.drop(Range{base + 28*4096, base + 32*4096})
 	require.NoError(t, p.Sync())
 	assert.Equal(t, Range{base + 28*4096, base + 32*4096}, rec.ranges()[1])
 
@@ -124,7 +150,7 @@ func TestPumpTurnsEventsIntoInvalidations(t *testing.T) {
 func TestPumpRemap(t *testing.T) {
 	g := NewRegistry()
 	rec := &recorder{}
-	b, _, p := pumped(t, 8, g, false)
+	b, _, p, own := pumped(t, 8, g, false)
 	base := addrOf(b)
 	g.Insert(base, base+8*4096, rec)
 	b[0] = 9
@@ -134,6 +160,7 @@ func TestPumpRemap(t *testing.T) {
 	to, _, e := unix.Syscall6(unix.SYS_MREMAP, base, 2*4096, 2*4096, unix.MREMAP_MAYMOVE|unix.MREMAP_FIXED, addrOf(hole), 0)
 	require.Zero(t, e)
 	require.Equal(t, addrOf(hole), to)
+	own.drop(Range{base, base + 2*4096})
 	defer unix.Munmap(hole)
 	require.NoError(t, p.Sync())
 	// REMAP, then UNMAP of the old range (its VMA still carried the context).
@@ -148,7 +175,7 @@ func TestPumpRemap(t *testing.T) {
 func TestPumpDisabledDropsEvents(t *testing.T) {
 	g := NewRegistry()
 	rec := &recorder{}
-	b, _, p := pumped(t, 4, g, true)
+	b, _, p, _ := pumped(t, 4, g, true)
 	g.Insert(addrOf(b), addrOf(b)+4*4096, rec)
 	b[0] = 1
 	require.NoError(t, unix.Madvise(b, unix.MADV_DONTNEED))

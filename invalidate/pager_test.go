@@ -16,6 +16,7 @@ import (
 
 type pagerEnv struct {
 	mem   []byte
+	own   *owned
 	u     *pagefault.FD
 	srv   *pagefault.CPUServer
 	pm    *pagefault.Pagemap
@@ -30,6 +31,7 @@ func newPagerEnv(t *testing.T, npages int, budget int64) *pagerEnv {
 	var err error
 	e.mem, err = unix.Mmap(-1, 0, npages*4096, unix.PROT_READ|unix.PROT_WRITE, unix.MAP_PRIVATE|unix.MAP_ANONYMOUS)
 	require.NoError(t, err)
+	e.own = &owned{live: []Range{{addrOf(e.mem), addrOf(e.mem) + uintptr(len(e.mem))}}}
 	e.u, err = pagefault.Open(pagefault.Options{Features: pagefault.FeatureEventRemove | pagefault.FeatureEventUnmap | pagefault.FeatureEventRemap})
 	require.NoError(t, err)
 	_, err = e.u.Register(addrOf(e.mem), uintptr(len(e.mem)), pagefault.ModeMissing)
@@ -56,7 +58,7 @@ func newPagerEnv(t *testing.T, npages int, budget int64) *pagerEnv {
 		e.u.Close()
 		e.pm.Close()
 		store.Close()
-		unix.Munmap(e.mem)
+		e.own.unmap()
 	})
 	return e
 }
@@ -220,5 +222,6 @@ func TestEvictedPageFollowsMremap(t *testing.T) {
 	defer unix.Munmap(hole)
 	_, _, errno := unix.Syscall6(unix.SYS_MREMAP, addrOf(e.mem)+2*4096, 4096, 4096, unix.MREMAP_MAYMOVE|unix.MREMAP_FIXED, addrOf(hole), 0)
 	require.Zero(t, errno)
+	e.own.drop(Range{addrOf(e.mem) + 2*4096, addrOf(e.mem) + 3*4096})
 	assert.EqualValues(t, 77, hole[5], "the evicted page's content followed it")
 }

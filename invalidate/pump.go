@@ -24,6 +24,7 @@ type PumpStats struct {
 	Removes uint64
 	Unmaps  uint64
 	Remaps  uint64
+	Forks   uint64
 	Ignored uint64        // events dropped because invalidation is disabled
 	Latency time.Duration // sum, from the server reading an event to its invalidation done
 	MaxLat  time.Duration
@@ -124,8 +125,13 @@ func (p *Pump) apply(msgs []pagefault.Msg) {
 			// The MR keeps its virtual range: the pages left it.
 			r, why = Range{uintptr(m.From), uintptr(m.From + m.Len)}, ReasonRemap
 			st.Remaps++
+		case pagefault.EventFork:
+			// The kernel write-protected every private page for COW: the NIC's
+			// translations must go, so that its next write faults onto the copy.
+			r, why = Range{0, ^uintptr(0)}, ReasonFork
+			st.Forks++
 		default:
-			continue // FORK is not requested
+			continue
 		}
 		if p.disabled {
 			st.Ignored++
@@ -143,6 +149,7 @@ func (p *Pump) apply(msgs []pagefault.Msg) {
 	s.Removes += st.Removes
 	s.Unmaps += st.Unmaps
 	s.Remaps += st.Remaps
+	s.Forks += st.Forks
 	s.Ignored += st.Ignored
 	s.Latency += st.Latency
 	s.MaxLat = max(s.MaxLat, st.MaxLat)

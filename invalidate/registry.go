@@ -28,11 +28,12 @@ const (
 	ReasonRemap                  // mremap moved the range away (UFFD_EVENT_REMAP)
 	ReasonExplicit               // an Invalidate call
 	ReasonDiscard                // a discard odpemu performs itself
+	ReasonFork                   // fork write-protected the parent's pages (COW)
 	numReasons
 )
 
 func (r Reason) String() string {
-	return [...]string{"remove", "unmap", "remap", "explicit", "discard", "evict", "migrate"}[r]
+	return [...]string{"remove", "unmap", "remap", "explicit", "discard", "fork", "evict", "migrate"}[r]
 }
 
 // Range is the half-open address range [Start, End).

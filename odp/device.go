@@ -62,11 +62,11 @@ type Config struct {
 	// StorePath puts the backing store in a new file at this path instead of in
 	// memory (a memfd, which is outside the process's RSS).
 	StorePath string
-	// Audit checks every DMA on an ODP MR after the copy: a copy during which a page
-	// of its range was installed anew (a CPU fault found it missing) or whose recorded
-	// frame is no longer the page's frame, with no invalidation observed meanwhile, is
-	// a stale DMA (on hardware: silent corruption). Costs two cgo calls and a pagemap
-	// read per DMA.
+	// Audit checks every DMA after the copy: a copy during which a page of an ODP
+	// range was installed anew (a CPU fault found it missing) or whose recorded frame
+	// is no longer the page's frame, with no invalidation observed meanwhile, is a
+	// stale DMA (on hardware: silent corruption). Pinned MRs are checked by frames.
+	// Costs two cgo calls and a pagemap read per DMA.
 	Audit bool
 }
 
@@ -159,7 +159,14 @@ func Open(cfg Config) (*Device, error) {
 	}
 	var err error
 	feats := pagefault.FeatureEventRemove | pagefault.FeatureEventUnmap | pagefault.FeatureEventRemap
-	if d.uffd, err = pagefault.Open(pagefault.Options{Features: feats, UserModeOnly: cfg.UserModeOnly}); err != nil {
+	if p := pagefault.ProbeKernel(); p.Err == nil && p.Mode == pagefault.ModeKernel && !cfg.UserModeOnly {
+		feats |= pagefault.FeatureEventFork // needs CAP_SYS_PTRACE
+	}
+	if d.uffd, err = pagefault.Open(pagefault.Options{Features: feats, UserModeOnly: cfg.UserModeOnly}); err != nil && feats&pagefault.FeatureEventFork != 0 {
+		feats &^= pagefault.FeatureEventFork
+		d.uffd, err = pagefault.Open(pagefault.Options{Features: feats, UserModeOnly: cfg.UserModeOnly})
+	}
+	if err != nil {
 		return nil, fmt.Errorf("odp: open %s: %w", cfg.Name, err)
 	}
 	if d.pagemap, err = pagefault.OpenPagemap(); err == nil {
@@ -481,7 +488,7 @@ type deviceCounters struct {
 	invalidations, pagesInvalidated                atomic.Uint64
 	prefetches, pagesPrefetched                    atomic.Uint64
 	mrsPinned, mrsODP                              atomic.Uint64
-	audited, stale, dmaFaults                      atomic.Uint64
+	audited, stale, dmaFaults, dmaWaits            atomic.Uint64
 }
 
 // Stats are a device's counters, named after mlx5's ODP counters.
@@ -505,6 +512,8 @@ type Stats struct {
 	EventsIgnored       uint64        // of which dropped by the NoInvalidate ablation
 	InvalidationLatency time.Duration // sum over events: event read to entries cleared, DMA drained
 	InvalidationMax     time.Duration
+	Forks               uint64 // fork events: every ODP translation was dropped
+	DMAWaits            uint64 // invalidations that waited for DMA in flight
 	AuditedDMAs         uint64 // DMAs checked by the audit
 	StaleDMAs           uint64 // audit violations: copies through stale translations
 	DMAFaults           uint64 // copies that hit unmapped memory (reported as access errors)
@@ -533,6 +542,7 @@ func (d *Device) Stats() Stats {
 		CPUFaults: s.Faults, CPUFaultPages: s.Pages, CPUFaultTime: s.ServiceTime, CPUFaultMax: s.MaxServiceTime,
 		CPUFaultsFoundMapped: s.Exist,
 		Events:               ps.Events, EventsIgnored: ps.Ignored, InvalidationLatency: ps.Latency, InvalidationMax: ps.MaxLat,
+		Forks: ps.Forks, DMAWaits: c.dmaWaits.Load(),
 		AuditedDMAs: c.audited.Load(), StaleDMAs: c.stale.Load(), DMAFaults: c.dmaFaults.Load(),
 	}
 	if d.pager != nil {

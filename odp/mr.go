@@ -389,6 +389,9 @@ func (mr *MR) invalidateBegin(first, n int) {
 	r := mr.table.InvalidateBegin(first, n)
 	mr.dev.stats.invalidations.Add(1)
 	mr.dev.stats.pagesInvalidated.Add(uint64(r.Pages))
+	if r.WaitedDMAs > 0 {
+		mr.dev.stats.dmaWaits.Add(1)
+	}
 }
 
 // notifier is an ODP MR's interval notifier.
@@ -504,7 +507,7 @@ func (mr *MR) acquire(off, n uint64, write bool) (dmaRef, error) {
 	if err != nil {
 		return dmaRef{}, err
 	}
-	r := dmaRef{mr: mr, off: off, n: n, d: d, audit: mr.odp && mr.dev.cfg.Audit}
+	r := dmaRef{mr: mr, off: off, n: n, d: d, audit: mr.dev.cfg.Audit}
 	if p := mr.dev.pager; p != nil && mr.odp {
 		first, count := mr.pageSpan(off, n)
 		p.Touch(mr.base+uintptr(first)*pagefault.PageSize, count) // the NIC's access bits
@@ -528,7 +531,8 @@ func (r dmaRef) release() {
 // check is the DMA audit: did the copy run through a translation the CPU no longer
 // had, without an invalidation telling the NIC? Evidence is a CPU fault that found a
 // page of the range missing during the DMA (immune to frame reuse), or a recorded
-// frame that is not the page's frame now.
+// frame that is not the page's frame now. A pinned MR is audited by frames alone:
+// nothing ever invalidates its MTT, which is what fork and COW can get wrong.
 func (r dmaRef) check() {
 	mr, d := r.mr, r.mr.dev
 	d.stats.audited.Add(1)
@@ -538,7 +542,7 @@ func (r dmaRef) check() {
 	}
 	lo := mr.base + uintptr(first)*pagefault.PageSize
 	hi := lo + uintptr(count)*pagefault.PageSize
-	stale := d.server.InstalledSince(r.mark, lo, hi)
+	stale := mr.odp && d.server.InstalledSince(r.mark, lo, hi)
 	if !stale && d.pagemap.PFNsReadable() {
 		entries := make([]pagefault.PagemapEntry, count)
 		if d.pagemap.Read(lo, entries) == nil {

@@ -512,6 +512,8 @@ static void *loop(void *arg) {
 						forget(fs, m->arg.remove.start, m->arg.remove.end, m->event == UFFD_EVENT_UNMAP);
 					else if (m->event == UFFD_EVENT_REMAP)
 						moved(fs, m->arg.remap.from, m->arg.remap.to, m->arg.remap.len, &rq, &nrq, &caprq);
+					else if (m->event == UFFD_EVENT_FORK)
+						close((int)m->arg.fork.ufd); // nobody serves the child: its ranges unregister
 					queue_event(fs, m, t0);
 				}
 			}
