@@ -200,8 +200,16 @@ func (qp *QP) sendLoop() {
 		conn := qp.conn
 		qp.mu.Unlock()
 
-		f, status, detail := qp.request(wr, p)
+		f, release, status, detail := qp.request(wr, p.psn)
 		qp.mu.Lock()
+		if p.done { // finished meanwhile: the peer is gone
+			qp.mu.Unlock()
+			if release != nil {
+				release()
+			}
+			continue
+		}
+		p.release = release // the payload's DMA ends when the response arrives
 		if status != WCSuccess {
 			qp.finishLocked(p, status, detail)
 			qp.mu.Unlock()
@@ -217,34 +225,35 @@ func (qp *QP) sendLoop() {
 	}
 }
 
-// request builds the wire request for wr, after the local checks the NIC makes.
-func (qp *QP) request(wr *SendWR, p *pending) (*transport.Frame, WCStatus, string) {
+// request builds the wire request for wr, after the local checks the NIC makes, and
+// returns the function that ends the DMA its payload aliases (or nil).
+func (qp *QP) request(wr *SendWR, psn uint32) (*transport.Frame, func(), WCStatus, string) {
 	total := sglLen(wr.SGL)
 	if total > maxMsg {
-		return nil, WCLocLenErr, fmt.Sprintf("message of %d bytes > %d", total, maxMsg)
+		return nil, nil, WCLocLenErr, fmt.Sprintf("message of %d bytes > %d", total, maxMsg)
 	}
-	f := &transport.Frame{PSN: p.psn, RKey: wr.RKey, RAddr: wr.RemoteAddr, Len: uint32(total)}
+	f := &transport.Frame{PSN: psn, RKey: wr.RKey, RAddr: wr.RemoteAddr, Len: uint32(total)}
+	var release func()
 	switch wr.Opcode {
 	case OpRDMAWrite, OpSend:
 		f.Op = transport.OpWrite
 		if wr.Opcode == OpSend {
 			f.Op, f.RKey, f.RAddr = transport.OpSend, 0, 0
 		}
-		payload, release, status, detail := qp.gather(wr.SGL)
+		payload, rel, status, detail := qp.gather(wr.SGL)
 		if status != WCSuccess {
-			return nil, status, detail
+			return nil, nil, status, detail
 		}
-		f.Payload = payload
-		p.release = release
+		f.Payload, release = payload, rel
 	case OpRDMARead:
 		f.Op = transport.OpRead
 		for _, s := range wr.SGL { // the data lands here later: check now, fault then
 			if mr, _, why := qp.localSGE(s, true); mr == nil {
-				return nil, WCLocProtErr, why
+				return nil, nil, WCLocProtErr, why
 			}
 		}
 	}
-	return f, WCSuccess, ""
+	return f, release, WCSuccess, ""
 }
 
 func (qp *QP) recvLoop() {
