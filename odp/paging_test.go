@@ -112,3 +112,26 @@ func TestEvictMigrateAndDeregRestore(t *testing.T) {
 	_, err = plain.dev.Migrate(0, 4096)
 	assert.ErrorIs(t, err, ErrNotSupported)
 }
+
+// The backing store can be a file: evicted pages come back from it with their content.
+func TestFileStore(t *testing.T) {
+	path := t.TempDir() + "/store"
+	a, b := newNode(t, Config{}), newNode(t, Config{Paging: true, StorePath: path})
+	require.NoError(t, ConnectLoopback(a.qp, b.qp))
+	src, smr := a.region(t, 8*4096, AccessLocalWrite)
+	back, bmr := a.region(t, 8*4096, AccessLocalWrite)
+	_, dmr := b.region(t, 8*4096, rw|AccessOnDemand)
+	for i := range src {
+		src[i] = byte(i/4096 + 1)
+	}
+	require.Equal(t, WCSuccess, do(t, a, write(smr, 0, 8*4096, dmr, 0)).Status)
+	n, err := b.dev.Evict(dmr.Addr(), 8*4096)
+	require.NoError(t, err)
+	require.Equal(t, 8, n)
+	assert.EqualValues(t, 8*4096, b.dev.Stats().BytesWrittenBack)
+	require.Equal(t, WCSuccess, do(t, a, read(bmr, 0, 8*4096, dmr, 0)).Status) // the NIC faults them back
+	assert.Equal(t, src, back)
+	assert.NotZero(t, b.dev.Stats().Restores)
+	_, err = Open(Config{Paging: true, StorePath: path + "/missing/dir"})
+	assert.Error(t, err, "a store that cannot be created is an error")
+}

@@ -31,6 +31,7 @@ type stressResult struct {
 	audited               uint64
 	events                uint64
 	evictions, migrations uint64
+	dmaWaits              uint64
 }
 
 // runStress drives NIC traffic (WRITE, READ, SEND) on the even pages of an ODP region
@@ -225,7 +226,7 @@ func runStress(t *testing.T, seed uint64, steps int, cfg Config) stressResult {
 	}
 	st := b.dev.Stats()
 	res.stale, res.audited, res.events = st.StaleDMAs, st.AuditedDMAs, st.Events
-	res.evictions, res.migrations = st.Evictions, st.Migrations
+	res.evictions, res.migrations, res.dmaWaits = st.Evictions, st.Migrations, st.DMAWaits
 	return res
 }
 
@@ -249,8 +250,8 @@ func TestStressInvalidation(t *testing.T) {
 			t.Run(fmt.Sprintf("GOMAXPROCS=%d/ablation=%v", procs, ablate), func(t *testing.T) {
 				defer runtime.GOMAXPROCS(runtime.GOMAXPROCS(procs))
 				r := runStress(t, seed, 1500, Config{FaultAround: 4, NoInvalidate: ablate})
-				t.Logf("seed %d: audited %d DMAs, stale %d, events %d, evictions %d, migrations %d, mismatches %d",
-					seed, r.audited, r.stale, r.events, r.evictions, r.migrations, r.mismatches)
+				t.Logf("seed %d: audited %d DMAs, stale %d, events %d, evictions %d, migrations %d, invalidations that waited for DMA %d, mismatches %d",
+					seed, r.audited, r.stale, r.events, r.evictions, r.migrations, r.dmaWaits, r.mismatches)
 				assert.NotZero(t, r.audited)
 				assert.NotZero(t, r.evictions, "the budget forced evictions")
 				assert.NotZero(t, r.migrations)
