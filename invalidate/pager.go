@@ -47,7 +47,7 @@ type Pager struct {
 	sweep     int64 // present pages seen in the current sweep
 
 	resident  atomic.Int64 // estimate of present pages in paged regions
-	installed atomic.Int64 // pages installed so far (NIC and CPU faults)
+	installed atomic.Int64 // pages the CPU fault server installed so far (faults and install requests)
 	sweepFrom int64        // installed when the current sweep began; reclaimMu
 	lastCPU   atomic.Uint64
 
@@ -206,12 +206,6 @@ func (p *Pager) Installed(addr uintptr, npages int) {
 			p.restores.Add(1)
 		}
 	}
-}
-
-// NoteInstalled tells the pager that n pages were installed (on the NIC's behalf).
-func (p *Pager) NoteInstalled(n int) {
-	p.resident.Add(int64(n))
-	p.installed.Add(int64(n))
 }
 
 // Touch marks n pages from the page holding addr referenced, for CLOCK: the NIC's

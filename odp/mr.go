@@ -607,7 +607,6 @@ func (mr *MR) faultWindow(lo, hi int, write, presentOnly bool) (int, error) {
 		// eviction cannot overtake the content it chose. Then only translate.
 		if err = d.server.Install(addr, hi-lo); err == nil {
 			err = d.resolver.Translate(addr, entries, write)
-			d.pager.NoteInstalled(hi - lo)
 		}
 	default:
 		_, err = d.resolver.Resolve(addr, entries, write)

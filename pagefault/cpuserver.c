@@ -396,8 +396,10 @@ static int install_one(odp_fs *fs, uint64_t page) {
 		int got = restore(fs, r, idx, page);
 		if (got == EAGAIN)
 			return EAGAIN;
-		if (got == 1)
+		if (got == 1) {
+			add(&fs->st.pages, 1);
 			return 0;
+		}
 		// The page may be present (a request covers present pages too): claim it so
 		// that the evictor cannot move it out between this decision and the copy.
 		uint32_t want = ODP_PAGE_NONE;
@@ -407,11 +409,12 @@ static int install_one(odp_fs *fs, uint64_t page) {
 	}
 	struct uffdio_copy c = {.dst = page, .src = (uint64_t)fs->zero, .len = (uint64_t)fs->ps};
 	int e = 0;
-	if (ioctl(fs->uffd, UFFDIO_COPY, &c) != 0) {
-		if (errno == EAGAIN)
-			e = EAGAIN;
-		else if (errno != EEXIST)
-			e = ENOENT; // not registered or unmapped
+	if (ioctl(fs->uffd, UFFDIO_COPY, &c) == 0) {
+		add(&fs->st.pages, 1); // counted like a fault's install: the pager's estimate
+	} else if (errno == EAGAIN) {
+		e = EAGAIN;
+	} else if (errno != EEXIST) {
+		e = ENOENT; // not registered or unmapped
 	}
 	if (claim)
 		__atomic_store_n(claim, ODP_PAGE_NONE, __ATOMIC_RELEASE);

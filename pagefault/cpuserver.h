@@ -11,7 +11,7 @@
 typedef struct odp_fs_stats {
 	uint64_t faults;       // pagefault messages served
 	uint64_t write_faults; // of which write faults
-	uint64_t pages;        // pages installed (including fault-around)
+	uint64_t pages;        // pages installed (including fault-around and install requests)
 	uint64_t exist;        // faults found already resolved (EEXIST), woken
 	uint64_t retries;      // EAGAIN retries (event pending)
 	uint64_t errors;       // faults that could not be resolved (range gone), woken
