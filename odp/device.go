@@ -366,23 +366,27 @@ func (d *Device) Free(buf []byte) error {
 		return wrap(ErrInvalidArgument, "free of an empty slice")
 	}
 	d.mu.Lock()
-	defer d.mu.Unlock()
 	start := addrOf(buf)
 	i := sort.Search(len(d.buffers), func(i int) bool { return d.buffers[i].start >= start })
 	if i == len(d.buffers) || d.buffers[i].start != start {
+		d.mu.Unlock()
 		return wrap(ErrInvalidArgument, "%#x is not a buffer from Alloc", start)
 	}
 	b := d.buffers[i]
 	for _, mr := range d.mrs {
 		if mr.start < b.end && b.start < mr.start+uintptr(mr.length) {
+			d.mu.Unlock()
 			return wrap(ErrBusy, "buffer %#x is registered as MR %#x", start, mr.key)
 		}
 	}
+	d.buffers = append(d.buffers[:i], d.buffers[i+1:]...)
+	d.mu.Unlock()
+	// Retired without d.mu, as Close does: Region.Remove takes the pager's reclaim
+	// lock, and reclaim takes d.mu (evictable) while holding it.
 	if b.paged != nil {
 		b.paged.Remove()
 	}
 	b.unmap()
-	d.buffers = append(d.buffers[:i], d.buffers[i+1:]...)
 	return nil
 }
 
