@@ -263,16 +263,17 @@ func (p *Pager) Reclaim(try bool) int {
 			p.hand.region, p.hand.page = 0, 0
 		}
 		r := p.regions[p.hand.region]
-		p.rmu.RUnlock()
 		first := p.hand.page
 		n := min(chunk, r.npages-first)
 		if p.hand.page += n; p.hand.page >= r.npages {
 			p.hand.region, p.hand.page = p.hand.region+1, 0
 		}
+		sweepEnds := p.hand.region >= len(p.regions) // regions change under rmu (AddRegion)
+		p.rmu.RUnlock()
 		got, present := p.evictChunk(r, first, entries[:n], true)
 		evicted += got
 		p.sweep += int64(present)
-		if p.hand.region == 0 && p.hand.page == 0 || p.hand.region >= len(p.regions) {
+		if sweepEnds {
 			// A sweep ended: the present pages it saw, plus what was installed since it
 			// began (behind the hand, or counted twice: an overestimate is safe),
 			// replace the estimate.
