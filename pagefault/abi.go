@@ -201,3 +201,42 @@ const (
 	msgOffEvent = 0
 	msgOffArg   = 8 // the union starts after event, reserved1, reserved2, reserved3
 )
+
+// PAGEMAP_SCAN (Linux 6.7) on /proc/self/pagemap, from <linux/fs.h>: it returns runs
+// of pages that share categories, without reading an entry per page.
+const (
+	pmScanIoctlType = 'f'
+	pmScanIoctlNR   = 16
+
+	// Page categories (PAGE_IS_*).
+	PageIsWPAllowed = 1 << 0
+	PageIsWritten   = 1 << 1
+	PageIsFile      = 1 << 2
+	PageIsPresent   = 1 << 3
+	PageIsSwapped   = 1 << 4
+	PageIsPFNZero   = 1 << 5
+	PageIsHuge      = 1 << 6
+)
+
+// pmScanArg is struct pm_scan_arg.
+type pmScanArg struct {
+	Size              uint64
+	Flags             uint64
+	Start             uint64
+	End               uint64
+	WalkEnd           uint64
+	Vec               uint64
+	VecLen            uint64
+	MaxPages          uint64
+	CategoryInverted  uint64
+	CategoryMask      uint64
+	CategoryAnyofMask uint64
+	ReturnMask        uint64
+}
+
+// PageRegion is struct page_region: a run [Start, End) of pages with Categories.
+type PageRegion struct {
+	Start, End, Categories uint64
+}
+
+var ioctlPagemapScan = ioc(iocRead|iocWrite, pmScanIoctlType, pmScanIoctlNR, unsafe.Sizeof(pmScanArg{}))

@@ -17,7 +17,8 @@ func TestABIMatchesHeader(t *testing.T) {
 	}
 }
 
-// The numbers NOTES.md records, which also cover ioctls newer than the installed header.
+// The numbers _IOWR gives, written out: they also cover ioctls newer than the
+// installed header.
 func TestIoctlNumbersFromIOWR(t *testing.T) {
 	want := map[string][2]uintptr{
 		"API": {ioctlAPI, 0xc018aa3f}, "REGISTER": {ioctlRegister, 0xc020aa00},
@@ -72,4 +73,11 @@ func TestFeatureString(t *testing.T) {
 	assert.Equal(t, "none", Feature(0).String())
 	assert.Equal(t, "EVENT_REMOVE|MOVE", (FeatureEventRemove | FeatureMove).String())
 	assert.Equal(t, "0x100000", Feature(1<<20).String())
+}
+
+func TestPagemapScanABI(t *testing.T) {
+	// _IOWR('f', 16, struct pm_scan_arg) with the 96-byte struct of <linux/fs.h>.
+	assert.EqualValues(t, 96, unsafe.Sizeof(pmScanArg{}))
+	assert.EqualValues(t, 24, unsafe.Sizeof(PageRegion{}))
+	assert.EqualValues(t, uintptr(0xc0606610), ioctlPagemapScan)
 }

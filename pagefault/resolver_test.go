@@ -116,24 +116,79 @@ func BenchmarkResolve(b *testing.B) {
 	}
 }
 
-// A page read before registration maps the shared zero page; a write resolve breaks
-// it into a private page so the recorded frame is where the write lands.
-func TestResolverWriteBreaksZeroPage(t *testing.T) {
+// A page read before registration is mapped the way this kernel maps read faults:
+// the shared zero page on most kernels (then a write resolve breaks it into a private
+// page, so that the recorded frame is where the write lands), a private page on
+// others (then there is nothing to break). The probe says which; both are checked.
+func TestResolverReadFaultedPage(t *testing.T) {
+	zeroPage := ProbeKernelBehaviour().ReadFaultZeroPage
+	t.Logf("read faults map the shared zero page: %v", zeroPage)
 	b := region(t, 4)
 	var sum byte
-	sum += b[PageSize] // maps the zero page
+	sum += b[PageSize] // a read fault before registration
 	require.Zero(t, sum)
 	u := registered(t, b, 0)
 	r := newResolver(t, u, nil)
 	out := make([]PagemapEntry, 4)
 	st, err := r.Resolve(addr(b), out, false)
 	require.NoError(t, err)
-	assert.False(t, out[1].Exclusive(), "zero page is shared")
 	assert.Equal(t, 3, st.Installed)
+	assert.Equal(t, !zeroPage, out[1].Exclusive(), "page 1 exclusive unless it is the zero page")
 	st, err = r.Resolve(addr(b), out, true)
 	require.NoError(t, err)
-	assert.Equal(t, 1, st.COWBroken)
+	if zeroPage {
+		assert.Equal(t, 1, st.COWBroken, "the zero page is broken for write")
+	} else {
+		assert.Zero(t, st.COWBroken, "a private page needs no COW break")
+	}
 	for p := range out {
 		assert.True(t, out[p].Exclusive(), "page %d", p)
+	}
+}
+
+// forkPaused forks with a raw fork(2); the child, one thread and no Go runtime,
+// pauses until the test kills it. Afterwards every private page is COW-shared with
+// the child: present, not exclusive, on every kernel.
+func forkPaused(t *testing.T) {
+	t.Helper()
+	pid, _, errno := unix.RawSyscall(unix.SYS_FORK, 0, 0, 0)
+	require.Zero(t, errno)
+	if pid == 0 {
+		for {
+			unix.RawSyscall(unix.SYS_PAUSE, 0, 0, 0)
+		}
+	}
+	t.Cleanup(func() {
+		_ = unix.Kill(int(pid), unix.SIGKILL)
+		var ws unix.WaitStatus
+		_, _ = unix.Wait4(int(pid), &ws, 0, nil)
+	})
+}
+
+// The COW-break path of a write resolve, independent of how the kernel maps read
+// faults: after fork, written pages are shared with the child until written again.
+func TestResolverWriteBreaksCOW(t *testing.T) {
+	const n = 8
+	b := region(t, n)
+	for p := 0; p < n; p++ {
+		b[p*int(PageSize)] = byte(p + 1)
+	}
+	u := registered(t, b, 0)
+	r := newResolver(t, u, nil)
+	forkPaused(t)
+	out := make([]PagemapEntry, n)
+	st, err := r.Resolve(addr(b), out, false)
+	require.NoError(t, err)
+	assert.Zero(t, st.Installed)
+	for p := range out {
+		require.True(t, out[p].Present())
+		require.False(t, out[p].Exclusive(), "page %d shared with the child", p)
+	}
+	st, err = r.Resolve(addr(b), out, true)
+	require.NoError(t, err)
+	assert.Equal(t, n, st.COWBroken)
+	for p := range out {
+		assert.True(t, out[p].Exclusive(), "page %d private again", p)
+		assert.EqualValues(t, p+1, b[p*int(PageSize)], "page %d kept its content", p)
 	}
 }

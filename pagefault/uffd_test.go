@@ -18,7 +18,9 @@ func region(t testing.TB, npages int) []byte {
 	t.Helper()
 	b, err := unix.Mmap(-1, 0, npages*int(PageSize), unix.PROT_READ|unix.PROT_WRITE, unix.MAP_PRIVATE|unix.MAP_ANONYMOUS)
 	require.NoError(t, err)
-	t.Cleanup(func() { unix.Munmap(b) })
+	// Whatever the THP setting, tests see 4 KiB pages (EINVAL: a kernel without THP).
+	_ = unix.Madvise(b, unix.MADV_NOHUGEPAGE)
+	t.Cleanup(func() { require.NoError(t, unix.Munmap(b)) })
 	return b
 }
 
@@ -118,4 +120,63 @@ func TestClosedFD(t *testing.T) {
 	assert.ErrorIs(t, u.Close(), ErrClosed)
 	_, err = u.Zeropage(0, PageSize, false)
 	assert.ErrorIs(t, err, ErrClosed)
+}
+
+func TestKernelProbe(t *testing.T) {
+	k := ProbeKernelBehaviour()
+	t.Logf("userfaultfd %v via %s, features %v; MADV_POPULATE_WRITE %v, WP %v, PAGEMAP_SCAN %v, zero page on read %v, THP %q",
+		k.Userfaultfd.Mode, k.Userfaultfd.Source, k.Userfaultfd.Features, k.PopulateWrite, k.WriteProtect, k.PagemapScan,
+		k.ReadFaultZeroPage, k.THP)
+	require.NoError(t, k.readFaultErr, "the read-fault probe itself must work")
+	require.NoError(t, k.Check(ReqUserfaultfd, ReqEvents), "the README's minimum")
+	assert.Equal(t, k.Userfaultfd.Features.Has(FeatureMove), k.Has(ReqMove))
+
+	// A kernel without anything: every requirement is reported by name and release.
+	var none Kernel
+	none.Userfaultfd.Err = ErrUnsupported
+	for _, r := range []Requirement{ReqUserfaultfd, ReqEvents, ReqWriteProtect, ReqPopulateWrite, ReqMove, ReqPagemapScan, ReqEventFork, ReqKernelFaults} {
+		err := none.Check(r)
+		require.ErrorIs(t, err, ErrNotSupported, r.Name)
+		assert.Contains(t, err.Error(), r.Name)
+		assert.Contains(t, err.Error(), "Linux "+r.Since)
+	}
+}
+
+func TestPagemapScanPresent(t *testing.T) {
+	if !ProbeKernelBehaviour().PagemapScan {
+		t.Skipf("skipped: %v", ReqPagemapScan.Missing())
+	}
+	const n = 64
+	b := region(t, n)
+	for _, p := range []int{3, 4, 5, 40, 63} {
+		b[p*int(PageSize)] = 1
+	}
+	pm, err := OpenPagemap()
+	require.NoError(t, err)
+	defer pm.Close()
+	out := make([]PageRegion, 8)
+	k, end, err := pm.ScanPresent(addr(b), addr(b)+uintptr(len(b)), out)
+	require.NoError(t, err)
+	require.Equal(t, 3, k)
+	assert.EqualValues(t, addr(b)+uintptr(len(b)), end)
+	want := [][2]int{{3, 6}, {40, 41}, {63, 64}}
+	for i, w := range want {
+		assert.EqualValues(t, addr(b)+uintptr(w[0])*PageSize, out[i].Start, "run %d", i)
+		assert.EqualValues(t, addr(b)+uintptr(w[1])*PageSize, out[i].End, "run %d", i)
+	}
+	// With room for one run the walk stops somewhere after it and before the next;
+	// continuing from there finds the others.
+	var got []PageRegion
+	for at := addr(b); at < addr(b)+uintptr(len(b)); {
+		k, end, err = pm.ScanPresent(at, addr(b)+uintptr(len(b)), out[:1])
+		require.NoError(t, err)
+		require.Greater(t, end, at, "the walk moves on")
+		got = append(got, out[:k]...)
+		at = end
+	}
+	require.Len(t, got, 3)
+	for i, w := range want {
+		assert.EqualValues(t, addr(b)+uintptr(w[0])*PageSize, got[i].Start, "run %d", i)
+		assert.EqualValues(t, addr(b)+uintptr(w[1])*PageSize, got[i].End, "run %d", i)
+	}
 }
