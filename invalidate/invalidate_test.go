@@ -97,8 +97,9 @@ func (o *owned) unmap() {
 // unmap part of the mapping tell the returned owned.
 func pumped(t *testing.T, npages int, reg *Registry, disabled bool) ([]byte, *pagefault.CPUServer, *Pump, *owned) {
 	t.Helper()
-	b, err := unix.Mmap(-1, 0, npages*4096, unix.PROT_READ|unix.PROT_WRITE, unix.MAP_PRIVATE|unix.MAP_ANONYMOUS)
+	b, err := unix.Mmap(-1, 0, npages*ps, unix.PROT_READ|unix.PROT_WRITE, unix.MAP_PRIVATE|unix.MAP_ANONYMOUS)
 	require.NoError(t, err)
+	_ = unix.Madvise(b, unix.MADV_NOHUGEPAGE) // 4 KiB pages whatever the THP setting
 	own := &owned{live: []Range{{addrOf(b), addrOf(b) + uintptr(len(b))}}}
 	u, err := pagefault.Open(pagefault.Options{Features: pagefault.FeatureEventRemove | pagefault.FeatureEventUnmap | pagefault.FeatureEventRemap})
 	require.NoError(t, err)
@@ -122,21 +123,21 @@ func TestPumpTurnsEventsIntoInvalidations(t *testing.T) {
 	rec := &recorder{}
 	b, s, p, own := pumped(t, 32, g, false)
 	base := addrOf(b)
-	g.Insert(base, base+32*4096, rec)
+	g.Insert(base, base+32*pz, rec)
 	for i := 0; i < 32; i++ {
-		b[i*4096] = 1
+		b[i*ps] = 1
 	}
 
-	require.NoError(t, unix.Madvise(b[4096:3*4096], unix.MADV_DONTNEED))
+	require.NoError(t, unix.Madvise(b[ps:3*ps], unix.MADV_DONTNEED))
 	require.NoError(t, p.Sync())
-	assert.Equal(t, []Range{{base + 4096, base + 3*4096}}, rec.ranges())
+	assert.Equal(t, []Range{{base + pz, base + 3*pz}}, rec.ranges())
 
 	// Unmap the last 4 pages: the pages are gone, the registration with them.
-	_, _, e := unix.Syscall(unix.SYS_MUNMAP, base+28*4096, 4*4096, 0) // unix.Munmap wants whole mappings
+	_, _, e := unix.Syscall(unix.SYS_MUNMAP, base+28*pz, 4*pz, 0) // unix.Munmap wants whole mappings
 	require.Zero(t, e)
-	own.drop(Range{base + 28*4096, base + 32*4096})
+	own.drop(Range{base + 28*pz, base + 32*pz})
 	require.NoError(t, p.Sync())
-	assert.Equal(t, Range{base + 28*4096, base + 32*4096}, rec.ranges()[1])
+	assert.Equal(t, Range{base + 28*pz, base + 32*pz}, rec.ranges()[1])
 
 	_ = s
 	st := p.Stats()
@@ -152,20 +153,20 @@ func TestPumpRemap(t *testing.T) {
 	rec := &recorder{}
 	b, _, p, own := pumped(t, 8, g, false)
 	base := addrOf(b)
-	g.Insert(base, base+8*4096, rec)
+	g.Insert(base, base+8*pz, rec)
 	b[0] = 9
 	// Move the first two pages elsewhere (MREMAP_MAYMOVE|MREMAP_FIXED into a fresh hole).
-	hole, err := unix.Mmap(-1, 0, 2*4096, unix.PROT_NONE, unix.MAP_PRIVATE|unix.MAP_ANONYMOUS)
+	hole, err := unix.Mmap(-1, 0, 2*ps, unix.PROT_NONE, unix.MAP_PRIVATE|unix.MAP_ANONYMOUS)
 	require.NoError(t, err)
-	to, _, e := unix.Syscall6(unix.SYS_MREMAP, base, 2*4096, 2*4096, unix.MREMAP_MAYMOVE|unix.MREMAP_FIXED, addrOf(hole), 0)
+	to, _, e := unix.Syscall6(unix.SYS_MREMAP, base, 2*pz, 2*pz, unix.MREMAP_MAYMOVE|unix.MREMAP_FIXED, addrOf(hole), 0)
 	require.Zero(t, e)
 	require.Equal(t, addrOf(hole), to)
-	own.drop(Range{base, base + 2*4096})
+	own.drop(Range{base, base + 2*pz})
 	defer unix.Munmap(hole)
 	require.NoError(t, p.Sync())
 	// REMAP, then UNMAP of the old range (its VMA still carried the context).
 	for _, r := range rec.ranges() {
-		assert.Equal(t, Range{base, base + 2*4096}, r)
+		assert.Equal(t, Range{base, base + 2*pz}, r)
 	}
 	assert.Contains(t, rec.why, ReasonRemap)
 	assert.EqualValues(t, 1, p.Stats().Remaps)
@@ -176,7 +177,7 @@ func TestPumpDisabledDropsEvents(t *testing.T) {
 	g := NewRegistry()
 	rec := &recorder{}
 	b, _, p, _ := pumped(t, 4, g, true)
-	g.Insert(addrOf(b), addrOf(b)+4*4096, rec)
+	g.Insert(addrOf(b), addrOf(b)+4*pz, rec)
 	b[0] = 1
 	require.NoError(t, unix.Madvise(b, unix.MADV_DONTNEED))
 	require.NoError(t, p.Sync())
@@ -196,3 +197,9 @@ func TestRegistryDisabled(t *testing.T) {
 	assert.Zero(t, n)
 	assert.Empty(t, rec.ranges())
 }
+
+// ps is the page size as an int, pz as an address offset.
+var (
+	ps = int(pagefault.PageSize)
+	pz = pagefault.PageSize
+)

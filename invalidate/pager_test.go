@@ -27,10 +27,14 @@ type pagerEnv struct {
 
 func newPagerEnv(t *testing.T, npages int, budget int64) *pagerEnv {
 	t.Helper()
+	if err := pagefault.ProbeKernelBehaviour().Check(pagefault.ReqMove); err != nil {
+		t.Skipf("skipped: the pager moves pages out with %v", err)
+	}
 	e := &pagerEnv{reg: NewRegistry()}
 	var err error
-	e.mem, err = unix.Mmap(-1, 0, npages*4096, unix.PROT_READ|unix.PROT_WRITE, unix.MAP_PRIVATE|unix.MAP_ANONYMOUS)
+	e.mem, err = unix.Mmap(-1, 0, npages*ps, unix.PROT_READ|unix.PROT_WRITE, unix.MAP_PRIVATE|unix.MAP_ANONYMOUS)
 	require.NoError(t, err)
+	_ = unix.Madvise(e.mem, unix.MADV_NOHUGEPAGE) // 4 KiB pages whatever the THP setting
 	e.own = &owned{live: []Range{{addrOf(e.mem), addrOf(e.mem) + uintptr(len(e.mem))}}}
 	e.u, err = pagefault.Open(pagefault.Options{Features: pagefault.FeatureEventRemove | pagefault.FeatureEventUnmap | pagefault.FeatureEventRemap})
 	require.NoError(t, err)
@@ -64,7 +68,7 @@ func newPagerEnv(t *testing.T, npages int, budget int64) *pagerEnv {
 }
 
 func (e *pagerEnv) present(t *testing.T) int {
-	entries := make([]pagefault.PagemapEntry, len(e.mem)/4096)
+	entries := make([]pagefault.PagemapEntry, len(e.mem)/ps)
 	require.NoError(t, e.pm.Read(addrOf(e.mem), entries))
 	n := 0
 	for _, x := range entries {
@@ -78,36 +82,36 @@ func (e *pagerEnv) present(t *testing.T) int {
 func TestEvictAndRestoreOnCPUFault(t *testing.T) {
 	e := newPagerEnv(t, 64, 0)
 	for p := 0; p < 64; p++ {
-		binary.LittleEndian.PutUint64(e.mem[p*4096+8:], uint64(p)*1000+7)
+		binary.LittleEndian.PutUint64(e.mem[p*ps+8:], uint64(p)*1000+7)
 	}
 	n, err := e.pager.Evict(addrOf(e.mem), addrOf(e.mem)+uintptr(len(e.mem)))
 	require.NoError(t, err)
 	assert.Equal(t, 64, n)
 	assert.Zero(t, e.present(t), "evicted pages are gone from the mapping")
 	for p := 0; p < 64; p++ { // CPU faults, restored by the C server from the store
-		require.EqualValues(t, uint64(p)*1000+7, binary.LittleEndian.Uint64(e.mem[p*4096+8:]), "page %d", p)
+		require.EqualValues(t, uint64(p)*1000+7, binary.LittleEndian.Uint64(e.mem[p*ps+8:]), "page %d", p)
 	}
 	st := e.pager.Stats()
 	assert.EqualValues(t, 64, st.Evictions)
-	assert.EqualValues(t, 64*4096, st.WrittenBack)
+	assert.EqualValues(t, 64*ps, st.WrittenBack)
 	assert.EqualValues(t, 64, e.srv.Restored())
-	_, err = e.pager.Evict(0, 4096)
+	_, err = e.pager.Evict(0, pz)
 	assert.ErrorIs(t, err, ErrNotPaged)
 }
 
 func TestEvictedPagesRestoreThroughResolver(t *testing.T) {
 	e := newPagerEnv(t, 32, 0)
 	for p := 0; p < 32; p++ {
-		e.mem[p*4096] = byte(p + 1)
+		e.mem[p*ps] = byte(p + 1)
 	}
-	_, err := e.pager.Evict(addrOf(e.mem), addrOf(e.mem)+16*4096)
+	_, err := e.pager.Evict(addrOf(e.mem), addrOf(e.mem)+16*pz)
 	require.NoError(t, err)
 	// The NIC's path: the server thread installs, no CPU fault is taken.
 	require.NoError(t, e.srv.Install(addrOf(e.mem), 32))
 	assert.Equal(t, 32, e.present(t))
 	faults := e.srv.Stats().Faults
 	for p := 0; p < 32; p++ {
-		require.EqualValues(t, p+1, e.mem[p*4096], "page %d", p)
+		require.EqualValues(t, p+1, e.mem[p*ps], "page %d", p)
 	}
 	assert.Equal(t, faults, e.srv.Stats().Faults, "no CPU fault: all were present")
 	assert.EqualValues(t, 16, e.srv.Restored())
@@ -132,7 +136,7 @@ func TestEvictionLosesNoConcurrentWrite(t *testing.T) {
 						return
 					default:
 					}
-					binary.LittleEndian.PutUint64(e.mem[4096+64:], v) // may fault: served in C
+					binary.LittleEndian.PutUint64(e.mem[ps+64:], v) // may fault: served in C
 					last.Store(v)
 					if v == 1 {
 						close(started)
@@ -145,7 +149,7 @@ func TestEvictionLosesNoConcurrentWrite(t *testing.T) {
 			<-started
 			evicted := 0
 			for i := 0; i < 100000 && evicted < 50; i++ {
-				n, err := e.pager.Evict(addrOf(e.mem)+4096, addrOf(e.mem)+2*4096)
+				n, err := e.pager.Evict(addrOf(e.mem)+pz, addrOf(e.mem)+2*pz)
 				require.NoError(t, err)
 				evicted += n
 				if i%100 == 0 {
@@ -154,7 +158,7 @@ func TestEvictionLosesNoConcurrentWrite(t *testing.T) {
 			}
 			close(stop)
 			wg.Wait()
-			assert.Equal(t, last.Load(), binary.LittleEndian.Uint64(e.mem[4096+64:]), "the last write survived")
+			assert.Equal(t, last.Load(), binary.LittleEndian.Uint64(e.mem[ps+64:]), "the last write survived")
 			st := e.pager.Stats()
 			t.Logf("evicted %d times, %d aborted by a racing fault, %d restored by the server", evicted, st.Aborts, e.srv.Restored())
 			assert.NotZero(t, evicted)
@@ -165,18 +169,18 @@ func TestEvictionLosesNoConcurrentWrite(t *testing.T) {
 func TestMigrateChangesFrame(t *testing.T) {
 	e := newPagerEnv(t, 8, 0)
 	for p := 0; p < 8; p++ {
-		e.mem[p*4096+100] = byte(0x40 + p)
+		e.mem[p*ps+100] = byte(0x40 + p)
 	}
 	before := make([]pagefault.PagemapEntry, 8)
 	require.NoError(t, e.pm.Read(addrOf(e.mem), before))
-	n, err := e.pager.Migrate(addrOf(e.mem), addrOf(e.mem)+8*4096)
+	n, err := e.pager.Migrate(addrOf(e.mem), addrOf(e.mem)+8*pz)
 	require.NoError(t, err)
 	assert.Equal(t, 8, n)
 	after := make([]pagefault.PagemapEntry, 8)
 	require.NoError(t, e.pm.Read(addrOf(e.mem), after))
 	for p := 0; p < 8; p++ {
 		assert.True(t, after[p].Present())
-		assert.EqualValues(t, 0x40+p, e.mem[p*4096+100])
+		assert.EqualValues(t, 0x40+p, e.mem[p*ps+100])
 		if e.pm.PFNsReadable() {
 			assert.NotEqual(t, before[p].PFN(), after[p].PFN(), "page %d moved to a new frame", p)
 		}
@@ -186,26 +190,26 @@ func TestMigrateChangesFrame(t *testing.T) {
 
 func TestReclaimKeepsBudget(t *testing.T) {
 	const npages, budget = 2048, 512
-	e := newPagerEnv(t, npages, budget*4096)
+	e := newPagerEnv(t, npages, int64(budget*ps))
 	e.pager.Close() // no background reclaim: this test calls Reclaim itself
 	for p := 0; p < npages; p++ {
-		e.mem[p*4096] = byte(p)
+		e.mem[p*ps] = byte(p)
 	}
 	require.True(t, e.pager.Over(0))
 	n := e.pager.Reclaim(false)
 	assert.GreaterOrEqual(t, n, npages-budget)
 	assert.LessOrEqual(t, e.present(t), budget)
 	for p := 0; p < npages; p++ {
-		require.EqualValues(t, byte(p), e.mem[p*4096], "page %d", p)
+		require.EqualValues(t, byte(p), e.mem[p*ps], "page %d", p)
 	}
 }
 
 func TestDiscardedForgetsStoredCopies(t *testing.T) {
 	e := newPagerEnv(t, 4, 0)
 	e.mem[0] = 9
-	_, err := e.pager.Evict(addrOf(e.mem), addrOf(e.mem)+4096)
+	_, err := e.pager.Evict(addrOf(e.mem), addrOf(e.mem)+pz)
 	require.NoError(t, err)
-	e.pager.Discarded(addrOf(e.mem), addrOf(e.mem)+4096)
+	e.pager.Discarded(addrOf(e.mem), addrOf(e.mem)+pz)
 	assert.Zero(t, e.mem[0], "a discarded page reads as zeros")
 }
 
@@ -213,15 +217,15 @@ func TestDiscardedForgetsStoredCopies(t *testing.T) {
 // reads the REMAP event, before it serves faults there.
 func TestEvictedPageFollowsMremap(t *testing.T) {
 	e := newPagerEnv(t, 4, 0)
-	e.mem[2*4096+5] = 77
-	n, err := e.pager.Evict(addrOf(e.mem)+2*4096, addrOf(e.mem)+3*4096)
+	e.mem[2*ps+5] = 77
+	n, err := e.pager.Evict(addrOf(e.mem)+2*pz, addrOf(e.mem)+3*pz)
 	require.NoError(t, err)
 	require.Equal(t, 1, n)
-	hole, err := unix.Mmap(-1, 0, 4096, unix.PROT_NONE, unix.MAP_PRIVATE|unix.MAP_ANONYMOUS)
+	hole, err := unix.Mmap(-1, 0, ps, unix.PROT_NONE, unix.MAP_PRIVATE|unix.MAP_ANONYMOUS)
 	require.NoError(t, err)
 	defer unix.Munmap(hole)
-	_, _, errno := unix.Syscall6(unix.SYS_MREMAP, addrOf(e.mem)+2*4096, 4096, 4096, unix.MREMAP_MAYMOVE|unix.MREMAP_FIXED, addrOf(hole), 0)
+	_, _, errno := unix.Syscall6(unix.SYS_MREMAP, addrOf(e.mem)+2*pz, pz, pz, unix.MREMAP_MAYMOVE|unix.MREMAP_FIXED, addrOf(hole), 0)
 	require.Zero(t, errno)
-	e.own.drop(Range{addrOf(e.mem) + 2*4096, addrOf(e.mem) + 3*4096})
+	e.own.drop(Range{addrOf(e.mem) + 2*pz, addrOf(e.mem) + 3*pz})
 	assert.EqualValues(t, 77, hole[5], "the evicted page's content followed it")
 }
