@@ -7,6 +7,7 @@ import (
 
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
+	"golang.org/x/sys/unix"
 )
 
 // env is a connected pair with a set of MRs for error cases.
@@ -62,8 +63,9 @@ func TestBadWorkRequests(t *testing.T) {
 		want     WCStatus
 		wantRecv WCStatus // b's receive completion, for SENDs
 		remote   bool     // the responder detects it: b's QP goes to ERR too
+		detail   string   // a part of the completion's detail
 	}{
-		{name: "wrong rkey", remote: true, want: WCRemAccessErr, wr: func(e *env) SendWR {
+		{name: "wrong rkey", remote: true, want: WCRemAccessErr, detail: "is not a registered MR", wr: func(e *env) SendWR {
 			wr := write(e.src, 0, 64, e.dst, 0)
 			wr.RKey ^= 0x5a5a00
 			return wr
@@ -78,24 +80,24 @@ func TestBadWorkRequests(t *testing.T) {
 			wr.RemoteAddr--
 			return wr
 		}},
-		{name: "remote length past end", remote: true, want: WCRemAccessErr, wr: func(e *env) SendWR {
+		{name: "remote length past end", remote: true, want: WCRemAccessErr, detail: "outside MR", wr: func(e *env) SendWR {
 			return write(e.src, 0, 64, e.dst, 64<<10-63)
 		}},
 		{name: "remote address overflow", remote: true, want: WCRemAccessErr, wr: func(e *env) SendWR {
-			wr := write(e.src, 0, 4096, e.dst, 0)
+			wr := write(e.src, 0, ps, e.dst, 0)
 			wr.RemoteAddr = ^uint64(0) - 100
 			return wr
 		}},
 		{name: "read past end", remote: true, want: WCRemAccessErr, wr: func(e *env) SendWR {
-			return read(e.src, 0, 4096, e.dst, 62<<10)
+			return read(e.src, 0, ps, e.dst, 62<<10)
 		}},
-		{name: "write without REMOTE_WRITE", remote: true, want: WCRemAccessErr, wr: func(e *env) SendWR {
+		{name: "write without REMOTE_WRITE", remote: true, want: WCRemAccessErr, detail: "lacks REMOTE_WRITE", wr: func(e *env) SendWR {
 			return write(e.src, 0, 64, e.dstRO, 0)
 		}},
 		{name: "read without REMOTE_READ", remote: true, want: WCRemAccessErr, wr: func(e *env) SendWR {
 			return read(e.src, 0, 64, e.dstWO, 0)
 		}},
-		{name: "rkey of another PD", remote: true, want: WCRemAccessErr, wr: func(e *env) SendWR {
+		{name: "rkey of another PD", remote: true, want: WCRemAccessErr, detail: "another PD", wr: func(e *env) SendWR {
 			return write(e.src, 0, 64, e.otherPD, 0)
 		}},
 		{name: "deregistered remote MR", remote: true, want: WCRemAccessErr, wr: func(e *env) SendWR {
@@ -110,7 +112,7 @@ func TestBadWorkRequests(t *testing.T) {
 			return write(e.src, 64<<10-10, 11, e.dst, 0)
 		}},
 		{name: "local SGE address overflow", want: WCLocProtErr, wr: func(e *env) SendWR {
-			wr := write(e.src, 0, 4096, e.dst, 0)
+			wr := write(e.src, 0, ps, e.dst, 0)
 			wr.SGL[0].Addr = ^uint64(0) - 10
 			return wr
 		}},
@@ -152,6 +154,14 @@ func TestBadWorkRequests(t *testing.T) {
 				assert.Equal(t, tc.want, wc.Status, wc.Detail)
 				assert.EqualValues(t, 7, wc.WRID)
 				assert.NotEmpty(t, wc.Detail)
+				if tc.remote {
+					// The responder's reason reaches the requester's completion.
+					assert.Contains(t, wc.Detail, "responder: ", wc.Detail)
+					assert.Greater(t, len(wc.Detail), len("responder: "), wc.Detail)
+				}
+				if tc.detail != "" {
+					assert.Contains(t, wc.Detail, tc.detail)
+				}
 				wc = wait(t, e.a.scq)
 				assert.Equal(t, WCWRFlushErr, wc.Status)
 				assert.EqualValues(t, 8, wc.WRID)
@@ -206,9 +216,43 @@ func TestBadRegistrations(t *testing.T) {
 	assert.ErrorIs(t, err, ErrInvalidArgument)
 }
 
+// ibv_reg_mr pins with FOLL_WRITE when the access can write: read-only memory fails
+// with EFAULT then, as do unmapped and PROT_NONE memory, whatever the access.
+func TestPinnedRegistrationNeedsTheMapping(t *testing.T) {
+	n := newNode(t, Config{})
+	mapping := func(prot int) []byte {
+		b, err := unix.Mmap(-1, 0, 4*ps, prot, unix.MAP_PRIVATE|unix.MAP_ANONYMOUS)
+		require.NoError(t, err)
+		t.Cleanup(func() { require.NoError(t, unix.Munmap(b)) })
+		return b
+	}
+	ro := mapping(unix.PROT_READ)
+	for _, access := range []Access{AccessLocalWrite, AccessLocalWrite | AccessRemoteWrite, AccessLocalWrite | AccessRemoteAtomic} {
+		_, err := n.pd.RegMR(ro, access)
+		assert.ErrorIs(t, err, ErrBadAddress, "%v on read-only memory", access)
+		assert.ErrorIs(t, err, unix.EFAULT)
+	}
+	mr, err := n.pd.RegMR(ro, AccessRemoteRead)
+	require.NoError(t, err, "read-only memory registers for reading")
+	require.NoError(t, mr.Dereg())
+
+	_, err = n.pd.RegMR(mapping(unix.PROT_NONE), AccessRemoteRead)
+	assert.ErrorIs(t, err, ErrBadAddress, "PROT_NONE")
+	assert.Contains(t, err.Error(), "protection")
+
+	gone, err := unix.Mmap(-1, 0, 4*ps, unix.PROT_READ|unix.PROT_WRITE, unix.MAP_PRIVATE|unix.MAP_ANONYMOUS)
+	require.NoError(t, err)
+	require.NoError(t, unix.Munmap(gone))
+	_, err = n.pd.RegMR(gone, AccessLocalWrite)
+	assert.ErrorIs(t, err, ErrBadAddress, "unmapped memory")
+	assert.NotErrorIs(t, err, ErrMemlockLimit)
+	assert.Contains(t, err.Error(), "not mapped")
+	assert.Zero(t, n.dev.Stats().PinnedBytes, "failed registrations pin nothing")
+}
+
 func TestBadPosts(t *testing.T) {
 	n := newNode(t, Config{})
-	_, mr := n.region(t, 4096, AccessLocalWrite)
+	_, mr := n.region(t, ps, AccessLocalWrite)
 	wr := SendWR{Opcode: OpSend, SGL: sge(mr, 0, 1)}
 	assert.ErrorIs(t, n.qp.PostSend(wr), ErrQPState, "RESET")
 	assert.ErrorIs(t, n.qp.PostRecv(RecvWR{}), ErrQPState, "RESET")
@@ -220,6 +264,9 @@ func TestBadPosts(t *testing.T) {
 	require.NoError(t, ConnectLoopback(n.qp, m.qp))
 	assert.ErrorIs(t, ConnectLoopback(n.qp, m.qp), ErrQPState, "already connected")
 	assert.ErrorIs(t, n.qp.PostSend(SendWR{Opcode: 99}), ErrInvalidArgument)
+	bad := wr
+	bad.Flags = SendSignaled | 1<<3 // IBV_SEND_INLINE: not implemented, so refused
+	assert.ErrorIs(t, n.qp.PostSend(bad), ErrInvalidArgument)
 	assert.ErrorIs(t, n.qp.PostSend(SendWR{Opcode: OpSend, SGL: make([]SGE, 17)}), ErrInvalidArgument)
 	// Fill the send queue: nothing answers while m has no receive posted.
 	for i := 0; i < 256; i++ {
@@ -238,8 +285,8 @@ func TestCQOverrun(t *testing.T) {
 	qp, err := a.pd.CreateQP(QPConfig{SendCQ: small, RecvCQ: a.rcq, SigAll: true})
 	require.NoError(t, err)
 	require.NoError(t, ConnectLoopback(qp, b.qp))
-	_, src := a.region(t, 4096, AccessLocalWrite)
-	_, dst := b.region(t, 4096, rw)
+	_, src := a.region(t, ps, AccessLocalWrite)
+	_, dst := b.region(t, ps, rw)
 	for i := 0; i < 3; i++ {
 		require.NoError(t, qp.PostSend(write(src, 0, 8, dst, 0)))
 	}

@@ -11,15 +11,15 @@ import (
 // bump, entries cleared, DMA drained) and event-driven (madvise -> REMOVE event read
 // by the C server -> pump -> entries cleared, measured to SyncEvents).
 func BenchmarkInvalidate(b *testing.B) {
-	for _, pages := range []int{1, 16, 256, 4096} {
+	for _, pages := range []int{1, 16, 256, ps} {
 		for _, kind := range []string{"explicit", "event"} {
 			b.Run(fmt.Sprintf("%s/pages=%d", kind, pages), func(b *testing.B) {
 				n := newNode(b, Config{})
-				buf, mr := n.region(b, pages*4096, rw|AccessOnDemand)
+				buf, mr := n.region(b, pages*ps, rw|AccessOnDemand)
 				for i := 0; i < b.N; i++ {
 					b.StopTimer()
 					for p := 0; p < pages; p++ {
-						buf[p*4096] = 1
+						buf[p*ps] = 1
 					}
 					if err := mr.Advise(AdvisePrefetchWrite, mr.Addr(), mr.Len()); err != nil {
 						b.Fatal(err)

@@ -44,15 +44,15 @@ func TestODPConcurrentCPUAndNIC(t *testing.T) {
 		t.Run(fmt.Sprintf("GOMAXPROCS=%d", procs), func(t *testing.T) {
 			defer runtime.GOMAXPROCS(runtime.GOMAXPROCS(procs))
 			const size = 64 << 20
-			const pages = size / 4096
+			pages := size / ps
 			const half = 2048
 			a, b := pair(t, Config{})
 			src, smr := a.region(t, size, AccessLocalWrite)
 			back, bmr := a.region(t, size, AccessLocalWrite)
 			region, rmr := b.region(t, size, rw|AccessOnDemand)
 			for p := 0; p < pages; p++ {
-				for i := half; i < 4096; i++ {
-					src[p*4096+i] = pagePattern(p, 1)
+				for i := half; i < ps; i++ {
+					src[p*ps+i] = pagePattern(p, 1)
 				}
 			}
 			var wg sync.WaitGroup
@@ -65,7 +65,7 @@ func TestODPConcurrentCPUAndNIC(t *testing.T) {
 						for i := range pat {
 							pat[i] = pagePattern(p, 0)
 						}
-						copy(region[p*4096:], pat)
+						copy(region[p*ps:], pat)
 					}
 				}(w)
 			}
@@ -74,7 +74,7 @@ func TestODPConcurrentCPUAndNIC(t *testing.T) {
 			wrs := make([]SendWR, 0, 2*pages)
 			for i := 0; i < pages; i++ {
 				p := (i * 7919) % pages
-				off := p*4096 + half
+				off := p*ps + half
 				wrs = append(wrs,
 					SendWR{WRID: uint64(2 * i), Opcode: OpRDMAWrite, SGL: sge(smr, off, half), Flags: SendSignaled,
 						RemoteAddr: rmr.Addr() + uint64(off), RKey: rmr.RKey()},
@@ -93,8 +93,8 @@ func TestODPConcurrentCPUAndNIC(t *testing.T) {
 			for p := 0; p < pages; p++ {
 				for _, i := range []int{0, half - 1, half, 4095} {
 					want := pagePattern(p, i/half)
-					require.Equal(t, want, region[p*4096+i], "CPU view, page %d byte %d", p, i)
-					require.Equal(t, want, back[p*4096+i], "NIC view, page %d byte %d", p, i)
+					require.Equal(t, want, region[p*ps+i], "CPU view, page %d byte %d", p, i)
+					require.Equal(t, want, back[p*ps+i], "NIC view, page %d byte %d", p, i)
 				}
 			}
 			ds := b.dev.Stats()

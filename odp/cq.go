@@ -145,19 +145,28 @@ func (cq *CQ) Wait(ctx context.Context, wcs []WC) (int, error) {
 	}
 }
 
-// Destroy destroys the CQ; it fails with ErrBusy while QPs use it.
+// Destroy destroys the CQ; it fails with ErrBusy while QPs use it, and with ErrClosed
+// once it or its device is gone.
 func (cq *CQ) Destroy() error {
+	d := cq.dev
+	d.mu.Lock() // lock order: Device.mu before CQ.mu
+	defer d.mu.Unlock()
 	cq.mu.Lock()
 	defer cq.mu.Unlock()
-	if cq.dead {
+	if cq.dead || d.closed {
 		return ErrClosed
 	}
 	if cq.users > 0 {
 		return wrap(ErrBusy, "CQ used by %d QPs", cq.users)
 	}
 	cq.dead = true
-	cq.dev.mu.Lock()
-	delete(cq.dev.cqs, cq)
-	cq.dev.mu.Unlock()
+	delete(d.cqs, cq)
 	return nil
+}
+
+// killLocked marks the CQ destroyed, as Device.Close does; it needs Device.mu.
+func (cq *CQ) killLocked() {
+	cq.mu.Lock()
+	cq.dead = true
+	cq.mu.Unlock()
 }

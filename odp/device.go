@@ -261,6 +261,14 @@ func (d *Device) Close() error {
 	d.mu.Lock()
 	bufs := d.buffers
 	d.buffers = nil
+	for cq := range d.cqs {
+		cq.killLocked()
+	}
+	for pd := range d.pds {
+		pd.dead.Store(true)
+	}
+	clear(d.cqs)
+	clear(d.pds)
 	d.mu.Unlock()
 	if d.pager != nil {
 		d.pager.Close()
@@ -326,6 +334,9 @@ func mapKeys[K comparable, V any](m map[K]V) []K {
 	return out
 }
 
+// PageSize is the size of the pages that the NIC's translation tables map.
+var PageSize = int(pagefault.PageSize)
+
 // Alloc maps n bytes (rounded up to pages) of anonymous memory, the only memory ODP
 // regions accept. Pages are not touched: their first use faults.
 func (d *Device) Alloc(n int) ([]byte, error) {
@@ -338,6 +349,9 @@ func (d *Device) Alloc(n int) ([]byte, error) {
 		return nil, wrap(ErrNoMemory, "mmap %d bytes: %v", size, err)
 	}
 	mem := unsafe.Slice((*byte)(p), size)
+	// userfaultfd installs 4 KiB pages; opting out of THP keeps pinned and ODP
+	// buffers alike whatever the system's THP mode (EINVAL: a kernel without THP).
+	_ = unix.Madvise(mem, unix.MADV_NOHUGEPAGE)
 	d.mu.Lock()
 	defer d.mu.Unlock()
 	if d.closed {
@@ -424,7 +438,7 @@ func (pd *PD) Dealloc() error {
 	d := pd.dev
 	d.mu.Lock()
 	defer d.mu.Unlock()
-	if _, ok := d.pds[pd]; !ok {
+	if _, ok := d.pds[pd]; !ok || d.closed {
 		return ErrClosed
 	}
 	for _, mr := range d.mrs {

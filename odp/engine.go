@@ -54,7 +54,11 @@ func (qp *QP) retireLocked() {
 		qp.pending = qp.pending[1:]
 		qp.sqCount--
 		if p.status != WCSuccess || p.wr.Flags&SendSignaled != 0 || qp.cfg.SigAll {
-			qp.cfg.SendCQ.push(WC{WRID: p.wr.WRID, Status: p.status, Opcode: wcOpcode(p.wr.Opcode), QPNum: qp.qpn, Detail: p.detail})
+			wc := WC{WRID: p.wr.WRID, Status: p.status, Opcode: wcOpcode(p.wr.Opcode), QPNum: qp.qpn, Detail: p.detail}
+			if p.wr.Opcode == OpRDMARead && p.status == WCSuccess {
+				wc.ByteLen = uint32(sglLen(p.wr.SGL)) // as verbs reports a READ's length
+			}
+			qp.cfg.SendCQ.push(wc)
 		}
 		if p.status != WCSuccess && p.status != WCWRFlushErr {
 			qp.toErrorLocked()
@@ -316,7 +320,10 @@ func (qp *QP) response(f *transport.Frame) {
 	case inError:
 		status = WCWRFlushErr
 	case f.Op == transport.OpNak:
-		status, detail = nakStatus(f.Syndrome), "NAK from responder"
+		status, detail = nakStatus(f.Syndrome), "responder: "+f.Reason
+		if f.Reason == "" {
+			detail = fmt.Sprintf("responder NAK (%v)", f.Syndrome)
+		}
 	case f.Op == transport.OpReadResp && p.wr.Opcode == OpRDMARead:
 		if uint64(len(f.Payload)) != sglLen(p.wr.SGL) {
 			status, detail = WCBadRespErr, fmt.Sprintf("READ response of %d bytes for %d", len(f.Payload), sglLen(p.wr.SGL))
@@ -369,57 +376,67 @@ func (qp *QP) respLoop() {
 	}
 }
 
-func nak(f *transport.Frame, s transport.Syndrome) *transport.Frame {
-	return &transport.Frame{Op: transport.OpNak, PSN: f.PSN, Syndrome: s}
+// nak answers f with a NAK; reason says why, for the requester's completion detail.
+func nak(f *transport.Frame, s transport.Syndrome, reason string) *transport.Frame {
+	return &transport.Frame{Op: transport.OpNak, PSN: f.PSN, Syndrome: s, Reason: reason}
 }
 
-// remoteMR checks a request's rkey, range and rights against this device's MRs.
-func (qp *QP) remoteMR(f *transport.Frame, need Access) (*MR, uint64, bool) {
+// remoteMR checks a request's rkey, range and rights against this device's MRs, and
+// says why it refuses.
+func (qp *QP) remoteMR(f *transport.Frame, need Access) (*MR, uint64, string) {
 	mr := qp.dev.lookupMR(f.RKey)
-	if mr == nil || mr.pd != qp.pd || mr.access&need == 0 {
-		return nil, 0, false
+	switch {
+	case mr == nil:
+		return nil, 0, fmt.Sprintf("rkey %#x is not a registered MR", f.RKey)
+	case mr.pd != qp.pd:
+		return nil, 0, fmt.Sprintf("rkey %#x belongs to another PD", f.RKey)
+	case mr.access&need == 0:
+		return nil, 0, fmt.Sprintf("MR %#x lacks %v", f.RKey, need)
 	}
 	off, ok := mr.offset(f.RAddr, uint64(f.Len))
-	return mr, off, ok
+	if !ok {
+		return nil, 0, fmt.Sprintf("[%#x, +%d) outside MR %#x [%#x, +%d)", f.RAddr, f.Len, f.RKey, mr.start, mr.length)
+	}
+	return mr, off, ""
 }
 
 // execute runs one request as the responder and returns the response, or nil if the
 // QP was destroyed while the request waited.
 func (qp *QP) execute(f *transport.Frame) *transport.Frame {
 	if qp.inError() {
-		return nak(f, transport.SynNoResponse)
+		return nak(f, transport.SynNoResponse, "responder QP in error")
 	}
 	switch f.Op {
 	case transport.OpWrite:
-		mr, off, ok := qp.remoteMR(f, AccessRemoteWrite)
-		if !ok {
-			return nak(f, transport.SynRemoteAccess)
+		mr, off, why := qp.remoteMR(f, AccessRemoteWrite)
+		if mr == nil {
+			return nak(f, transport.SynRemoteAccess, why)
 		}
 		ref, err := mr.acquire(off, uint64(len(f.Payload)), true)
 		if err != nil {
-			return nak(f, transport.SynRemoteAccess)
+			return nak(f, transport.SynRemoteAccess, err.Error())
 		}
 		err = qp.dev.dmaCopy(ref.bytes(), f.Payload)
 		ref.release()
 		if err != nil {
-			return nak(f, transport.SynRemoteAccess)
+			return nak(f, transport.SynRemoteAccess, err.Error())
 		}
 		return &transport.Frame{Op: transport.OpAck, PSN: f.PSN}
 	case transport.OpRead:
-		mr, off, ok := qp.remoteMR(f, AccessRemoteRead)
-		if !ok {
-			return nak(f, transport.SynRemoteAccess)
+		mr, off, why := qp.remoteMR(f, AccessRemoteRead)
+		if mr == nil {
+			return nak(f, transport.SynRemoteAccess, why)
 		}
 		ref, err := mr.acquire(off, uint64(f.Len), false)
 		if err != nil {
-			return nak(f, transport.SynRemoteAccess)
+			return nak(f, transport.SynRemoteAccess, err.Error())
 		}
 		// The response aliases the MR; the DMA ends when the requester has the data.
 		return &transport.Frame{Op: transport.OpReadResp, PSN: f.PSN, Len: f.Len, Payload: ref.bytes(), Release: ref.release}
 	case transport.OpSend:
 		return qp.receive(f)
 	}
-	return nak(f, transport.SynInvalidReq)
+	return nak(f, transport.SynInvalidReq, fmt.Sprintf("opcode %v", f.Op))
 }
 
 // receive places a SEND into the oldest posted receive, waiting for one to be posted
@@ -435,7 +452,7 @@ func (qp *QP) receive(f *transport.Frame) *transport.Frame {
 	}
 	if qp.state == StateError {
 		qp.mu.Unlock()
-		return nak(f, transport.SynNoResponse)
+		return nak(f, transport.SynNoResponse, "responder QP in error")
 	}
 	wr := qp.rq[0]
 	qp.rq = qp.rq[1:]
@@ -445,10 +462,10 @@ func (qp *QP) receive(f *transport.Frame) *transport.Frame {
 	var resp *transport.Frame
 	if capacity := sglLen(wr.SGL); uint64(len(f.Payload)) > capacity {
 		wc.Status, wc.Detail = WCLocLenErr, fmt.Sprintf("%d-byte SEND into a %d-byte receive", len(f.Payload), capacity)
-		resp = nak(f, transport.SynInvalidReq)
+		resp = nak(f, transport.SynInvalidReq, wc.Detail)
 	} else if status, detail := qp.scatter(wr.SGL, f.Payload); status != WCSuccess {
 		wc.Status, wc.Detail = status, detail
-		resp = nak(f, transport.SynRemoteOp)
+		resp = nak(f, transport.SynRemoteOp, "receive: "+detail)
 	} else {
 		resp = &transport.Frame{Op: transport.OpAck, PSN: f.PSN}
 	}

@@ -20,6 +20,10 @@ var (
 
 	// ErrNotMmapped: ODP registration needs memory from Device.Alloc (never the Go heap).
 	ErrNotMmapped = &verbsError{"ODP memory must come from Device.Alloc", unix.EFAULT}
+	// ErrBadAddress: memory to register is not mapped, or not with the permissions the
+	// access flags need (ib_umem_get's EFAULT: pinning for write fails on read-only
+	// memory).
+	ErrBadAddress = &verbsError{"memory not mapped with the needed permissions", unix.EFAULT}
 	// ErrMemlockLimit: pinning would exceed RLIMIT_MEMLOCK (ib_umem_get's ENOMEM).
 	ErrMemlockLimit = &verbsError{"pinned memory would exceed RLIMIT_MEMLOCK", unix.ENOMEM}
 	// ErrCQOverrun: completions were lost because the CQ was full.

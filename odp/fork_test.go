@@ -40,12 +40,12 @@ func TestForkCOWPinnedVsODP(t *testing.T) {
 	if !b.dev.PFNsReadable() {
 		t.Skip("the audit of pinned MRs needs page frame numbers (root)")
 	}
-	src, smr := a.region(t, 4*4096, AccessLocalWrite)
-	pinnedBuf, pinned := b.region(t, 4*4096, rw)
-	odpBuf, onDemand := b.region(t, 4*4096, rw|AccessOnDemand)
+	src, smr := a.region(t, 4*ps, AccessLocalWrite)
+	pinnedBuf, pinned := b.region(t, 4*ps, rw)
+	odpBuf, onDemand := b.region(t, 4*ps, rw|AccessOnDemand)
 	src[0] = 1
 	for _, dst := range []*MR{pinned, onDemand} {
-		require.Equal(t, WCSuccess, do(t, a, write(smr, 0, 4*4096, dst, 0)).Status)
+		require.Equal(t, WCSuccess, do(t, a, write(smr, 0, 4*ps, dst, 0)).Status)
 	}
 	assert.ErrorIs(t, b.dev.Discard(pinnedBuf), unix.EINVAL, "MADV_DONTNEED on pinned memory is refused")
 

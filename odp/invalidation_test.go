@@ -26,38 +26,38 @@ func do(t *testing.T, n *node, wr SendWR) WC {
 }
 
 func TestDiscardInvalidatesFirst(t *testing.T) {
-	a, b, src, smr, dst, dmr := odpPair(t, Config{FaultAround: 1, Audit: true}, 16*4096)
+	a, b, src, smr, dst, dmr := odpPair(t, Config{FaultAround: 1, Audit: true}, 16*ps)
 	for i := range src {
 		src[i] = 0xaa
 	}
-	require.Equal(t, WCSuccess, do(t, a, write(smr, 0, 8*4096, dmr, 0)).Status)
+	require.Equal(t, WCSuccess, do(t, a, write(smr, 0, 8*ps, dmr, 0)).Status)
 	assert.Equal(t, 8, dmr.Stats().ValidPages)
 
-	require.NoError(t, b.dev.Discard(dst[2*4096:4*4096]))
+	require.NoError(t, b.dev.Discard(dst[2*ps:4*ps]))
 	assert.False(t, dmr.Entry(2).Valid)
 	assert.False(t, dmr.Entry(3).Valid)
 	assert.True(t, dmr.Entry(4).Valid)
-	assert.Equal(t, make([]byte, 2*4096), dst[2*4096:4*4096], "discarded pages read as zeros")
+	assert.Equal(t, make([]byte, 2*ps), dst[2*ps:4*ps], "discarded pages read as zeros")
 
 	// The NIC faults the pages afresh: a READ returns zeros, not the old data.
-	require.Equal(t, WCSuccess, do(t, a, read(smr, 0, 4*4096, dmr, 0)).Status)
-	assert.Equal(t, bytes.Repeat([]byte{0xaa}, 2*4096), src[:2*4096])
-	assert.Equal(t, make([]byte, 2*4096), src[2*4096:4*4096])
+	require.Equal(t, WCSuccess, do(t, a, read(smr, 0, 4*ps, dmr, 0)).Status)
+	assert.Equal(t, bytes.Repeat([]byte{0xaa}, 2*ps), src[:2*ps])
+	assert.Equal(t, make([]byte, 2*ps), src[2*ps:4*ps])
 	ds := b.dev.Stats()
 	assert.Zero(t, ds.StaleDMAs)
 	assert.NotZero(t, ds.AuditedDMAs)
 	assert.GreaterOrEqual(t, ds.PagesInvalidated, uint64(2))
 
-	assert.ErrorIs(t, b.dev.Discard(make([]byte, 4096)), ErrNotMmapped)
+	assert.ErrorIs(t, b.dev.Discard(make([]byte, ps)), ErrNotMmapped)
 	assert.ErrorIs(t, b.dev.Discard(nil), ErrInvalidArgument)
 }
 
 // A madvise the application makes itself reaches the NIC as a REMOVE event.
 func TestMadviseEventInvalidates(t *testing.T) {
-	a, b, src, smr, dst, dmr := odpPair(t, Config{FaultAround: 1}, 8*4096)
+	a, b, src, smr, dst, dmr := odpPair(t, Config{FaultAround: 1}, 8*ps)
 	src[0] = 5
-	require.Equal(t, WCSuccess, do(t, a, write(smr, 0, 8*4096, dmr, 0)).Status)
-	require.NoError(t, unix.Madvise(dst[:4*4096], unix.MADV_DONTNEED))
+	require.Equal(t, WCSuccess, do(t, a, write(smr, 0, 8*ps, dmr, 0)).Status)
+	require.NoError(t, unix.Madvise(dst[:4*ps], unix.MADV_DONTNEED))
 	require.NoError(t, b.dev.SyncEvents())
 	for p := 0; p < 4; p++ {
 		assert.False(t, dmr.Entry(p).Valid, "page %d", p)
@@ -66,54 +66,54 @@ func TestMadviseEventInvalidates(t *testing.T) {
 	ds := b.dev.Stats()
 	assert.EqualValues(t, 1, ds.Events)
 	assert.NotZero(t, ds.InvalidationLatency)
-	require.Equal(t, WCSuccess, do(t, a, read(smr, 0, 4096, dmr, 0)).Status)
+	require.Equal(t, WCSuccess, do(t, a, read(smr, 0, ps, dmr, 0)).Status)
 	assert.Zero(t, src[0], "the NIC read the fresh zero page")
 }
 
 // Unmapping part of an ODP MR leaves that part invalid for good: the NIC gets an access
 // error there, and the rest of the MR keeps working.
 func TestUnmapPartOfMR(t *testing.T) {
-	a, b, src, smr, dst, dmr := odpPair(t, Config{}, 64*4096)
+	a, b, src, smr, dst, dmr := odpPair(t, Config{}, 64*ps)
 	src[0] = 1
-	require.Equal(t, WCSuccess, do(t, a, write(smr, 0, 64*4096, dmr, 0)).Status)
+	require.Equal(t, WCSuccess, do(t, a, write(smr, 0, 64*ps, dmr, 0)).Status)
 	base := addrOf(dst)
-	_, _, e := unix.Syscall(unix.SYS_MUNMAP, base+16*4096, 16*4096, 0)
+	_, _, e := unix.Syscall(unix.SYS_MUNMAP, base+16*uz, 16*uz, 0)
 	require.Zero(t, e)
 	require.NoError(t, b.dev.SyncEvents())
 	assert.False(t, dmr.Entry(20).Valid)
 	assert.True(t, dmr.Entry(40).Valid)
 	// Fault-around must not reach into the hole: pages 32.. still fault fine.
-	require.NoError(t, b.dev.Discard(dst[32*4096:48*4096]))
-	require.Equal(t, WCSuccess, do(t, a, write(smr, 0, 4096, dmr, 33*4096)).Status)
-	wc := do(t, a, write(smr, 0, 4096, dmr, 20*4096))
+	require.NoError(t, b.dev.Discard(dst[32*ps:48*ps]))
+	require.Equal(t, WCSuccess, do(t, a, write(smr, 0, ps, dmr, 33*up)).Status)
+	wc := do(t, a, write(smr, 0, ps, dmr, 20*up))
 	assert.Equal(t, WCRemAccessErr, wc.Status, wc.Detail)
 }
 
 func TestMremapInvalidatesOldRange(t *testing.T) {
-	a, b, src, smr, dst, dmr := odpPair(t, Config{}, 16*4096)
+	a, b, src, smr, dst, dmr := odpPair(t, Config{}, 16*ps)
 	src[0] = 7
-	require.Equal(t, WCSuccess, do(t, a, write(smr, 0, 16*4096, dmr, 0)).Status)
-	hole, err := unix.Mmap(-1, 0, 4*4096, unix.PROT_NONE, unix.MAP_PRIVATE|unix.MAP_ANONYMOUS)
+	require.Equal(t, WCSuccess, do(t, a, write(smr, 0, 16*ps, dmr, 0)).Status)
+	hole, err := unix.Mmap(-1, 0, 4*ps, unix.PROT_NONE, unix.MAP_PRIVATE|unix.MAP_ANONYMOUS)
 	require.NoError(t, err)
 	defer unix.Munmap(hole)
-	_, _, e := unix.Syscall6(unix.SYS_MREMAP, addrOf(dst), 4*4096, 4*4096, unix.MREMAP_MAYMOVE|unix.MREMAP_FIXED, addrOf(hole), 0)
+	_, _, e := unix.Syscall6(unix.SYS_MREMAP, addrOf(dst), 4*uz, 4*uz, unix.MREMAP_MAYMOVE|unix.MREMAP_FIXED, addrOf(hole), 0)
 	require.Zero(t, e)
 	require.NoError(t, b.dev.SyncEvents())
 	assert.False(t, dmr.Entry(0).Valid, "the pages left the MR's range")
 	assert.True(t, dmr.Entry(8).Valid)
 	assert.EqualValues(t, 7, hole[0], "the data moved with the pages")
-	wc := do(t, a, read(smr, 0, 4096, dmr, 0))
+	wc := do(t, a, read(smr, 0, ps, dmr, 0))
 	assert.Equal(t, WCRemAccessErr, wc.Status, "the old range is unmapped")
 }
 
 func TestExplicitInvalidate(t *testing.T) {
-	a, b, src, smr, _, dmr := odpPair(t, Config{FaultAround: 1}, 8*4096)
+	a, b, src, smr, _, dmr := odpPair(t, Config{FaultAround: 1}, 8*ps)
 	src[0] = 1
-	require.Equal(t, WCSuccess, do(t, a, write(smr, 0, 8*4096, dmr, 0)).Status)
+	require.Equal(t, WCSuccess, do(t, a, write(smr, 0, 8*ps, dmr, 0)).Status)
 	faults := dmr.Stats().PageFaults
-	require.NoError(t, b.dev.Invalidate(dmr.Addr()+4096, 4096))
+	require.NoError(t, b.dev.Invalidate(dmr.Addr()+up, up))
 	assert.Equal(t, 7, dmr.Stats().ValidPages)
-	require.Equal(t, WCSuccess, do(t, a, write(smr, 0, 8*4096, dmr, 0)).Status)
+	require.Equal(t, WCSuccess, do(t, a, write(smr, 0, 8*ps, dmr, 0)).Status)
 	assert.Equal(t, faults+1, dmr.Stats().PageFaults, "one page faulted again")
 	assert.ErrorIs(t, b.dev.Invalidate(0, 0), ErrInvalidArgument)
 	assert.ErrorIs(t, b.dev.Invalidate(^uint64(0)-10, 100), ErrInvalidArgument)
@@ -123,14 +123,14 @@ func TestExplicitInvalidate(t *testing.T) {
 // and none when it is on.
 func TestAuditFindsStaleDMAOnlyWithAblation(t *testing.T) {
 	for _, ablate := range []bool{false, true} {
-		a, b, src, smr, dst, dmr := odpPair(t, Config{FaultAround: 1, Audit: true, NoInvalidate: ablate}, 32*4096)
+		a, b, src, smr, dst, dmr := odpPair(t, Config{FaultAround: 1, Audit: true, NoInvalidate: ablate}, 32*ps)
 		for round := 0; round < 4; round++ {
 			src[0] = byte(round + 1)
-			require.Equal(t, WCSuccess, do(t, a, write(smr, 0, 32*4096, dmr, 0)).Status)
+			require.Equal(t, WCSuccess, do(t, a, write(smr, 0, 32*ps, dmr, 0)).Status)
 			require.NoError(t, b.dev.Discard(dst))
 			require.NoError(t, b.dev.SyncEvents())
 		}
-		require.Equal(t, WCSuccess, do(t, a, write(smr, 0, 32*4096, dmr, 0)).Status)
+		require.Equal(t, WCSuccess, do(t, a, write(smr, 0, 32*ps, dmr, 0)).Status)
 		st := b.dev.Stats()
 		if ablate {
 			assert.NotZero(t, st.StaleDMAs, "ablation: the NIC wrote through stale entries")
@@ -149,12 +149,12 @@ func TestAuditFindsStaleDMAOnlyWithAblation(t *testing.T) {
 func TestDMACopyFaultIsAnError(t *testing.T) {
 	n := newNode(t, Config{})
 	done := make(chan error)
-	buf, err := unix.Mmap(-1, 0, 4096, unix.PROT_READ|unix.PROT_WRITE, unix.MAP_PRIVATE|unix.MAP_ANONYMOUS)
+	buf, err := unix.Mmap(-1, 0, ps, unix.PROT_READ|unix.PROT_WRITE, unix.MAP_PRIVATE|unix.MAP_ANONYMOUS)
 	require.NoError(t, err)
 	require.NoError(t, unix.Munmap(buf)) // buf now points at nothing
 	go func() {
 		debug.SetPanicOnFault(true)
-		done <- n.dev.dmaCopy(buf, make([]byte, 4096))
+		done <- n.dev.dmaCopy(buf, make([]byte, ps))
 	}()
 	err = <-done
 	assert.ErrorIs(t, err, errDMAFault)

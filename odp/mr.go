@@ -213,12 +213,37 @@ func (mr *MR) registerPinned(end uintptr, npages int) error {
 	mr.reg.Account = time.Since(t0)
 
 	t1 := time.Now()
-	// mlock faults every page in (writing, for a private writable mapping), as
-	// pin_user_pages_fast(FOLL_LONGTERM|FOLL_WRITE) does.
-	if _, _, e := unix.Syscall(unix.SYS_MLOCK, mr.base, end-mr.base, 0); e != 0 {
+	// pin_user_pages_fast(FOLL_LONGTERM | FOLL_WRITE if writable) faults every page in,
+	// for write if the access can write, and fails with EFAULT where the mapping does
+	// not allow it. Populating the same way finds those cases (mlock alone would
+	// accept read-only memory and report an unmapped range as ENOMEM); mlock then pins.
+	populate := uintptr(unix.MADV_POPULATE_READ)
+	if mr.access.writable() {
+		populate = unix.MADV_POPULATE_WRITE
+	}
+	unaccount := func() {
 		d.mu.Lock()
 		d.pinned -= bytes
 		d.mu.Unlock()
+	}
+	if _, _, e := unix.Syscall(unix.SYS_MADVISE, mr.base, end-mr.base, populate); e != 0 {
+		unaccount()
+		switch e {
+		case unix.ENOMEM:
+			return wrap(ErrBadAddress, "[%#x, +%d) is not mapped (%v)", mr.start, mr.length, e)
+		case unix.EFAULT, unix.EINVAL, unix.EPERM:
+			return wrap(ErrBadAddress, "[%#x, +%d) cannot be pinned for %v: its mapping's protection forbids it (%v)",
+				mr.start, mr.length, mr.access, e)
+		}
+		return fmt.Errorf("odp: fault in %d bytes to pin: %w", bytes, e)
+	}
+	if _, _, e := unix.Syscall(unix.SYS_MLOCK, mr.base, end-mr.base, 0); e != 0 {
+		unaccount()
+		if e == unix.ENOMEM && d.limit < 0 {
+			// No limit applies (CAP_IPC_LOCK): mlock's ENOMEM means a page of the
+			// range was unmapped after it was faulted in.
+			return wrap(ErrBadAddress, "[%#x, +%d) unmapped during registration (%v)", mr.start, mr.length, e)
+		}
 		if e == unix.ENOMEM || e == unix.EPERM || e == unix.EAGAIN {
 			return wrap(ErrMemlockLimit, "mlock %d bytes: %v (RLIMIT_MEMLOCK)", bytes, e)
 		}
@@ -235,7 +260,9 @@ func (mr *MR) registerPinned(end uintptr, npages int) error {
 		n := min(chunk, npages-first)
 		err := d.pagemap.Read(mr.base+uintptr(first)*pagefault.PageSize, entries[:n])
 		if err == nil && mr.mapPresentLocked(first, entries[:n], true) != n {
-			err = fmt.Errorf("pages not present after mlock")
+			// Only an munmap racing the registration does this: the caller freed
+			// the memory it is registering.
+			err = wrap(ErrBadAddress, "pages of [%#x, +%d) unmapped during registration", mr.start, mr.length)
 		}
 		if err != nil {
 			mr.table.Unlock()

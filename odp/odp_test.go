@@ -29,9 +29,9 @@ func newNode(t testing.TB, cfg Config) *node {
 	t.Cleanup(func() { d.Close() })
 	pd, err := d.AllocPD()
 	require.NoError(t, err)
-	scq, err := d.CreateCQ(4096)
+	scq, err := d.CreateCQ(ps)
 	require.NoError(t, err)
-	rcq, err := d.CreateCQ(4096)
+	rcq, err := d.CreateCQ(ps)
 	require.NoError(t, err)
 	qp, err := pd.CreateQP(QPConfig{SendCQ: scq, RecvCQ: rcq, MaxSendWR: 256, MaxRecvWR: 256})
 	require.NoError(t, err)
@@ -101,6 +101,7 @@ func TestWriteReadSend(t *testing.T) {
 				Flags: SendSignaled, RemoteAddr: dmr.Addr() + 5000, RKey: dmr.RKey()}))
 			wc = wait(t, a.scq)
 			require.Equal(t, WCSuccess, wc.Status, wc.Detail)
+			assert.EqualValues(t, 300<<10, wc.ByteLen, "a READ completion reports its length")
 			require.True(t, bytes.Equal(src[100:100+300<<10], src[600<<10:900<<10]))
 
 			// SEND into a two-SGE receive.
@@ -135,7 +136,7 @@ func TestODPFaultsLazilyWithFaultAround(t *testing.T) {
 	assert.Zero(t, dmr.Stats().ValidPages)
 	// 2 bytes straddling pages 9 and 10: pages 8..11 get mapped.
 	require.NoError(t, a.qp.PostSend(SendWR{Opcode: OpRDMAWrite, SGL: sge(smr, 0, 2), Flags: SendSignaled,
-		RemoteAddr: dmr.Addr() + 10*4096 - 1, RKey: dmr.RKey()}))
+		RemoteAddr: dmr.Addr() + 10*up - 1, RKey: dmr.RKey()}))
 	require.Equal(t, WCSuccess, wait(t, a.scq).Status)
 	st := dmr.Stats()
 	assert.EqualValues(t, 1, st.PageFaults)
@@ -151,7 +152,7 @@ func TestODPFaultsLazilyWithFaultAround(t *testing.T) {
 	assert.False(t, dmr.Entry(12).Valid)
 	// The same range again hits the table: no new fault.
 	require.NoError(t, a.qp.PostSend(SendWR{Opcode: OpRDMAWrite, SGL: sge(smr, 0, 2), Flags: SendSignaled,
-		RemoteAddr: dmr.Addr() + 10*4096 - 1, RKey: dmr.RKey()}))
+		RemoteAddr: dmr.Addr() + 10*up - 1, RKey: dmr.RKey()}))
 	require.Equal(t, WCSuccess, wait(t, a.scq).Status)
 	assert.EqualValues(t, 1, dmr.Stats().PageFaults)
 }
@@ -162,7 +163,7 @@ func TestODPSnapshot(t *testing.T) {
 	buf, err := n.dev.Alloc(64 << 10)
 	require.NoError(t, err)
 	for p := 0; p < 4; p++ {
-		buf[p*4096] = 1
+		buf[p*ps] = 1
 	}
 	mr, err := n.pd.RegMR(buf, rw|AccessOnDemand)
 	require.NoError(t, err)
@@ -184,7 +185,7 @@ func TestPinnedRegistrationTimesStagesAndBuildsMTT(t *testing.T) {
 	if n.dev.PFNsReadable() {
 		assert.NotZero(t, mr.Entry(3).PFN)
 	}
-	assert.EqualValues(t, mr.table.Pages()*4096, n.dev.Stats().PinnedBytes)
+	assert.EqualValues(t, mr.table.Pages()*ps, n.dev.Stats().PinnedBytes)
 	require.NoError(t, mr.Dereg())
 	assert.Zero(t, n.dev.Stats().PinnedBytes)
 }
@@ -202,14 +203,14 @@ func TestMemlockLimit(t *testing.T) {
 	require.NoError(t, mr.Dereg())
 	small, err := n.pd.RegMR(buf[:1<<20], AccessLocalWrite)
 	require.NoError(t, err)
-	_, err = n.pd.RegMR(buf[1<<20:1<<20+4096], AccessLocalWrite)
+	_, err = n.pd.RegMR(buf[1<<20:1<<20+ps], AccessLocalWrite)
 	assert.ErrorIs(t, err, ErrMemlockLimit, "the limit counts what is already pinned")
 	require.NoError(t, small.Dereg())
 }
 
 func TestKeysAreNotReusedAfterDereg(t *testing.T) {
 	n := newNode(t, Config{})
-	buf, err := n.dev.Alloc(4096)
+	buf, err := n.dev.Alloc(ps)
 	require.NoError(t, err)
 	seen := map[uint32]bool{}
 	var prev uint32
@@ -227,7 +228,7 @@ func TestKeysAreNotReusedAfterDereg(t *testing.T) {
 	}
 	// Two devices start their keys at different places.
 	m := newNode(t, Config{})
-	buf2, err := m.dev.Alloc(4096)
+	buf2, err := m.dev.Alloc(ps)
 	require.NoError(t, err)
 	mr2, err := m.pd.RegMR(buf2, AccessLocalWrite|AccessOnDemand)
 	require.NoError(t, err)
@@ -266,6 +267,16 @@ func TestFreeAndClose(t *testing.T) {
 	assert.ErrorIs(t, n.dev.Close(), ErrClosed)
 	_, err := n.dev.Alloc(1)
 	assert.ErrorIs(t, err, ErrClosed)
+	// Objects of a closed device are gone, whether or not they were destroyed.
+	assert.ErrorIs(t, n.pd.Dealloc(), ErrClosed)
+	assert.ErrorIs(t, n.scq.Destroy(), ErrClosed)
+	_, err = n.scq.Poll(make([]WC, 1))
+	assert.ErrorIs(t, err, ErrClosed)
+	assert.ErrorIs(t, n.qp.Destroy(), ErrClosed)
+	_, err = n.dev.AllocPD()
+	assert.ErrorIs(t, err, ErrClosed)
+	_, err = n.dev.CreateCQ(1)
+	assert.ErrorIs(t, err, ErrClosed)
 }
 
 func timeDiv(n uint64) time.Duration { return time.Duration(max(n, 1)) }
@@ -273,15 +284,15 @@ func timeDiv(n uint64) time.Duration { return time.Duration(max(n, 1)) }
 func TestAdvise(t *testing.T) {
 	n := newNode(t, Config{FaultAround: 1})
 	buf, mr := n.region(t, 64<<10, rw|AccessOnDemand)
-	buf[15*4096] = 3 // present before any prefetch (after the snapshot)
+	buf[15*ps] = 3 // present before any prefetch (after the snapshot)
 	require.NoError(t, mr.Advise(AdvisePrefetchNoFault, mr.Addr(), 64<<10))
 	assert.Equal(t, 1, mr.Stats().ValidPages, "only the present page")
 	assert.False(t, mr.Entry(15).Writable)
 
-	require.NoError(t, mr.Advise(AdvisePrefetch, mr.Addr()+4096, 3*4096))
+	require.NoError(t, mr.Advise(AdvisePrefetch, mr.Addr()+up, 3*up))
 	assert.Equal(t, 4, mr.Stats().ValidPages)
 	assert.False(t, mr.Entry(1).Writable, "PREFETCH maps read-only")
-	require.NoError(t, mr.Advise(AdvisePrefetchWrite, mr.Addr()+4096, 1))
+	require.NoError(t, mr.Advise(AdvisePrefetchWrite, mr.Addr()+up, 1))
 	assert.True(t, mr.Entry(1).Writable)
 	st := mr.Stats()
 	assert.EqualValues(t, 3, st.Prefetches)
@@ -289,12 +300,12 @@ func TestAdvise(t *testing.T) {
 	assert.Zero(t, st.PageFaults, "prefetches are not faults")
 	assert.EqualValues(t, 3, n.dev.Stats().Prefetches)
 
-	ro, rmr := n.region(t, 4096, AccessRemoteRead|AccessOnDemand)
+	ro, rmr := n.region(t, ps, AccessRemoteRead|AccessOnDemand)
 	_ = ro
 	assert.ErrorIs(t, rmr.Advise(AdvisePrefetchWrite, rmr.Addr(), 1), ErrPermission)
 	assert.ErrorIs(t, mr.Advise(AdvisePrefetch, mr.Addr()+64<<10, 1), ErrInvalidArgument)
 	assert.ErrorIs(t, mr.Advise(Advice(7), mr.Addr(), 1), ErrInvalidArgument)
-	pinned, err := n.pd.RegMR(make([]byte, 4096), AccessLocalWrite)
+	pinned, err := n.pd.RegMR(make([]byte, ps), AccessLocalWrite)
 	require.NoError(t, err)
 	assert.ErrorIs(t, pinned.Advise(AdvisePrefetch, pinned.Addr(), 1), ErrNotSupported)
 
@@ -303,3 +314,10 @@ func TestAdvise(t *testing.T) {
 	assert.EqualValues(t, 1, ds.Invalidations)
 	assert.EqualValues(t, 4, ds.PagesInvalidated)
 }
+
+// ps is the page size; up is it as a uint64 (MR offsets), uz as a uintptr.
+var (
+	ps = PageSize
+	up = uint64(PageSize)
+	uz = uintptr(PageSize)
+)

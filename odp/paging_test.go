@@ -13,14 +13,14 @@ import (
 func residentPages(t testing.TB, d *Device, b []byte) int {
 	n := d.ResidentBytes(b)
 	require.GreaterOrEqual(t, n, int64(0))
-	return int(n / 4096)
+	return int(n / int64(ps))
 }
 
 // An ODP MR four times larger than the resident budget takes random WRITEs over its
 // whole range; resident pages stay near the budget and every byte written reads back.
 func TestBudgetBoundsResidentODP(t *testing.T) {
 	const size, budget = 64 << 20, 16 << 20
-	const msg = 4096
+	msg := ps
 	a, b := pair(t, Config{ResidentBudget: budget, FaultAround: 4})
 	src, smr := a.region(t, 1<<20, AccessLocalWrite)
 	back, bmr := a.region(t, 1<<20, AccessLocalWrite)
@@ -29,13 +29,13 @@ func TestBudgetBoundsResidentODP(t *testing.T) {
 	rng := rand.New(rand.NewPCG(1, 2))
 	written := map[int]uint64{} // page -> value
 	maxResident := 0
-	const slots = (1 << 20) / msg
+	slots := (1 << 20) / msg
 	for i := 0; i < 6000; i++ {
-		p := rng.IntN(size / 4096)
+		p := rng.IntN(size / ps)
 		v := rng.Uint64() | 1
 		slot := i % slots
 		binary.LittleEndian.PutUint64(src[slot*msg:], v)
-		wc := do(t, a, write(smr, slot*msg, 8, dmr, uint64(p*4096)))
+		wc := do(t, a, write(smr, slot*msg, 8, dmr, uint64(p*ps)))
 		require.Equal(t, WCSuccess, wc.Status, wc.Detail)
 		written[p] = v
 		if i%500 == 0 {
@@ -44,14 +44,14 @@ func TestBudgetBoundsResidentODP(t *testing.T) {
 	}
 	st := b.dev.Stats()
 	t.Logf("evictions %d (%d MiB written back), restores %d, aborts %d, max resident %d pages (budget %d)",
-		st.Evictions, st.BytesWrittenBack>>20, st.Restores, st.EvictionAborts, maxResident, budget/4096)
+		st.Evictions, st.BytesWrittenBack>>20, st.Restores, st.EvictionAborts, maxResident, budget/ps)
 	assert.NotZero(t, st.Evictions)
-	assert.LessOrEqual(t, maxResident, budget/4096+budget/4096/4, "resident within budget plus slack")
+	assert.LessOrEqual(t, maxResident, budget/ps+budget/ps/4, "resident within budget plus slack")
 
 	// Read every written page back through the NIC: evicted ones come from the store.
 	k := 0
 	for p, v := range written {
-		wc := do(t, a, read(bmr, 0, 8, dmr, uint64(p*4096)))
+		wc := do(t, a, read(bmr, 0, 8, dmr, uint64(p*ps)))
 		require.Equal(t, WCSuccess, wc.Status, wc.Detail)
 		require.Equal(t, v, binary.LittleEndian.Uint64(back), "page %d", p)
 		if k++; k > 1500 {
@@ -74,42 +74,42 @@ func TestBudgetRefusesLargerPinned(t *testing.T) {
 
 func TestEvictMigrateAndDeregRestore(t *testing.T) {
 	a, b := pair(t, Config{Paging: true, FaultAround: 1})
-	src, smr := a.region(t, 16*4096, AccessLocalWrite)
-	dst, dmr := b.region(t, 16*4096, rw|AccessOnDemand)
+	src, smr := a.region(t, 16*ps, AccessLocalWrite)
+	dst, dmr := b.region(t, 16*ps, rw|AccessOnDemand)
 	for i := range src {
-		src[i] = byte(i / 4096)
+		src[i] = byte(i / ps)
 	}
-	require.Equal(t, WCSuccess, do(t, a, write(smr, 0, 16*4096, dmr, 0)).Status)
+	require.Equal(t, WCSuccess, do(t, a, write(smr, 0, 16*ps, dmr, 0)).Status)
 	pfn := dmr.Entry(3).PFN
 
-	n, err := b.dev.Migrate(dmr.Addr()+3*4096, 4096)
+	n, err := b.dev.Migrate(dmr.Addr()+3*up, up)
 	require.NoError(t, err)
 	assert.Equal(t, 1, n)
 	assert.False(t, dmr.Entry(3).Valid, "migration invalidated the entry")
-	require.Equal(t, WCSuccess, do(t, a, read(smr, 0, 4096, dmr, 3*4096)).Status)
+	require.Equal(t, WCSuccess, do(t, a, read(smr, 0, ps, dmr, 3*up)).Status)
 	assert.EqualValues(t, 3, src[0])
 	if b.dev.PFNsReadable() {
 		assert.NotEqual(t, pfn, dmr.Entry(3).PFN, "the NIC recorded the new frame")
 	}
 
-	n, err = b.dev.Evict(dmr.Addr(), 8*4096)
+	n, err = b.dev.Evict(dmr.Addr(), 8*up)
 	require.NoError(t, err)
 	assert.Equal(t, 8, n)
-	assert.Zero(t, residentPages(t, b.dev, dst[:8*4096]))
-	assert.EqualValues(t, 5, dst[5*4096+17], "a CPU read restores the page")
+	assert.Zero(t, residentPages(t, b.dev, dst[:8*ps]))
+	assert.EqualValues(t, 5, dst[5*ps+17], "a CPU read restores the page")
 	// Deregistration restores what is still stored before unregistering the range.
-	_, err = b.dev.Evict(dmr.Addr()+8*4096, 8*4096)
+	_, err = b.dev.Evict(dmr.Addr()+8*up, 8*up)
 	require.NoError(t, err)
 	require.NoError(t, dmr.Dereg())
-	assert.EqualValues(t, 12, dst[12*4096+1])
+	assert.EqualValues(t, 12, dst[12*ps+1])
 	st := b.dev.Stats()
 	assert.EqualValues(t, 16, st.Evictions)
 	assert.EqualValues(t, 1, st.Migrations)
 
 	plain := newNode(t, Config{})
-	_, err = plain.dev.Evict(0, 4096)
+	_, err = plain.dev.Evict(0, up)
 	assert.ErrorIs(t, err, ErrNotSupported)
-	_, err = plain.dev.Migrate(0, 4096)
+	_, err = plain.dev.Migrate(0, up)
 	assert.ErrorIs(t, err, ErrNotSupported)
 }
 
@@ -118,18 +118,18 @@ func TestFileStore(t *testing.T) {
 	path := t.TempDir() + "/store"
 	a, b := newNode(t, Config{}), newNode(t, Config{Paging: true, StorePath: path})
 	require.NoError(t, ConnectLoopback(a.qp, b.qp))
-	src, smr := a.region(t, 8*4096, AccessLocalWrite)
-	back, bmr := a.region(t, 8*4096, AccessLocalWrite)
-	_, dmr := b.region(t, 8*4096, rw|AccessOnDemand)
+	src, smr := a.region(t, 8*ps, AccessLocalWrite)
+	back, bmr := a.region(t, 8*ps, AccessLocalWrite)
+	_, dmr := b.region(t, 8*ps, rw|AccessOnDemand)
 	for i := range src {
-		src[i] = byte(i/4096 + 1)
+		src[i] = byte(i/ps + 1)
 	}
-	require.Equal(t, WCSuccess, do(t, a, write(smr, 0, 8*4096, dmr, 0)).Status)
-	n, err := b.dev.Evict(dmr.Addr(), 8*4096)
+	require.Equal(t, WCSuccess, do(t, a, write(smr, 0, 8*ps, dmr, 0)).Status)
+	n, err := b.dev.Evict(dmr.Addr(), 8*up)
 	require.NoError(t, err)
 	require.Equal(t, 8, n)
-	assert.EqualValues(t, 8*4096, b.dev.Stats().BytesWrittenBack)
-	require.Equal(t, WCSuccess, do(t, a, read(bmr, 0, 8*4096, dmr, 0)).Status) // the NIC faults them back
+	assert.EqualValues(t, 8*ps, b.dev.Stats().BytesWrittenBack)
+	require.Equal(t, WCSuccess, do(t, a, read(bmr, 0, 8*ps, dmr, 0)).Status) // the NIC faults them back
 	assert.Equal(t, src, back)
 	assert.NotZero(t, b.dev.Stats().Restores)
 	_, err = Open(Config{Paging: true, StorePath: path + "/missing/dir"})

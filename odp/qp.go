@@ -19,8 +19,11 @@ const (
 // SendFlags are a send work request's flags.
 type SendFlags uint32
 
-// SendSignaled asks for a completion on success (errors always complete).
+// SendSignaled asks for a completion on success (errors always complete). It has
+// IBV_SEND_SIGNALED's value; flags the emulated NIC does not implement are refused.
 const SendSignaled SendFlags = 1 << 1
+
+const sendFlagsKnown = SendSignaled
 
 // SGE is a scatter/gather element: Length bytes at Addr in the MR whose local key is LKey.
 type SGE struct {
@@ -234,6 +237,9 @@ func (qp *QP) PostSend(wr SendWR) error {
 	case OpRDMAWrite, OpRDMARead, OpSend:
 	default:
 		return wrap(ErrInvalidArgument, "send opcode %d", wr.Opcode)
+	}
+	if f := wr.Flags &^ sendFlagsKnown; f != 0 {
+		return wrap(ErrInvalidArgument, "send flags %#x not supported", uint32(f))
 	}
 	sgl, err := qp.copySGL(wr.SGL)
 	if err != nil {

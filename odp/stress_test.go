@@ -43,9 +43,9 @@ type stressResult struct {
 func runStress(t *testing.T, seed uint64, steps int, cfg Config) stressResult {
 	const pages = 128
 	const tailPages = 16
-	const ps = 4096
+
 	cfg.Audit = true
-	cfg.ResidentBudget = (pages + tailPages) * ps / 4 // a quarter of what is registered
+	cfg.ResidentBudget = int64((pages + tailPages) * ps / 4) // a quarter of what is registered
 	a, b := newNode(t, Config{}), newNode(t, cfg)     // the budget is the responder's
 	require.NoError(t, ConnectLoopback(a.qp, b.qp))
 	src, smr := a.region(t, pages*ps, AccessLocalWrite)
@@ -106,7 +106,7 @@ func runStress(t *testing.T, seed uint64, steps int, cfg Config) stressResult {
 				}
 			case 3:
 				if rng.IntN(2) == 0 {
-					if _, err := b.dev.Migrate(uint64(addrOf(page)), ps); err != nil {
+					if _, err := b.dev.Migrate(uint64(addrOf(page)), up); err != nil {
 						mismatch("migrate: %v", err)
 					}
 					continue
@@ -169,7 +169,7 @@ func runStress(t *testing.T, seed uint64, steps int, cfg Config) stressResult {
 			k := rng.IntN(8) + 1
 			require.NoError(t, b.dev.Invalidate(dmr.Addr()+uint64(p*ps), uint64(k*ps)))
 		case op == 10: // migrate NIC pages: content unchanged, frames new
-			_, err := b.dev.Migrate(dmr.Addr()+uint64(p*ps), ps)
+			_, err := b.dev.Migrate(dmr.Addr()+uint64(p*ps), up)
 			require.NoError(t, err)
 		case op == 11: // WRITE, then READ back, a page of the tail MR still mapped
 			q := rng.IntN(tailPages)
@@ -198,11 +198,11 @@ func runStress(t *testing.T, seed uint64, steps int, cfg Config) stressResult {
 			}
 			at := addrOf(tail) + uintptr(q*ps)
 			if rng.IntN(2) == 0 {
-				_, _, e := unix.Syscall(unix.SYS_MUNMAP, at, ps, 0)
+				_, _, e := unix.Syscall(unix.SYS_MUNMAP, at, uz, 0)
 				require.Zero(t, e)
 			} else {
 				hole := holes[q*ps : (q+1)*ps]
-				_, _, e := unix.Syscall6(unix.SYS_MREMAP, at, ps, ps, unix.MREMAP_MAYMOVE|unix.MREMAP_FIXED, addrOf(hole), 0)
+				_, _, e := unix.Syscall6(unix.SYS_MREMAP, at, uz, uz, unix.MREMAP_MAYMOVE|unix.MREMAP_FIXED, addrOf(hole), 0)
 				require.Zero(t, e)
 				// The page moved with its content, also if it was evicted: the fault
 				// server restored it at the new address when it read the event.

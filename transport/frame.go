@@ -55,6 +55,11 @@ type Frame struct {
 	Len      uint32 // READ request: bytes asked for; otherwise len(Payload)
 	Payload  []byte
 
+	// Reason says why a NAK was sent, for the requester's completion detail. It
+	// travels between emulated NICs in one process; the wire format carries only
+	// the syndrome, as a real AETH does.
+	Reason string
+
 	// Release, when set, is called exactly once when Payload is no longer needed:
 	// by the receiver after consuming the frame, or by the transport if it cannot
 	// deliver it. Loopback payloads alias the sender's memory until then.
