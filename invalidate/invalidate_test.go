@@ -111,7 +111,7 @@ func pumped(t *testing.T, npages int, reg *Registry, disabled bool) ([]byte, *pa
 	require.NoError(t, err)
 	t.Cleanup(func() {
 		p.Stop()
-		s.Stop()
+		require.NoError(t, s.Stop())
 		u.Close()
 		own.unmap()
 	})

@@ -42,7 +42,8 @@ type Pager struct {
 	regions []*Region    // sorted by base
 	nextOff int64
 
-	reclaimMu sync.Mutex // one reclaimer at a time; protects hand and Region.ref
+	reclaimMu sync.Mutex // one reclaimer at a time; protects hand, scratch and Region.ref
+	scratch   []byte     // one page: an evicted page's content on its way to the store
 	hand      struct{ region, page int }
 	sweep     int64 // present pages seen in the current sweep
 
@@ -74,12 +75,15 @@ var ErrNotPaged = errors.New("invalidate: address not in a paged region")
 // NewPager returns a pager over uffd's server with store as its backing store.
 func NewPager(uffd *pagefault.FD, srv *pagefault.CPUServer, reg *Registry, pm *pagefault.Pagemap, store *Store, cfg PagerConfig) *Pager {
 	p := &Pager{uffd: uffd, srv: srv, reg: reg, pm: pm, store: store, eligible: cfg.Eligible,
-		budget: cfg.Budget / int64(pagefault.PageSize)}
+		budget: cfg.Budget / int64(pagefault.PageSize), scratch: make([]byte, pagefault.PageSize)}
 	if p.eligible == nil {
 		p.eligible = func(uintptr, uintptr) bool { return true }
 	}
-	srv.SetStore(store.Fd())
-	p.lastCPU.Store(srv.Stats().Pages)
+	// A pager is made on a running server (its owner stops it only after the pager).
+	_ = srv.SetStore(store.Fd())
+	if st, err := srv.Stats(); err == nil {
+		p.lastCPU.Store(st.Pages)
+	}
 	if p.budget > 0 {
 		p.stop, p.done = make(chan struct{}), make(chan struct{})
 		go p.background()
@@ -228,7 +232,11 @@ func (p *Pager) Over(slack int) bool {
 	if p.budget == 0 {
 		return false
 	}
-	cpu := p.srv.Stats().Pages
+	st, err := p.srv.Stats()
+	if err != nil {
+		return false // stopped: nothing is installed any more
+	}
+	cpu := st.Pages
 	if last := p.lastCPU.Swap(cpu); cpu > last {
 		p.resident.Add(int64(cpu - last))
 		p.installed.Add(int64(cpu - last))
@@ -325,6 +333,17 @@ func (p *Pager) evictChunk(r *Region, first int, entries []pagefault.PagemapEntr
 			victims = append(victims, i)
 		}
 	}
+	// Pages discarded while an eviction was on its way keep stale bounce content
+	// until a sweep drops it.
+	var stale []int
+	for k := range entries {
+		if r.pr.State(first+k) == pagefault.PageDiscarded {
+			stale = append(stale, first+k)
+		}
+	}
+	if len(stale) > 0 {
+		p.dropBounces(r, stale)
+	}
 	if len(victims) == 0 {
 		return 0, present
 	}
@@ -351,7 +370,10 @@ func (p *Pager) change(r *Region, lo, hi uintptr, why Reason, pages []int, op fu
 }
 
 // evictLocked moves page i to the store. Faults on the page meanwhile are served by
-// the CPU fault server from the bounce page; then the eviction is abandoned.
+// the CPU fault server from the bounce page; then the eviction is abandoned. Events
+// the server reads meanwhile change the state under it: a REMOVE makes the page
+// DISCARDED (its old content must never come back), an UNMAP makes it GONE, a REMAP
+// makes it REMAPPED (the server moves the bounce content to the new address).
 func (p *Pager) evictLocked(r *Region, i int) bool {
 	ps := pagefault.PageSize
 	if !p.ours(r, i) || !r.pr.CompareAndSwap(i, pagefault.PageNone, pagefault.PageEvicting) {
@@ -359,35 +381,72 @@ func (p *Pager) evictLocked(r *Region, i int) bool {
 	}
 	moved, err := again(func() (uintptr, error) { return p.uffd.Move(r.bounce(i), r.page(i), ps, false) })
 	if moved == 0 || err != nil {
-		// Missing after all, or not movable (shared, pinned): nothing to evict.
-		if !r.pr.CompareAndSwap(i, pagefault.PageEvicting, pagefault.PageNone) {
-			r.pr.SetState(i, pagefault.PageNone) // a fault reclaimed an empty page
-		}
+		// Missing after all, or not movable (shared, pinned): nothing to evict, and
+		// nothing in the bounce page. A fault that reclaimed it found it empty.
+		p.settleEmpty(r, i)
 		return false
 	}
-	werr := p.store.WriteAt(r.stash[i*int(ps):(i+1)*int(ps)], r.storeAt(i))
+	// Never hand a userfaultfd-registered page to a syscall: write(2) holds the
+	// store's inode lock while it reads the source, and if a fault took the page
+	// back meanwhile the bounce page is missing and the read waits for the fault
+	// server, which may itself be waiting for that lock (punching a restored page
+	// out of the store). A copy in user mode faults without holding any lock.
+	copy(p.scratch, r.stash[i*int(ps):(i+1)*int(ps)])
+	werr := p.store.WriteAt(p.scratch, r.storeAt(i))
 	if werr == nil && r.pr.CompareAndSwap(i, pagefault.PageEvicting, pagefault.PageStored) {
 		p.evictions.Add(1)
 		p.writtenBack.Add(uint64(ps))
 		return true
 	}
-	// A fault took the page back (RECLAIMED), or the store failed: put the content
-	// back if the server has not already, and forget the eviction.
+	// A fault took the page back (RECLAIMED), an event overtook the eviction, or the
+	// store failed: put the content back where it still belongs, and forget the
+	// eviction.
 	p.putBack(r, i)
 	p.aborts.Add(1)
 	return false
 }
 
+// settleEmpty ends an eviction or migration of page i that moved nothing out.
+func (p *Pager) settleEmpty(r *Region, i int) {
+	for {
+		switch s := r.pr.State(i); s {
+		case pagefault.PageEvicting, pagefault.PageReclaimed, pagefault.PageDiscarded:
+			if r.pr.CompareAndSwap(i, s, pagefault.PageNone) {
+				return
+			}
+		default: // GONE, REMAPPED: the server owns the page's fate now
+			return
+		}
+	}
+}
+
 // putBack moves page i's content from its bounce page back into place, unless a
-// fault already did, and marks the page settled. If the move cannot be made now, the
-// page stays RECLAIMED with its bounce page kept: the next fault takes it back.
+// fault already did or an event says it no longer belongs there, and settles the
+// page. If the move cannot be made now, the page stays RECLAIMED with its bounce page
+// kept: the next fault takes it back.
 func (p *Pager) putBack(r *Region, i int) {
-	_, err := again(func() (uintptr, error) { return p.uffd.Move(r.page(i), r.bounce(i), pagefault.PageSize, true) })
-	if err != nil && !errors.Is(err, pagefault.ErrExist) {
-		r.pr.SetState(i, pagefault.PageReclaimed) // dropBounces leaves its bounce page
+	ps := pagefault.PageSize
+	// Claim it again, so that a REMOVE read from here on turns it DISCARDED.
+	if !r.pr.CompareAndSwap(i, pagefault.PageReclaimed, pagefault.PageEvicting) && r.pr.State(i) != pagefault.PageEvicting {
+		// DISCARDED or GONE: dropBounces frees the stale content; REMAPPED: the
+		// server moves it on; NONE: the server already took it back.
 		return
 	}
-	r.pr.SetState(i, pagefault.PageNone)
+	_, err := again(func() (uintptr, error) { return p.uffd.Move(r.page(i), r.bounce(i), ps, true) })
+	if err != nil && !errors.Is(err, pagefault.ErrExist) {
+		if !r.pr.CompareAndSwap(i, pagefault.PageEvicting, pagefault.PageReclaimed) {
+			p.settleEmpty(r, i) // an event overtook it: the content is stale anyway
+		}
+		return // dropBounces leaves a RECLAIMED page's bounce page
+	}
+	if r.pr.CompareAndSwap(i, pagefault.PageEvicting, pagefault.PageNone) {
+		return
+	}
+	// A REMOVE was read while the content went back: it must not survive the
+	// discard, whose zap may already have run. Take it out again; it is dropped.
+	if r.pr.State(i) == pagefault.PageDiscarded {
+		_, _ = again(func() (uintptr, error) { return p.uffd.Move(r.bounce(i), r.page(i), ps, true) })
+	}
 }
 
 // again retries an ioctl while a non-cooperative event is pending (EAGAIN), for up to
@@ -420,19 +479,29 @@ func (p *Pager) ours(r *Region, i int) bool {
 
 // dropBounces frees the bounce pages of the settled pages among idx (sorted), one
 // madvise per run of consecutive pages (each a REMOVE event for the stash, which
-// nothing subscribes to). A RECLAIMED page keeps its bounce page: it may still hold
-// the content, for the next fault to take back.
+// nothing subscribes to), and settles DISCARDED pages, whose bounce content was stale.
+// A RECLAIMED page keeps its bounce page: it may still hold the content, for the next
+// fault to take back; a REMAPPED page's bounce page is the server's to move on.
 func (p *Pager) dropBounces(r *Region, idx []int) {
+	keep := func(i int) bool {
+		s := r.pr.State(i)
+		return s == pagefault.PageReclaimed || s == pagefault.PageRemapped
+	}
 	for k := 0; k < len(idx); {
-		if r.pr.State(idx[k]) == pagefault.PageReclaimed {
+		if keep(idx[k]) {
 			k++
 			continue
 		}
 		j := k + 1
-		for j < len(idx) && idx[j] == idx[j-1]+1 && r.pr.State(idx[j]) != pagefault.PageReclaimed {
+		for j < len(idx) && idx[j] == idx[j-1]+1 && !keep(idx[j]) {
 			j++
 		}
-		unix.Syscall(unix.SYS_MADVISE, r.bounce(idx[k]), uintptr(j-k)*pagefault.PageSize, unix.MADV_DONTNEED)
+		// Cannot fail on our own mapping; a failure leaves content that the next
+		// eviction of the page overwrites.
+		_, _, _ = unix.Syscall(unix.SYS_MADVISE, r.bounce(idx[k]), uintptr(j-k)*pagefault.PageSize, unix.MADV_DONTNEED)
+		for _, i := range idx[k:j] {
+			r.pr.CompareAndSwap(i, pagefault.PageDiscarded, pagefault.PageNone)
+		}
 		k = j
 	}
 }
@@ -483,18 +552,26 @@ func (p *Pager) migrateLocked(r *Region, i int) bool {
 		return false
 	}
 	if moved, err := again(func() (uintptr, error) { return p.uffd.Move(r.bounce(i), r.page(i), ps, false) }); moved == 0 || err != nil {
-		if !r.pr.CompareAndSwap(i, pagefault.PageEvicting, pagefault.PageNone) {
-			r.pr.SetState(i, pagefault.PageNone) // a fault found it missing: zero was right
-		}
+		p.settleEmpty(r, i) // a fault found it missing: zero was right
 		return false
 	}
 	// A copy allocates a new frame. If a fault already took the page back, the copy
 	// finds it present and the page keeps its frame.
+	if r.pr.State(i) != pagefault.PageEvicting {
+		p.putBack(r, i) // an event or a fault overtook the move
+		return false
+	}
 	n, _ := again(func() (uintptr, error) { return p.uffd.Copy(r.page(i), r.bounce(i), ps, false) })
-	if n == ps {
-		r.pr.SetState(i, pagefault.PageNone)
+	if n == ps && r.pr.CompareAndSwap(i, pagefault.PageEvicting, pagefault.PageNone) {
 		p.migrations.Add(1)
 		return true
+	}
+	if n == ps && r.pr.State(i) == pagefault.PageDiscarded {
+		// Discarded while it was copied back: the copy must not outlive the discard.
+		// The bounce page still holds the original; drop it, then take the copy out.
+		_, _, _ = unix.Syscall(unix.SYS_MADVISE, r.bounce(i), ps, unix.MADV_DONTNEED)
+		_, _ = again(func() (uintptr, error) { return p.uffd.Move(r.bounce(i), r.page(i), ps, true) })
+		return false
 	}
 	p.putBack(r, i)
 	return false

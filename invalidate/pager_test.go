@@ -58,7 +58,7 @@ func newPagerEnv(t *testing.T, npages int, budget int64) *pagerEnv {
 		r.Remove()
 		pump.Stop()
 		e.res.Close()
-		e.srv.Stop()
+		require.NoError(t, e.srv.Stop())
 		e.u.Close()
 		e.pm.Close()
 		store.Close()
@@ -94,7 +94,7 @@ func TestEvictAndRestoreOnCPUFault(t *testing.T) {
 	st := e.pager.Stats()
 	assert.EqualValues(t, 64, st.Evictions)
 	assert.EqualValues(t, 64*ps, st.WrittenBack)
-	assert.EqualValues(t, 64, e.srv.Restored())
+	assert.EqualValues(t, 64, restored(t, e.srv))
 	_, err = e.pager.Evict(0, pz)
 	assert.ErrorIs(t, err, ErrNotPaged)
 }
@@ -109,12 +109,12 @@ func TestEvictedPagesRestoreThroughResolver(t *testing.T) {
 	// The NIC's path: the server thread installs, no CPU fault is taken.
 	require.NoError(t, e.srv.Install(addrOf(e.mem), 32))
 	assert.Equal(t, 32, e.present(t))
-	faults := e.srv.Stats().Faults
+	faults := cpuStats(t, e.srv).Faults
 	for p := 0; p < 32; p++ {
 		require.EqualValues(t, p+1, e.mem[p*ps], "page %d", p)
 	}
-	assert.Equal(t, faults, e.srv.Stats().Faults, "no CPU fault: all were present")
-	assert.EqualValues(t, 16, e.srv.Restored())
+	assert.Equal(t, faults, cpuStats(t, e.srv).Faults, "no CPU fault: all were present")
+	assert.EqualValues(t, 16, restored(t, e.srv))
 }
 
 // A writer that never stops writing a page while the pager evicts it over and over:
@@ -160,7 +160,7 @@ func TestEvictionLosesNoConcurrentWrite(t *testing.T) {
 			wg.Wait()
 			assert.Equal(t, last.Load(), binary.LittleEndian.Uint64(e.mem[ps+64:]), "the last write survived")
 			st := e.pager.Stats()
-			t.Logf("evicted %d times, %d aborted by a racing fault, %d restored by the server", evicted, st.Aborts, e.srv.Restored())
+			t.Logf("evicted %d times, %d aborted by a racing fault, %d restored by the server", evicted, st.Aborts, restored(t, e.srv))
 			assert.NotZero(t, evicted)
 		})
 	}
@@ -228,4 +228,16 @@ func TestEvictedPageFollowsMremap(t *testing.T) {
 	require.Zero(t, errno)
 	e.own.drop(Range{addrOf(e.mem) + 2*pz, addrOf(e.mem) + 3*pz})
 	assert.EqualValues(t, 77, hole[5], "the evicted page's content followed it")
+}
+
+func restored(t *testing.T, s *pagefault.CPUServer) uint64 {
+	n, err := s.Restored()
+	require.NoError(t, err)
+	return n
+}
+
+func cpuStats(t *testing.T, s *pagefault.CPUServer) pagefault.CPUServerStats {
+	st, err := s.Stats()
+	require.NoError(t, err)
+	return st
 }

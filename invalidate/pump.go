@@ -12,10 +12,9 @@ import (
 
 // EventSource is where a Pump reads events: a pagefault.CPUServer.
 type EventSource interface {
-	EventFd() int
+	EventFd() (int, error)
 	Events(dst []pagefault.Msg) (int, error)
-	Since(readAt time.Duration) time.Duration
-	SettledEvents() uint64
+	SettledEvents() (uint64, error)
 }
 
 // PumpStats count what a Pump did.
@@ -73,7 +72,12 @@ func StartPump(src EventSource, reg *Registry, disabled bool) (*Pump, error) {
 func (p *Pump) run() {
 	defer close(p.done)
 	msgs := make([]pagefault.Msg, 64)
-	fds := []unix.PollFd{{Fd: int32(p.src.EventFd()), Events: unix.POLLIN}, {Fd: int32(p.stop), Events: unix.POLLIN}}
+	efd, err := p.src.EventFd()
+	if err != nil {
+		p.fail(err)
+		return
+	}
+	fds := []unix.PollFd{{Fd: int32(efd), Events: unix.POLLIN}, {Fd: int32(p.stop), Events: unix.POLLIN}}
 	for {
 		n, err := p.src.Events(msgs)
 		if err != nil {
@@ -138,7 +142,7 @@ func (p *Pump) apply(msgs []pagefault.Msg) {
 			continue
 		}
 		p.reg.Invalidate(r, why, nil)
-		lat := p.src.Since(m.ReadAt)
+		lat := pagefault.SinceRead(m.ReadAt)
 		st.Latency += lat
 		st.MaxLat = max(st.MaxLat, lat)
 	}
@@ -162,7 +166,10 @@ func (p *Pump) apply(msgs []pagefault.Msg) {
 // entries for that range are invalid. It is the way to know an event was handled
 // without sleeping.
 func (p *Pump) Sync() error {
-	queued := p.src.SettledEvents()
+	queued, err := p.src.SettledEvents()
+	if err != nil {
+		return err
+	}
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	for p.applied < queued && p.err == nil {
@@ -181,9 +188,11 @@ func (p *Pump) Stats() PumpStats {
 // Stop stops the goroutine and waits for it.
 func (p *Pump) Stop() {
 	one := []byte{1, 0, 0, 0, 0, 0, 0, 0}
-	unix.Write(p.stop, one)
+	// An eventfd write of 1 cannot fail while the counter is far from its maximum,
+	// nor can closing our own eventfd.
+	_, _ = unix.Write(p.stop, one)
 	<-p.done
-	unix.Close(p.stop)
+	_ = unix.Close(p.stop)
 }
 
 func addrOf(b []byte) uintptr { return uintptr(unsafe.Pointer(unsafe.SliceData(b))) }

@@ -546,7 +546,7 @@ type Stats struct {
 
 // Stats returns the device's counters.
 func (d *Device) Stats() Stats {
-	s := d.server.Stats()
+	s, _ := d.server.Stats() // after Close the fault server's counters read as zero
 	ps := d.pump.Stats()
 	d.mu.Lock()
 	pinned := d.pinned
@@ -566,7 +566,8 @@ func (d *Device) Stats() Stats {
 	if d.pager != nil {
 		pg := d.pager.Stats()
 		st.Evictions, st.BytesWrittenBack, st.EvictionAborts = pg.Evictions, pg.WrittenBack, pg.Aborts
-		st.Migrations, st.Restores, st.ResidentPages = pg.Migrations, pg.Restores+d.server.Restored(), pg.Resident
+		restored, _ := d.server.Restored() // zero after Close
+		st.Migrations, st.Restores, st.ResidentPages = pg.Migrations, pg.Restores+restored, pg.Resident
 	}
 	return st
 }

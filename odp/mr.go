@@ -540,7 +540,9 @@ func (mr *MR) acquire(off, n uint64, write bool) (dmaRef, error) {
 		p.Touch(mr.base+uintptr(first)*pagefault.PageSize, count) // the NIC's access bits
 	}
 	if r.audit {
-		r.mark = mr.dev.server.InstallSeq()
+		// The server stops only when the device closes, after its DMA ended; a
+		// stopped server's mark of 0 makes the audit assume the worst.
+		r.mark, _ = mr.dev.server.InstallSeq()
 	}
 	return r, nil
 }
@@ -569,7 +571,13 @@ func (r dmaRef) check() {
 	}
 	lo := mr.base + uintptr(first)*pagefault.PageSize
 	hi := lo + uintptr(count)*pagefault.PageSize
-	stale := mr.odp && d.server.InstalledSince(r.mark, lo, hi)
+	stale := false
+	if mr.odp {
+		var err error
+		if stale, err = d.server.InstalledSince(r.mark, lo, hi); err != nil {
+			stale = false // the device closed under the DMA: nothing to audit against
+		}
+	}
 	if !stale && d.pagemap.PFNsReadable() {
 		entries := make([]pagefault.PagemapEntry, count)
 		if d.pagemap.Read(lo, entries) == nil {

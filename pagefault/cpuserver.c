@@ -28,6 +28,9 @@ struct uffdio_move {
 };
 #define UFFDIO_MOVE _IOWR(UFFDIO, 0x05, struct uffdio_move)
 #endif
+#ifndef UFFDIO_MOVE_MODE_ALLOW_SRC_HOLES
+#define UFFDIO_MOVE_MODE_ALLOW_SRC_HOLES ((__u64)1 << 1)
+#endif
 #define MAX_PENDING 4096
 #define RING 4096
 
@@ -206,6 +209,8 @@ static region *find(odp_fs *fs, uint64_t page, uint64_t *idx) {
 static int restore(odp_fs *fs, region *r, uint64_t i, uint64_t page) {
 	uint32_t *st = &r->state[i];
 	uint32_t s = __atomic_load_n(st, __ATOMIC_ACQUIRE);
+	if (s == ODP_PAGE_DISCARDED || s == ODP_PAGE_REMAPPED || s == ODP_PAGE_GONE)
+		return 0; // nothing to give back here: a fault zero-fills (or finds it gone)
 	if (s == ODP_PAGE_EVICTING)
 		__atomic_compare_exchange_n(st, &s, ODP_PAGE_RECLAIMED, 0, __ATOMIC_ACQ_REL, __ATOMIC_ACQUIRE);
 	s = __atomic_load_n(st, __ATOMIC_ACQUIRE);
@@ -320,9 +325,26 @@ static void forget(odp_fs *fs, uint64_t start, uint64_t end, int gone) {
 		uint64_t lo = start > r->base ? start : r->base, hi = end < rend ? end : rend;
 		for (uint64_t a = lo; a < hi; a += (uint64_t)fs->ps) {
 			uint64_t i = (a - r->base) / (uint64_t)fs->ps;
-			uint32_t prev = gone ? __atomic_exchange_n(&r->state[i], ODP_PAGE_GONE, __ATOMIC_ACQ_REL) : ODP_PAGE_STORED;
-			if (!gone && !__atomic_compare_exchange_n(&r->state[i], &prev, ODP_PAGE_NONE, 0, __ATOMIC_ACQ_REL, __ATOMIC_ACQUIRE))
-				continue;
+			uint32_t *st = &r->state[i];
+			uint32_t prev;
+			if (gone) {
+				// A REMAPPED page is retired by restore_at once its content moved on.
+				do
+					prev = __atomic_load_n(st, __ATOMIC_ACQUIRE);
+				while (prev != ODP_PAGE_REMAPPED &&
+				       !__atomic_compare_exchange_n(st, &prev, ODP_PAGE_GONE, 0, __ATOMIC_ACQ_REL, __ATOMIC_ACQUIRE));
+			} else {
+				// Discarded: a stored copy is dropped; a page on its way to the store
+				// (or back from it) must never come back with its old content.
+				for (;;) {
+					prev = __atomic_load_n(st, __ATOMIC_ACQUIRE);
+					uint32_t next = prev == ODP_PAGE_STORED ? ODP_PAGE_NONE
+					              : (prev == ODP_PAGE_EVICTING || prev == ODP_PAGE_RECLAIMED) ? ODP_PAGE_DISCARDED
+					              : prev;
+					if (next == prev || __atomic_compare_exchange_n(st, &prev, next, 0, __ATOMIC_ACQ_REL, __ATOMIC_ACQUIRE))
+						break;
+				}
+			}
 			if (prev == ODP_PAGE_STORED && fs->store_fd >= 0)
 				fallocate(fs->store_fd, FALLOC_FL_PUNCH_HOLE | FALLOC_FL_KEEP_SIZE,
 				          (off_t)(r->store_off + i * (uint64_t)fs->ps), fs->ps);
@@ -332,17 +354,50 @@ static void forget(odp_fs *fs, uint64_t start, uint64_t end, int gone) {
 
 // A stored page's content, taken out of the store, to be put back at a new address
 // after mremap.
-typedef struct restoring { char *page; uint64_t to; } restoring;
+// after mremap: either a stored page's content taken out of the store (page), or the
+// bounce page of a page that was being evicted (bounce), for the address it was at
+// (from), to be installed at its new address (to).
+typedef struct restoring { char *page; uint64_t to, bounce, from; } restoring;
 
-// restore_at installs a taken-out page at to and frees it. It returns EAGAIN while the
+// restore_at installs a taken-out page at to and frees it, or moves an evicting page's
+// bounce content there (a hole when the evictor had not moved it yet: the page then
+// moved with the mapping) and retires the old address. It returns EAGAIN while the
 // kernel still counts the mremap as in progress (every copy fails then, faults too).
 static int restore_at(odp_fs *fs, restoring *x) {
+	if (x->bounce) {
+		struct uffdio_move m = {.dst = x->to, .src = x->bounce, .len = (uint64_t)fs->ps, .mode = UFFDIO_MOVE_MODE_ALLOW_SRC_HOLES};
+		if (ioctl(fs->uffd, UFFDIO_MOVE, &m) != 0 && errno == EAGAIN)
+			return EAGAIN;
+		if (m.move > 0)
+			add(&fs->restored, 1);
+		uint64_t idx = 0;
+		region *r = find(fs, x->from, &idx);
+		uint32_t want = ODP_PAGE_REMAPPED;
+		if (r) // the evictor leaves a REMAPPED page alone; now it is gone for good
+			__atomic_compare_exchange_n(&r->state[idx], &want, ODP_PAGE_GONE, 0, __ATOMIC_ACQ_REL, __ATOMIC_ACQUIRE);
+		return 0;
+	}
 	struct uffdio_copy c = {.dst = x->to, .src = (uint64_t)x->page, .len = (uint64_t)fs->ps};
 	if (ioctl(fs->uffd, UFFDIO_COPY, &c) != 0 && errno == EAGAIN)
 		return EAGAIN;
 	free(x->page);
 	add(&fs->restored, 1);
 	return 0;
+}
+
+// queue_restore appends x to the loop's restore queue; it reports false when out of
+// memory (the page then reads as zero at its new address).
+static int queue_restore(restoring x, restoring **q, int *n, int *cap) {
+	if (*n == *cap) {
+		int nc = *cap ? *cap * 2 : 64;
+		restoring *nq = realloc(*q, sizeof(**q) * (size_t)nc);
+		if (!nq)
+			return 0;
+		*q = nq;
+		*cap = nc;
+	}
+	(*q)[(*n)++] = x;
+	return 1;
 }
 
 // moved queues the stored pages of [from, from+len) to be restored at their new
@@ -357,7 +412,15 @@ static void moved(odp_fs *fs, uint64_t from, uint64_t to, uint64_t len, restorin
 		uint64_t lo = from > r->base ? from : r->base, hi = from + len < rend ? from + len : rend;
 		for (uint64_t a = lo; a < hi; a += (uint64_t)fs->ps) {
 			uint64_t i = (a - r->base) / (uint64_t)fs->ps;
-			if (__atomic_load_n(&r->state[i], __ATOMIC_ACQUIRE) != ODP_PAGE_STORED)
+			uint32_t s = __atomic_load_n(&r->state[i], __ATOMIC_ACQUIRE);
+			if ((s == ODP_PAGE_EVICTING || s == ODP_PAGE_RECLAIMED) &&
+			    __atomic_compare_exchange_n(&r->state[i], &s, ODP_PAGE_REMAPPED, 0, __ATOMIC_ACQ_REL, __ATOMIC_ACQUIRE)) {
+				// On its way to the store, or back: its content is in the bounce page
+				// (or moved with the mapping). The evictor leaves it alone now.
+				queue_restore((restoring){NULL, to + (a - from), r->bounce + i * (uint64_t)fs->ps, a}, q, n, cap);
+				continue;
+			}
+			if (s != ODP_PAGE_STORED)
 				continue;
 			// Take the content out now: the UNMAP of the old range that follows in the
 			// same batch forgets the stored copy.
@@ -370,17 +433,10 @@ static void moved(odp_fs *fs, uint64_t from, uint64_t to, uint64_t len, restorin
 			uint32_t want = ODP_PAGE_STORED;
 			if (__atomic_compare_exchange_n(&r->state[i], &want, ODP_PAGE_NONE, 0, __ATOMIC_ACQ_REL, __ATOMIC_ACQUIRE))
 				fallocate(fs->store_fd, FALLOC_FL_PUNCH_HOLE | FALLOC_FL_KEEP_SIZE, off, fs->ps);
-			if (*n == *cap) {
-				int nc = *cap ? *cap * 2 : 64;
-				restoring *nq = realloc(*q, sizeof(**q) * (size_t)nc);
-				if (!nq) {
-					free(page);
-					return; // out of memory: the page reads as zero at its new address
-				}
-				*q = nq;
-				*cap = nc;
+			if (!queue_restore((restoring){page, to + (a - from), 0, a}, q, n, cap)) {
+				free(page);
+				return; // out of memory: the page reads as zero at its new address
 			}
-			(*q)[(*n)++] = (restoring){page, to + (a - from)};
 		}
 	}
 }
@@ -403,9 +459,13 @@ static int install_one(odp_fs *fs, uint64_t page) {
 		// The page may be present (a request covers present pages too): claim it so
 		// that the evictor cannot move it out between this decision and the copy.
 		uint32_t want = ODP_PAGE_NONE;
-		if (!__atomic_compare_exchange_n(&r->state[idx], &want, ODP_PAGE_INSTALLING, 0, __ATOMIC_ACQ_REL, __ATOMIC_ACQUIRE))
-			return want == ODP_PAGE_GONE ? ENOENT : EAGAIN; // evicting meanwhile: again
-		claim = &r->state[idx];
+		if (__atomic_compare_exchange_n(&r->state[idx], &want, ODP_PAGE_INSTALLING, 0, __ATOMIC_ACQ_REL, __ATOMIC_ACQUIRE))
+			claim = &r->state[idx];
+		else if (want == ODP_PAGE_GONE || want == ODP_PAGE_REMAPPED)
+			return ENOENT; // not mapped here any more
+		else if (want != ODP_PAGE_DISCARDED)
+			return EAGAIN; // evicting meanwhile: again
+		// DISCARDED: reads as zero; no eviction starts on it, so no claim is needed.
 	}
 	struct uffdio_copy c = {.dst = page, .src = (uint64_t)fs->zero, .len = (uint64_t)fs->ps};
 	int e = 0;
@@ -442,7 +502,7 @@ static void serve_installs(odp_fs *fs) {
 		if (!fs->ihead)
 			fs->itail = NULL;
 		pthread_mutex_unlock(&fs->imu);
-		uint64_t v = q->failed ? 2 : 1;
+		uint64_t v = q->failed ? ODP_INSTALL_UNMAPPED : ODP_INSTALL_DONE;
 		ssize_t w = write(q->done_fd, &v, sizeof v);
 		(void)w;
 		free(q);
@@ -500,6 +560,9 @@ static void *loop(void *arg) {
 			break;
 		if (p[0].revents & (POLLERR | POLLHUP | POLLNVAL))
 			break;
+		// Regions are added and removed under rmu; holding it while working on a batch
+		// means a region's state words are never touched after its removal returns.
+		pthread_mutex_lock(&fs->rmu);
 		if (npend < MAX_PENDING - MSG_BATCH) {
 			// The kernel lets the thread that raised an event go on as soon as read(2)
 			// returns it; "reading" covers that gap until the event is counted.
@@ -536,6 +599,7 @@ static void *loop(void *arg) {
 			npend = keep;
 			serve_installs(fs);
 		}
+		pthread_mutex_unlock(&fs->rmu);
 		if (npend || nrq)
 			sched_yield(); // an event is pending; it is read on the next turn
 	}
@@ -554,17 +618,19 @@ odp_fs *odp_fs_start(int uffd, unsigned around, int *err) {
 	fs->uffd = uffd;
 	fs->around = around ? around : 1;
 	fs->ps = sysconf(_SC_PAGESIZE);
+	fs->store_fd = -1;
+	fs->zero = MAP_FAILED;
 	fs->stopfd = eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK);
 	fs->evfd = eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK);
-	fs->store_fd = -1;
 	fs->ifd = eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK);
-	pthread_mutex_init(&fs->imu, NULL);
 	fs->bounce_buf = aligned_alloc((size_t)fs->ps, (size_t)fs->ps);
-	pthread_mutex_init(&fs->rmu, NULL);
-	fs->zero = mmap(NULL, (size_t)fs->ps * fs->around, PROT_READ, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+	if (fs->stopfd >= 0 && fs->evfd >= 0 && fs->ifd >= 0 && fs->bounce_buf)
+		fs->zero = mmap(NULL, (size_t)fs->ps * fs->around, PROT_READ, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
 	pthread_mutex_init(&fs->qmu, NULL);
-	if (fs->stopfd < 0 || fs->evfd < 0 || fs->zero == MAP_FAILED) {
-		*err = errno;
+	pthread_mutex_init(&fs->imu, NULL);
+	pthread_mutex_init(&fs->rmu, NULL);
+	if (fs->zero == MAP_FAILED) {
+		*err = fs->bounce_buf ? errno : ENOMEM;
 		goto fail;
 	}
 	int e = pthread_create(&fs->thread, NULL, loop, fs);
@@ -576,8 +642,12 @@ odp_fs *odp_fs_start(int uffd, unsigned around, int *err) {
 fail:
 	if (fs->stopfd >= 0) close(fs->stopfd);
 	if (fs->evfd >= 0) close(fs->evfd);
-	if (fs->zero != MAP_FAILED && fs->zero != NULL) munmap(fs->zero, (size_t)fs->ps * fs->around);
+	if (fs->ifd >= 0) close(fs->ifd);
+	if (fs->zero != MAP_FAILED) munmap(fs->zero, (size_t)fs->ps * fs->around);
+	free(fs->bounce_buf);
 	pthread_mutex_destroy(&fs->qmu);
+	pthread_mutex_destroy(&fs->imu);
+	pthread_mutex_destroy(&fs->rmu);
 	free(fs);
 	return NULL;
 }
@@ -596,14 +666,13 @@ void odp_fs_stop(odp_fs *fs) {
 	close(fs->ifd);
 	for (install_req *q = fs->ihead; q;) {
 		install_req *n = q->link;
-		uint64_t one = 1;
-		ssize_t w = write(q->done_fd, &one, sizeof one); // release a waiter
+		uint64_t stopped = ODP_INSTALL_STOPPED;
+		ssize_t w = write(q->done_fd, &stopped, sizeof stopped); // fail the waiter
 		(void)w;
 		free(q);
 		q = n;
 	}
-	for (int i = 0; i < MAX_REGIONS; i++)
-		free(fs->regions[i].state);
+	// Region state arrays belong to their Go owners (odp_region_free).
 	free(fs->bounce_buf);
 	free(fs->q);
 	free(fs);
@@ -614,35 +683,36 @@ int odp_fs_set_store(odp_fs *fs, int fd) {
 	return 0;
 }
 
-uint32_t *odp_fs_add_region(odp_fs *fs, uint64_t base, uint64_t npages, uint64_t bounce, uint64_t store_off, int *slot) {
+uint32_t *odp_region_alloc(uint64_t npages) { return calloc((size_t)npages ? (size_t)npages : 1, sizeof(uint32_t)); }
+
+void odp_region_free(uint32_t *state) { free(state); }
+
+int odp_fs_add_region(odp_fs *fs, uint64_t base, uint64_t npages, uint64_t bounce, uint64_t store_off, uint32_t *state) {
 	pthread_mutex_lock(&fs->rmu);
 	for (int i = 0; i < MAX_REGIONS; i++) {
 		region *r = &fs->regions[i];
-		if (r->used || r->state)
+		if (r->used)
 			continue;
-		r->state = calloc((size_t)npages, sizeof(uint32_t));
-		if (!r->state)
-			break;
+		r->state = state;
 		r->base = base;
 		r->npages = npages;
 		r->bounce = bounce;
 		r->store_off = store_off;
 		__atomic_store_n(&r->used, 1, __ATOMIC_RELEASE);
-		*slot = i;
 		pthread_mutex_unlock(&fs->rmu);
-		return r->state;
+		return i;
 	}
 	pthread_mutex_unlock(&fs->rmu);
-	return NULL;
+	return -1;
 }
 
-void odp_fs_remove_region(odp_fs *fs, int slot) {
-	pthread_mutex_lock(&fs->rmu);
+void odp_fs_remove_region(odp_fs *fs, int slot, uint32_t *state) {
+	pthread_mutex_lock(&fs->rmu); // the server thread holds it while working on a batch
 	region *r = &fs->regions[slot];
-	__atomic_store_n(&r->used, 0, __ATOMIC_RELEASE);
-	// The memory is unregistered before this is called: the server thread can be in
-	// find() at most for a fault that has already failed, so freeing is deferred to
-	// odp_fs_stop, which joins the thread; the slot stays taken until then.
+	if (r->used && r->state == state) {
+		__atomic_store_n(&r->used, 0, __ATOMIC_RELEASE);
+		r->state = NULL;
+	}
 	pthread_mutex_unlock(&fs->rmu);
 }
 

@@ -19,6 +19,10 @@ import (
 	"golang.org/x/sys/unix"
 )
 
+// ErrStopped is returned by every CPUServer method, and every PagedRegion method
+// that needs the server, once the server has stopped.
+var ErrStopped = errors.New("pagefault: CPU fault server stopped")
+
 // CPUServer serves the page faults that application threads take on a userfaultfd's
 // registered ranges. It runs in a C pthread, so a goroutine blocked in a fault (which
 // keeps its P, even inside copy()) is served however many Ps are held: no deadlock at
@@ -26,9 +30,12 @@ import (
 // Faults are resolved with zero-filled private pages (UFFDIO_COPY, never the shared zero
 // page, so a page's frame does not change on a later write). Non-pagefault events
 // (REMOVE, UNMAP, REMAP, FORK) are queued and handed to Go through Events.
+//
+// Every method is safe for concurrent use, also with Stop; after Stop each returns
+// ErrStopped. No Go value points into memory that Stop frees.
 type CPUServer struct {
 	mu sync.Mutex // protects fs against Stop racing the other methods
-	fs *C.odp_fs
+	fs *C.odp_fs  // nil once stopped
 }
 
 // CPUServerStats are the server's counters.
@@ -51,57 +58,68 @@ func StartCPUServer(u *FD, around int) (*CPUServer, error) {
 	return &CPUServer{fs: fs}, nil
 }
 
-// Stop stops and joins the server thread. Faults taken afterwards are not served, so
-// stop only after the ranges are unregistered or no longer touched.
-func (s *CPUServer) Stop() {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	if s.fs != nil {
-		C.odp_fs_stop(s.fs)
-		s.fs = nil
-	}
-}
-
-// Stats reads the counters.
-func (s *CPUServer) Stats() CPUServerStats {
+// live runs fn with the server's lock held if the server runs, else returns
+// ErrStopped.
+func (s *CPUServer) live(fn func(fs *C.odp_fs)) error {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	if s.fs == nil {
-		return CPUServerStats{}
+		return ErrStopped
 	}
+	fn(s.fs)
+	return nil
+}
+
+// Stop stops and joins the server thread, fails install requests still waiting, and
+// unlinks every region (their state words stay valid for their owners). Faults taken
+// afterwards are not served, so stop only after the ranges are unregistered or no
+// longer touched. A second Stop returns ErrStopped.
+func (s *CPUServer) Stop() error {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.fs == nil {
+		return ErrStopped
+	}
+	C.odp_fs_stop(s.fs)
+	s.fs = nil
+	return nil
+}
+
+// Stats reads the counters.
+func (s *CPUServer) Stats() (CPUServerStats, error) {
 	var st C.odp_fs_stats
-	C.odp_fs_stats_read(s.fs, &st)
+	err := s.live(func(fs *C.odp_fs) { C.odp_fs_stats_read(fs, &st) })
 	return CPUServerStats{
 		Faults: uint64(st.faults), WriteFaults: uint64(st.write_faults), Pages: uint64(st.pages),
 		Exist: uint64(st.exist), Retries: uint64(st.retries), Errors: uint64(st.errors),
 		Events: uint64(st.events), ServiceTime: time.Duration(st.service_ns),
 		MaxServiceTime: time.Duration(st.max_service_ns),
-	}
+	}, err
 }
 
 // EventFd returns an eventfd that is readable while events are queued. It is owned by
 // the server and closed by Stop.
-func (s *CPUServer) EventFd() int {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	if s.fs == nil {
-		return -1
-	}
-	return int(C.odp_fs_event_fd(s.fs))
+func (s *CPUServer) EventFd() (int, error) {
+	fd := -1
+	err := s.live(func(fs *C.odp_fs) { fd = int(C.odp_fs_event_fd(fs)) })
+	return fd, err
 }
 
 // Events moves queued non-pagefault events into dst and returns how many it moved.
-// Each event's Age is how long ago the server read it from the userfaultfd (at which
-// point the kernel went on with the operation that raised it).
+// Each event's ReadAt is when the server read it from the userfaultfd (at which point
+// the kernel went on with the operation that raised it); see SinceRead.
 func (s *CPUServer) Events(dst []Msg) (int, error) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	if s.fs == nil || len(dst) == 0 {
-		return 0, nil
+	if len(dst) == 0 {
+		return 0, s.live(func(*C.odp_fs) {})
 	}
 	raw := make([]byte, MsgSize*len(dst))
 	times := make([]C.uint64_t, len(dst))
-	n := int(C.odp_fs_pop_events(s.fs, unsafe.Pointer(&raw[0]), &times[0], C.int(len(dst))))
+	n := 0
+	if err := s.live(func(fs *C.odp_fs) {
+		n = int(C.odp_fs_pop_events(fs, unsafe.Pointer(&raw[0]), &times[0], C.int(len(dst))))
+	}); err != nil {
+		return 0, err
+	}
 	for i := 0; i < n; i++ {
 		m, err := DecodeMsg(raw[i*MsgSize:])
 		if err != nil {
@@ -113,25 +131,23 @@ func (s *CPUServer) Events(dst []Msg) (int, error) {
 	return n, nil
 }
 
-// Since returns how long ago, on the server's clock, a Msg.ReadAt was.
-func (s *CPUServer) Since(readAt time.Duration) time.Duration {
+// SinceRead returns how long ago, on the fault server's clock (CLOCK_MONOTONIC), a
+// Msg.ReadAt was.
+func SinceRead(readAt time.Duration) time.Duration {
 	return time.Duration(C.odp_fs_now_ns()) - readAt
 }
 
 // SettledEvents returns how many events the server has queued, once it is not between
 // reading messages and queueing them: every event a thread was released from before
 // the call is counted. It waits (yielding) through that short window.
-func (s *CPUServer) SettledEvents() uint64 {
+func (s *CPUServer) SettledEvents() (uint64, error) {
 	for {
-		s.mu.Lock()
-		if s.fs == nil {
-			s.mu.Unlock()
-			return 0
+		var n int64
+		if err := s.live(func(fs *C.odp_fs) { n = int64(C.odp_fs_settled_events(fs)) }); err != nil {
+			return 0, err
 		}
-		n := int64(C.odp_fs_settled_events(s.fs))
-		s.mu.Unlock()
 		if n >= 0 {
-			return uint64(n)
+			return uint64(n), nil
 		}
 		runtime.Gosched()
 	}
@@ -139,28 +155,23 @@ func (s *CPUServer) SettledEvents() uint64 {
 
 // InstallSeq returns a mark for InstalledSince: the sequence number of the latest
 // page the server installed.
-func (s *CPUServer) InstallSeq() uint64 {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	if s.fs == nil {
-		return 0
-	}
-	return uint64(C.odp_fs_install_seq(s.fs))
+func (s *CPUServer) InstallSeq() (uint64, error) {
+	var seq uint64
+	err := s.live(func(fs *C.odp_fs) { seq = uint64(C.odp_fs_install_seq(fs)) })
+	return seq, err
 }
 
 // InstalledSince reports whether the server installed a page overlapping [lo, hi)
 // after mark, that is, whether a CPU fault found a page of that range missing. When
 // too many installs happened since to tell, it reports true.
-func (s *CPUServer) InstalledSince(mark uint64, lo, hi uintptr) bool {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	if s.fs == nil {
-		return false
-	}
-	return C.odp_fs_installed_since(s.fs, C.uint64_t(mark), C.uint64_t(lo), C.uint64_t(hi)) != 0
+func (s *CPUServer) InstalledSince(mark uint64, lo, hi uintptr) (bool, error) {
+	var r C.int
+	err := s.live(func(fs *C.odp_fs) { r = C.odp_fs_installed_since(fs, C.uint64_t(mark), C.uint64_t(lo), C.uint64_t(hi)) })
+	return r != 0, err
 }
 
-// Page states of a paged region, shared with the server thread.
+// Page states of a paged region, shared with the server thread (doc.go has the
+// table of transitions).
 const (
 	PageNone       = C.ODP_PAGE_NONE       // a fault zero-fills
 	PageStored     = C.ODP_PAGE_STORED     // the content is in the store
@@ -168,22 +179,24 @@ const (
 	PageReclaimed  = C.ODP_PAGE_RECLAIMED  // a fault took it back from the bounce page
 	PageGone       = C.ODP_PAGE_GONE       // unmapped: never touch the address again
 	PageInstalling = C.ODP_PAGE_INSTALLING // claimed by the server thread's install
+	PageDiscarded  = C.ODP_PAGE_DISCARDED  // discarded while evicting: reads as zero
+	PageRemapped   = C.ODP_PAGE_REMAPPED   // mremapped while evicting: the server moves it on
 )
 
 // SetStore gives the server the store file that stored pages are read from.
-func (s *CPUServer) SetStore(fd int) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	C.odp_fs_set_store(s.fs, C.int(fd))
+func (s *CPUServer) SetStore(fd int) error {
+	return s.live(func(fs *C.odp_fs) { C.odp_fs_set_store(fs, C.int(fd)) })
 }
 
 // PagedRegion is memory whose pages the emulator may evict or migrate; the server
 // restores them on faults. Its state words are shared with the server thread and
-// accessed atomically.
+// accessed atomically. They live as long as the PagedRegion does: after Remove, or
+// after the server stopped, they still read and write (the server no longer looks).
 type PagedRegion struct {
 	s      *CPUServer
 	slot   C.int
-	states []uint32 // C memory, one word per page
+	words  *C.uint32_t
+	states []uint32 // the words, one per page
 }
 
 // ErrRegionTable is returned when the server's region table is full.
@@ -192,23 +205,46 @@ var ErrRegionTable = errors.New("pagefault: paged region table full")
 // AddRegion makes npages pages at base a paged region: page i bounces at
 // bounce + i*PageSize and is stored at storeOff + i*PageSize.
 func (s *CPUServer) AddRegion(base uintptr, npages int, bounce uintptr, storeOff int64) (*PagedRegion, error) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	var slot C.int
-	st := C.odp_fs_add_region(s.fs, C.uint64_t(base), C.uint64_t(npages), C.uint64_t(bounce), C.uint64_t(storeOff), &slot)
-	if st == nil {
-		return nil, ErrRegionTable
+	if npages <= 0 {
+		return nil, fmt.Errorf("pagefault: paged region of %d pages: %w", npages, unix.EINVAL)
 	}
-	return &PagedRegion{s: s, slot: slot, states: unsafe.Slice((*uint32)(unsafe.Pointer(st)), npages)}, nil
+	words := C.odp_region_alloc(C.uint64_t(npages))
+	if words == nil {
+		return nil, fmt.Errorf("pagefault: paged region state: %w", unix.ENOMEM)
+	}
+	slot := C.int(-1)
+	if err := s.live(func(fs *C.odp_fs) {
+		slot = C.odp_fs_add_region(fs, C.uint64_t(base), C.uint64_t(npages), C.uint64_t(bounce), C.uint64_t(storeOff), words)
+	}); err != nil || slot < 0 {
+		C.odp_region_free(words)
+		if err == nil {
+			err = ErrRegionTable
+		}
+		return nil, err
+	}
+	r := &PagedRegion{s: s, slot: slot, words: words, states: unsafe.Slice((*uint32)(unsafe.Pointer(words)), npages)}
+	// The words are freed once no Go value can reach them; the region is unlinked
+	// from the server first, in case its owner never removed it.
+	runtime.AddCleanup(r, func(a regionRef) { a.release() }, regionRef{s, slot, words})
+	return r, nil
 }
 
-// Remove retires the region; its memory must be unregistered first.
-func (r *PagedRegion) Remove() {
-	r.s.mu.Lock()
-	defer r.s.mu.Unlock()
-	if r.s.fs != nil {
-		C.odp_fs_remove_region(r.s.fs, r.slot)
-	}
+// regionRef is what a PagedRegion's cleanup needs: not the region itself.
+type regionRef struct {
+	s     *CPUServer
+	slot  C.int
+	words *C.uint32_t
+}
+
+func (a regionRef) release() {
+	_ = a.s.live(func(fs *C.odp_fs) { C.odp_fs_remove_region(fs, a.slot, a.words) }) // stopped: unlinked already
+	C.odp_region_free(a.words)
+}
+
+// Remove retires the region; its memory must be unregistered first. When it returns
+// the server thread no longer reads or writes the region's states.
+func (r *PagedRegion) Remove() error {
+	return r.s.live(func(fs *C.odp_fs) { C.odp_fs_remove_region(fs, r.slot, r.words) })
 }
 
 // State returns page i's state.
@@ -223,36 +259,31 @@ func (r *PagedRegion) CompareAndSwap(i int, old, new uint32) bool {
 }
 
 // Restored counts pages the server restored from the store or a bounce page.
-func (s *CPUServer) Restored() uint64 {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	if s.fs == nil {
-		return 0
-	}
-	return uint64(C.odp_fs_restored(s.fs))
+func (s *CPUServer) Restored() (uint64, error) {
+	var n uint64
+	err := s.live(func(fs *C.odp_fs) { n = uint64(C.odp_fs_restored(fs)) })
+	return n, err
 }
 
-// Install makes npages pages at start present by the server thread, as faults would
-// (ErrUnmapped if some page is not in a registered range):
+// Install makes npages pages at start present by the server thread, as faults would:
 // evicted pages come back with their content, others are zero-filled. Pages that are
-// present already are left alone; pages outside registered ranges stay missing. The
-// caller blocks in read(2), holding no P, until the thread is done. Because the server
-// thread is then the only one that installs pages of paged regions, no content it
-// chose can be overtaken by an eviction (a page it fills is missing until it fills it).
+// present already are left alone. It fails with ErrUnmapped if some page is not in a
+// registered range, and with ErrStopped if the server stops first. The caller blocks
+// in read(2), holding no P, until the thread is done. Because the server thread is
+// then the only one that installs pages of paged regions, no content it chose can be
+// overtaken by an eviction (a page it fills is missing until it fills it).
 func (s *CPUServer) Install(start uintptr, npages int) error {
 	efd, err := s.doneFd()
 	if err != nil {
 		return err
 	}
-	defer s.putDoneFd(efd)
-	s.mu.Lock()
-	if s.fs == nil {
-		s.mu.Unlock()
-		return ErrClosed
+	var e C.int
+	if err := s.live(func(fs *C.odp_fs) { e = C.odp_fs_install(fs, C.uint64_t(start), C.uint64_t(npages), C.int(efd)) }); err != nil {
+		s.putDoneFd(efd)
+		return err
 	}
-	e := C.odp_fs_install(s.fs, C.uint64_t(start), C.uint64_t(npages), C.int(efd))
-	s.mu.Unlock()
 	if e != 0 {
+		s.putDoneFd(efd)
 		return fmt.Errorf("pagefault: install request: %w", unix.Errno(e))
 	}
 	var b [8]byte
@@ -261,10 +292,17 @@ func (s *CPUServer) Install(start uintptr, npages int) error {
 		if err == unix.EINTR {
 			continue
 		}
-		if err == nil && binary.NativeEndian.Uint64(b[:]) != 1 {
-			return fmt.Errorf("pagefault: install %#x+%d pages: %w", start, npages, ErrUnmapped)
+		s.putDoneFd(efd) // one answer per request: the eventfd reads zero again
+		if err != nil {
+			return fmt.Errorf("pagefault: install answer: %w", err)
 		}
-		return err
+		switch binary.NativeEndian.Uint64(b[:]) {
+		case C.ODP_INSTALL_DONE:
+			return nil
+		case C.ODP_INSTALL_STOPPED:
+			return ErrStopped
+		}
+		return fmt.Errorf("pagefault: install %#x+%d pages: %w", start, npages, ErrUnmapped)
 	}
 }
 
@@ -284,6 +322,6 @@ func (s *CPUServer) putDoneFd(fd int) {
 	select {
 	case doneFds <- fd:
 	default:
-		unix.Close(fd)
+		_ = unix.Close(fd) // an eventfd of our own: nothing to flush
 	}
 }

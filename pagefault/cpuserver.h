@@ -1,7 +1,8 @@
 // CPU fault server: a pthread that reads a userfaultfd and resolves the faults that
 // application threads take on on-demand memory, so that no Go P is needed to serve them
-// (see NOTES.md, "The Go runtime hazard"). Non-pagefault events are queued in C memory
-// and announced on an eventfd; the thread never blocks on Go.
+// (doc.go explains why, and holds the table of page states and their transitions).
+// Non-pagefault events are queued in C memory and announced on an eventfd; the thread
+// never blocks on Go.
 #ifndef ODPEMU_CPUSERVER_H
 #define ODPEMU_CPUSERVER_H
 
@@ -22,7 +23,7 @@ typedef struct odp_fs_stats {
 
 typedef struct odp_fs odp_fs;
 
-// Page states of a paged region (see odp_fs_add_region).
+// Page states of a paged region (see odp_fs_add_region; doc.go has the transitions).
 enum {
 	ODP_PAGE_NONE = 0,      // a fault zero-fills
 	ODP_PAGE_STORED = 1,    // the content is in the store
@@ -30,6 +31,10 @@ enum {
 	ODP_PAGE_RECLAIMED = 3, // a fault took an evicting page back from the bounce page
 	ODP_PAGE_GONE = 4,      // unmapped: the address may belong to someone else now
 	ODP_PAGE_INSTALLING = 5, // the server thread is zero-filling it: not to be evicted
+	ODP_PAGE_DISCARDED = 6, // discarded (REMOVE) while evicting: reads as zero; its
+	                        // bounce page may hold stale content for the evictor to drop
+	ODP_PAGE_REMAPPED = 7,  // mremapped away while evicting: its bounce page's content
+	                        // belongs to the new address, where the server moves it
 };
 
 // odp_fs_start starts a server on uffd. around is the number of pages installed per
@@ -55,15 +60,28 @@ int odp_fs_installed_since(odp_fs *fs, uint64_t since, uint64_t lo, uint64_t hi)
 // odp_fs_set_store sets the file descriptor of the store that STORED pages are read
 // from. Call before adding regions.
 int odp_fs_set_store(odp_fs *fs, int fd);
+// odp_region_alloc allocates the zeroed state words (ODP_PAGE_*) of a region of npages
+// pages; odp_region_free frees them. The caller owns them: it frees them only once the
+// region is removed (or the server stopped) and no caller can read them any more.
+uint32_t *odp_region_alloc(uint64_t npages);
+void odp_region_free(uint32_t *state);
 // odp_fs_add_region makes [base, base+npages pages) a paged region whose page i
-// bounces at bounce + i*ps and is stored at store_off + i*ps. It returns the region's
-// state array (in C memory, read and written atomically by both sides) and its slot,
-// or NULL when the table is full.
-uint32_t *odp_fs_add_region(odp_fs *fs, uint64_t base, uint64_t npages, uint64_t bounce, uint64_t store_off, int *slot);
-// odp_fs_remove_region retires a region after its memory was unregistered.
-void odp_fs_remove_region(odp_fs *fs, int slot);
+// bounces at bounce + i*ps and is stored at store_off + i*ps, with state as its state
+// words (read and written atomically by both sides). It returns the region's slot, or
+// -1 when the table is full.
+int odp_fs_add_region(odp_fs *fs, uint64_t base, uint64_t npages, uint64_t bounce, uint64_t store_off, uint32_t *state);
+// odp_fs_remove_region retires the region in slot if it still has these state words;
+// once it returns, the server thread does not touch them again.
+void odp_fs_remove_region(odp_fs *fs, int slot, uint32_t *state);
 // odp_fs_restored counts pages the server restored from the store or a bounce page.
 uint64_t odp_fs_restored(odp_fs *fs);
+// Answers to an install request, written to its done_fd.
+enum {
+	ODP_INSTALL_DONE = 1,     // every page is present
+	ODP_INSTALL_UNMAPPED = 2, // some page is not in a registered range
+	ODP_INSTALL_STOPPED = 3,  // the server stopped before it was served
+};
+
 // odp_fs_install asks the server thread to make npages pages at start present (as
 // faults would: restored if evicted, zero-filled otherwise) and to write 1 to done_fd
 // when it has. The thread is then the only installer of paged memory.

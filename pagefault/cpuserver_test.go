@@ -24,7 +24,7 @@ func TestCPUServerServesCopyFaults(t *testing.T) {
 			u := registered(t, b, 0)
 			s, err := StartCPUServer(u, 1)
 			require.NoError(t, err)
-			defer s.Stop()
+			defer stop(t, s)
 
 			stop := make(chan struct{})
 			gcDone := make(chan struct{})
@@ -62,7 +62,7 @@ func TestCPUServerServesCopyFaults(t *testing.T) {
 					t.Fatalf("page %d holds %d, want %d", p, b[p*int(PageSize)], want)
 				}
 			}
-			st := s.Stats()
+			st := stats(t, s)
 			// Each page is installed exactly once; a thread whose wait a signal interrupted
 			// faults again and its second message finds the page present (Exist).
 			assert.EqualValues(t, npages, st.Faults)
@@ -80,13 +80,13 @@ func TestCPUServerFaultAround(t *testing.T) {
 	u := registered(t, b, 0)
 	s, err := StartCPUServer(u, 16)
 	require.NoError(t, err)
-	defer s.Stop()
+	defer stop(t, s)
 	var sum byte
 	for p := 0; p < npages; p++ {
 		sum += b[p*int(PageSize)] // read faults
 	}
 	assert.Zero(t, sum)
-	st := s.Stats()
+	st := stats(t, s)
 	assert.EqualValues(t, npages/16, st.Faults, "one fault per 16-page window")
 	assert.EqualValues(t, npages, st.Pages)
 	assert.Zero(t, st.WriteFaults)
@@ -110,12 +110,12 @@ func TestCPUServerQueuesEvents(t *testing.T) {
 	u := registered(t, b, FeatureEventRemove)
 	s, err := StartCPUServer(u, 1)
 	require.NoError(t, err)
-	defer s.Stop()
+	defer stop(t, s)
 	for p := 0; p < npages; p++ {
 		b[p*int(PageSize)] = 7
 	}
 	require.NoError(t, unix.Madvise(b[4*PageSize:8*PageSize], unix.MADV_DONTNEED))
-	waitReadable(t, s.EventFd())
+	waitReadable(t, eventFd(t, s))
 	var msgs [4]Msg
 	n, err := s.Events(msgs[:])
 	require.NoError(t, err)
@@ -126,19 +126,129 @@ func TestCPUServerQueuesEvents(t *testing.T) {
 	// The removed pages stay registered and fault again, zero filled.
 	assert.EqualValues(t, 0, b[5*PageSize])
 	assert.EqualValues(t, 7, b[3*PageSize])
-	assert.EqualValues(t, 1, s.Stats().Events)
+	assert.EqualValues(t, 1, stats(t, s).Events)
 }
 
-func TestCPUServerStopIsIdempotent(t *testing.T) {
-	b := region(t, 1)
+func stats(t testing.TB, s *CPUServer) CPUServerStats {
+	st, err := s.Stats()
+	require.NoError(t, err)
+	return st
+}
+
+func eventFd(t testing.TB, s *CPUServer) int {
+	fd, err := s.EventFd()
+	require.NoError(t, err)
+	return fd
+}
+
+func stop(t testing.TB, s *CPUServer) { require.NoError(t, s.Stop()) }
+
+// Every method of a stopped server returns ErrStopped, and a region's state words
+// outlive the server: no Go value points into memory Stop freed.
+func TestCPUServerAfterStop(t *testing.T) {
+	b := region(t, 4)
+	stash := region(t, 4)
 	u := registered(t, b, 0)
 	s, err := StartCPUServer(u, 1)
 	require.NoError(t, err)
-	s.Stop()
-	s.Stop()
-	assert.Equal(t, -1, s.EventFd())
-	assert.Equal(t, CPUServerStats{}, s.Stats())
+	r, err := s.AddRegion(addr(b), 4, addr(stash), 0)
+	require.NoError(t, err)
+	r.SetState(2, PageStored)
+	require.NoError(t, s.Stop())
+
+	require.ErrorIs(t, s.Stop(), ErrStopped)
+	_, err = s.Stats()
+	require.ErrorIs(t, err, ErrStopped)
+	_, err = s.EventFd()
+	require.ErrorIs(t, err, ErrStopped)
+	_, err = s.Events(make([]Msg, 4))
+	require.ErrorIs(t, err, ErrStopped)
+	_, err = s.Events(nil)
+	require.ErrorIs(t, err, ErrStopped)
+	_, err = s.SettledEvents()
+	require.ErrorIs(t, err, ErrStopped)
+	_, err = s.InstallSeq()
+	require.ErrorIs(t, err, ErrStopped)
+	_, err = s.InstalledSince(0, addr(b), addr(b)+PageSize)
+	require.ErrorIs(t, err, ErrStopped)
+	require.ErrorIs(t, s.SetStore(0), ErrStopped)
+	_, err = s.AddRegion(addr(b), 4, addr(stash), 0)
+	require.ErrorIs(t, err, ErrStopped)
+	_, err = s.Restored()
+	require.ErrorIs(t, err, ErrStopped)
+	require.ErrorIs(t, s.Install(addr(b), 1), ErrStopped)
+	require.ErrorIs(t, r.Remove(), ErrStopped)
+	// The region's words are still valid memory.
+	assert.EqualValues(t, PageStored, r.State(2))
+	assert.True(t, r.CompareAndSwap(2, PageStored, PageNone))
+	r = nil
+	runtime.GC() // the cleanup frees the words once the region is unreachable
 	debug.FreeOSMemory()
+}
+
+// Regions come and go as buffers are allocated and freed: a slot is reused once its
+// region is removed, far beyond the table's size.
+func TestCPUServerReusesRegionSlots(t *testing.T) {
+	b := region(t, 4)
+	stash := region(t, 4)
+	u := registered(t, b, 0)
+	s, err := StartCPUServer(u, 1)
+	require.NoError(t, err)
+	defer stop(t, s)
+	for i := 0; i < 1000; i++ {
+		r, err := s.AddRegion(addr(b), 4, addr(stash), 0)
+		require.NoError(t, err, "round %d", i)
+		require.NoError(t, r.Remove())
+	}
+	// Without removal the table fills up, and says so.
+	var rs []*PagedRegion
+	for {
+		r, err := s.AddRegion(addr(b), 4, addr(stash), 0)
+		if err != nil {
+			require.ErrorIs(t, err, ErrRegionTable)
+			break
+		}
+		rs = append(rs, r)
+	}
+	assert.Len(t, rs, 256)
+	for _, r := range rs {
+		require.NoError(t, r.Remove())
+	}
+}
+
+// Install answers: done, unmapped, and, for a request still waiting when the server
+// stops, ErrStopped (not success with nothing installed).
+func TestCPUServerInstallAnswers(t *testing.T) {
+	b := region(t, 2)
+	stash := region(t, 2)
+	u := registered(t, b, 0)
+	_, err := u.Register(addr(stash), uintptr(len(stash)), ModeMissing)
+	require.NoError(t, err)
+	s, err := StartCPUServer(u, 1)
+	require.NoError(t, err)
+	other := region(t, 1)
+	assert.ErrorIs(t, s.Install(addr(other), 1), ErrUnmapped, "not registered")
+	require.NoError(t, s.Install(addr(b), 1))
+	assert.Equal(t, byte(0), b[0])
+
+	// Page 1 claimed by an evictor that has not moved it out yet (its bounce page is
+	// empty): the server takes the claim (RECLAIMED) and keeps the request waiting
+	// for the evictor to settle, which never happens here.
+	r, err := s.AddRegion(addr(b), 2, addr(stash), 0)
+	require.NoError(t, err)
+	r.SetState(1, PageEvicting)
+	done := make(chan error)
+	go func() { done <- s.Install(addr(b)+PageSize, 1) }()
+	for r.State(1) != PageReclaimed { // the server has seen the request
+		runtime.Gosched()
+	}
+	select {
+	case err := <-done:
+		t.Fatalf("install answered while the page was claimed: %v", err)
+	default:
+	}
+	require.NoError(t, s.Stop())
+	assert.ErrorIs(t, <-done, ErrStopped)
 }
 
 func TestCPUServerInstallRing(t *testing.T) {
@@ -147,10 +257,18 @@ func TestCPUServerInstallRing(t *testing.T) {
 	u := registered(t, b, 0)
 	s, err := StartCPUServer(u, 1)
 	require.NoError(t, err)
-	defer s.Stop()
-	mark := s.InstallSeq()
+	defer stop(t, s)
+	since := func(mark uint64, lo, hi uintptr) bool {
+		ok, err := s.InstalledSince(mark, lo, hi)
+		require.NoError(t, err)
+		return ok
+	}
+	mark, err := s.InstallSeq()
+	require.NoError(t, err)
 	b[3*PageSize] = 1
-	assert.True(t, s.InstalledSince(mark, addr(b)+3*PageSize, addr(b)+4*PageSize))
-	assert.False(t, s.InstalledSince(mark, addr(b), addr(b)+3*PageSize), "install of page 3 only")
-	assert.False(t, s.InstalledSince(s.InstallSeq(), addr(b), addr(b)+uintptr(len(b))))
+	assert.True(t, since(mark, addr(b)+3*PageSize, addr(b)+4*PageSize))
+	assert.False(t, since(mark, addr(b), addr(b)+3*PageSize), "install of page 3 only")
+	now, err := s.InstallSeq()
+	require.NoError(t, err)
+	assert.False(t, since(now, addr(b), addr(b)+uintptr(len(b))))
 }

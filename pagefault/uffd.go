@@ -1,9 +1,3 @@
-// Package pagefault binds userfaultfd(2) and builds odpemu's fault machinery on it: a
-// resolver that makes page ranges present from a page source with ioctls (the NIC's
-// network page fault path, which never takes a CPU fault), and a CPU fault server that
-// serves application threads touching on-demand memory without needing a Go P.
-//
-// Only memory that odpemu mmaps itself may be registered; never the Go heap.
 package pagefault
 
 import (

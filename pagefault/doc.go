@@ -1,0 +1,103 @@
+// Package pagefault binds userfaultfd(2) and builds odpemu's fault machinery on it: a
+// resolver that makes page ranges present from a page source with ioctls (the NIC's
+// network page fault path, which never takes a CPU fault), and a CPU fault server that
+// serves application threads touching on-demand memory without needing a Go P.
+//
+// Only memory that odpemu mmaps itself may be registered; never the Go heap.
+//
+// # Why CPU faults are served by a C thread
+//
+// A page fault is a CPU trap, not a system call. A goroutine that touches a missing
+// page of a userfaultfd-registered range blocks its OS thread in the kernel while it
+// still holds its P: the scheduler does not know the thread is blocked, sysmon does not
+// hand the P off (it does that for system calls only), and asynchronous preemption
+// cannot interrupt a thread that sleeps in the kernel. A fault inside copy() or any
+// other assembly routine is not even at a preemption point. So if the code that serves
+// the fault needs a P, and every P is held by a goroutine blocked in a fault, nothing
+// runs; and a stop-the-world (garbage collection, a panic's stack dump) waits for the
+// faulting goroutines forever. Measured on 2-vCPU machines, a fault server in a
+// goroutine took 25 ms per fault at GOMAXPROCS=1 and up to 0.9 s with eight faulting
+// goroutines at GOMAXPROCS=2.
+//
+// The design avoids the hazard in three ways:
+//  1. The emulated NIC never takes a CPU fault on on-demand memory: it checks its own
+//     translation table before every DMA and resolves a miss with ioctls (UFFDIO_COPY,
+//     UFFDIO_ZEROPAGE; EEXIST means present), the way hardware takes a network page
+//     fault instead of a CPU fault.
+//  2. Faults that application goroutines take are served by CPUServer, a pthread
+//     started through cgo that reads the userfaultfd and installs pages from memory
+//     prepared in C. It never waits for Go: it holds no Go pointer, calls no Go code
+//     and takes no lock that Go code holds while it could fault.
+//  3. No goroutine hands a registered page to a system call that holds a kernel lock
+//     while it reads or writes user memory (write(2) holds the file's inode lock while
+//     it copies): if the page were missing, the syscall would fault with the lock held,
+//     and the server thread may need the same lock (it punches restored pages out of
+//     the store file). Such data is first copied, in user mode, to memory of our own.
+//
+// # Paged regions: the page states
+//
+// A paged region is memory that the pager (package invalidate) may evict to a store or
+// migrate to new frames. Each page has a 32-bit state shared by the server thread (S)
+// and the Go pager (E: the evictor, which runs one at a time, inside an invalidation
+// of the page's range, so the NIC neither maps nor DMAs to the page meanwhile). Every
+// change is a compare-and-swap (CAS) or an exchange on that word, so each actor sees
+// the other's claims. Content moves between three places: the page itself, the page's
+// private bounce page (in a stash mapping registered on the same userfaultfd, so that
+// UFFDIO_MOVE can move into it), and the store (a memfd or file, at a fixed offset).
+//
+//	state        meaning
+//	NONE         normal: content in place (or missing, then a fault zero-fills)
+//	EVICTING     E claimed the page and is moving it out (to the bounce, then store)
+//	STORED       content in the store only; the page is missing
+//	RECLAIMED    S took an EVICTING page back; content in place or still in bounce
+//	INSTALLING   S is zero-filling the page for an install request: E must not start
+//	DISCARDED    a REMOVE (madvise DONTNEED) hit an EVICTING/RECLAIMED page: it reads
+//	             as zero; its bounce page may hold stale content that E drops
+//	REMAPPED     a REMAP (mremap) hit an EVICTING/RECLAIMED page: its bounce content
+//	             belongs to the new address; S moves it there, then marks it GONE
+//	GONE         unmapped (UNMAP): the address may be someone else's memory now
+//
+// The transitions, by actor and mechanism:
+//
+//	actor  from        to          how
+//	E      NONE        EVICTING    CAS, after UFFDIO_ZEROPAGE answered EEXIST (the page
+//	                               is present and ours, not someone's new mapping)
+//	E      EVICTING    STORED      UFFDIO_MOVE page->bounce, copy bounce to a buffer,
+//	                               write it to the store, then CAS
+//	E      EVICTING    NONE        CAS, when the move moved nothing (page was missing)
+//	E      RECLAIMED   EVICTING    CAS (putBack re-claims), then UFFDIO_MOVE
+//	                               bounce->page, then CAS EVICTING->NONE
+//	E      DISCARDED   NONE        MADV_DONTNEED on the bounce page, then CAS
+//	S      EVICTING    RECLAIMED   CAS on a fault or install, then UFFDIO_MOVE
+//	                               bounce->page; on success CAS RECLAIMED->NONE
+//	S      STORED      NONE        pread store, UFFDIO_COPY page, CAS, punch the store
+//	S      NONE        INSTALLING  CAS before a zero-fill for an install request;
+//	                               back to NONE after the UFFDIO_COPY
+//	S      STORED      NONE        on REMOVE (the content is discarded): CAS, punch
+//	S      EVICTING,   DISCARDED   on REMOVE: CAS (the old content must not return)
+//	       RECLAIMED
+//	S      any but     GONE        on UNMAP: CAS loop; a STORED copy is punched
+//	       REMAPPED
+//	S      STORED      NONE        on REMAP: content read from the store, queued to be
+//	                               installed at the new address (UFFDIO_COPY)
+//	S      EVICTING,   REMAPPED    on REMAP: CAS; queued UFFDIO_MOVE bounce->new
+//	       RECLAIMED               address (a hole if E had not moved it), then
+//	                               CAS REMAPPED->GONE
+//
+// Rules that follow: S never waits for E; E waits for S only through ioctls that
+// return EAGAIN (retried) while an event is pending. A page in DISCARDED, REMAPPED or
+// GONE never gets its old content back at its old address: S treats DISCARDED as
+// "zero-fill" and the others as "not mapped here". A RECLAIMED or REMAPPED page's
+// bounce page is never dropped while it may hold the only copy of the content.
+// Whenever E's final CAS fails, it re-reads the state and acts on what an event or a
+// fault made of the page (putBack and settleEmpty in package invalidate).
+//
+// # Other shared state
+//
+// The server also keeps a ring of recent installs (for the DMA audit), a queue of
+// non-pagefault events for Go (Events, with the time each was read), and a queue of
+// install requests from Go (Install), each answered on an eventfd. Region slots are
+// added and removed under the server's region lock, which the server thread also
+// holds while it works on a batch, so that a removed region's state words are never
+// read after Remove returns.
+package pagefault
