@@ -157,6 +157,9 @@ func Open(cfg Config) (*Device, error) {
 	if b := cfg.ResidentBudget; b > 0 && (d.limit < 0 || d.limit > b) {
 		d.limit = b // what may be resident may be pinned, no more
 	}
+	if err := checkKernel(cfg, pagefault.ProbeKernelBehaviour()); err != nil {
+		return nil, fmt.Errorf("odp: open %s: %w", cfg.Name, err)
+	}
 	var err error
 	feats := pagefault.FeatureEventRemove | pagefault.FeatureEventUnmap | pagefault.FeatureEventRemap
 	if p := pagefault.ProbeKernel(); p.Err == nil && p.Mode == pagefault.ModeKernel && !cfg.UserModeOnly {
@@ -200,6 +203,27 @@ func Open(cfg Config) (*Device, error) {
 	rand.Read(seed[:])
 	d.keys.init(binary.LittleEndian.Uint32(seed[:]))
 	return d, nil
+}
+
+// requirements lists what the running kernel must offer for cfg: userfaultfd with the
+// REMOVE, UNMAP and REMAP events for ODP and its invalidations, MADV_POPULATE_WRITE
+// for write faults on shared pages and for pinning, and UFFDIO_MOVE for paging (the
+// pager moves pages out atomically).
+func requirements(cfg Config) []pagefault.Requirement {
+	reqs := []pagefault.Requirement{pagefault.ReqUserfaultfd, pagefault.ReqEvents, pagefault.ReqPopulateWrite}
+	if cfg.Paging || cfg.ResidentBudget > 0 {
+		reqs = append(reqs, pagefault.ReqMove)
+	}
+	return reqs
+}
+
+// checkKernel fails with an error matching ErrNotSupported, naming the feature and the
+// kernel release that has it, when k lacks something cfg needs.
+func checkKernel(cfg Config, k pagefault.Kernel) error {
+	if err := k.Check(requirements(cfg)...); err != nil {
+		return fmt.Errorf("%w: %w", ErrNotSupported, err)
+	}
+	return nil
 }
 
 // memlockLimit is ib_umem_get's limit: RLIMIT_MEMLOCK unless CAP_IPC_LOCK.

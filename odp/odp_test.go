@@ -6,6 +6,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/odpemu/odpemu/pagefault"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 	"go.uber.org/goleak"
@@ -22,8 +23,17 @@ type node struct {
 	qp  *QP
 }
 
+// needKernel skips the test, saying why, when the kernel lacks what cfg needs.
+func needKernel(t testing.TB, cfg Config) {
+	t.Helper()
+	if err := checkKernel(cfg, pagefault.ProbeKernelBehaviour()); err != nil {
+		t.Skipf("skipped: %v", err)
+	}
+}
+
 func newNode(t testing.TB, cfg Config) *node {
 	t.Helper()
+	needKernel(t, cfg)
 	d, err := Open(cfg)
 	require.NoError(t, err)
 	t.Cleanup(func() { d.Close() })
@@ -321,3 +331,37 @@ var (
 	up = uint64(PageSize)
 	uz = uintptr(PageSize)
 )
+
+// Open refuses a Config the kernel cannot serve, naming the missing feature and the
+// first kernel that has it; the check itself is tested against kernels without it.
+func TestOpenChecksKernelFeatures(t *testing.T) {
+	k := pagefault.ProbeKernelBehaviour()
+	noMove := k
+	noMove.Userfaultfd.Features &^= pagefault.FeatureMove
+	require.NoError(t, checkKernel(Config{}, noMove), "plain ODP needs no UFFDIO_MOVE")
+	for _, cfg := range []Config{{Paging: true}, {ResidentBudget: 1 << 20}} {
+		err := checkKernel(cfg, noMove)
+		require.ErrorIs(t, err, ErrNotSupported)
+		require.ErrorIs(t, err, pagefault.ErrNotSupported)
+		assert.Contains(t, err.Error(), "UFFDIO_MOVE")
+		assert.Contains(t, err.Error(), "Linux 6.8")
+	}
+	noPopulate := k
+	noPopulate.PopulateWrite = false
+	err := checkKernel(Config{}, noPopulate)
+	require.ErrorIs(t, err, ErrNotSupported)
+	assert.Contains(t, err.Error(), "MADV_POPULATE_WRITE (Linux 5.14)")
+	noEvents := k
+	noEvents.Userfaultfd.Features &^= pagefault.FeatureEventUnmap
+	assert.ErrorIs(t, checkKernel(Config{}, noEvents), ErrNotSupported)
+
+	// And Open does what the check says on this kernel.
+	d, err := Open(Config{Paging: true})
+	if k.Has(pagefault.ReqMove) {
+		require.NoError(t, err)
+		require.NoError(t, d.Close())
+	} else {
+		require.ErrorIs(t, err, ErrNotSupported)
+		t.Logf("this kernel: %v", err)
+	}
+}
