@@ -20,7 +20,15 @@
 //
 //	d, miss := t.BeginDMA(first, n, write) // miss >= 0: a network page fault
 //	... copy ...
-//	t.EndDMA(d)
+//	overtaken := t.EndDMA(d)                // true: an invalidation did not wait
+//
+// # Locking
+//
+// Table.mu (Lock/Unlock, the umem_mutex analogue) protects all of a table's state;
+// methods named ...Locked need it held. Nothing else is locked while it is held, and
+// no method blocks while holding it except on its condition variable, which releases
+// it. Callers take it after their own locks (in package odp, after the registry and
+// the pager, before the device's).
 package mmu
 
 import (
@@ -45,6 +53,12 @@ type DMA struct {
 	seq   uint64
 }
 
+// dmaState is an in-flight DMA's record.
+type dmaState struct {
+	DMA
+	overtaken bool // an overlapping invalidation completed while it ran
+}
+
 // Seq is the notifier sequence the DMA began under: if Sequence still returns it, no
 // invalidation began on the table since.
 func (d DMA) Seq() uint64 { return d.seq }
@@ -58,6 +72,7 @@ type Stats struct {
 	DMAs             uint64 // BeginDMA successes
 	Misses           uint64 // BeginDMA calls that found an invalid entry
 	DMAWaits         uint64 // invalidations that had to wait for in-flight DMA
+	Overtaken        uint64 // DMAs an overlapping invalidation completed under (never, if it waits)
 	RetriesSignalled uint64 // ReadRetryLocked calls that returned true
 	ReadBeginBlocked uint64 // ReadBegin calls that waited for an invalidation
 }
@@ -77,10 +92,11 @@ type Table struct {
 	seq          uint64 // notifier sequence: bumped when an invalidation starts
 	invalidating int    // invalidations in progress
 	nextDMA      uint64
-	inflight     map[uint64]DMA
+	inflight     map[uint64]*dmaState
 	stats        Stats
 
-	waitHook func() // tests: called, lock held, before an invalidation waits for DMA
+	waitHook     func() // tests: called, lock held, before an invalidation waits for DMA
+	readWaitHook func() // tests: called, lock held, before ReadBegin waits
 }
 
 // New returns a table of npages invalid entries.
@@ -92,7 +108,7 @@ func New(npages int) *Table {
 		writable: make([]uint64, words),
 		pfn:      make([]uint64, npages),
 		gen:      make([]uint32, npages),
-		inflight: make(map[uint64]DMA),
+		inflight: make(map[uint64]*dmaState),
 	}
 	t.cond.L = &t.mu
 	return t
@@ -120,6 +136,9 @@ func (t *Table) ReadBegin() uint64 {
 	defer t.mu.Unlock()
 	if t.invalidating > 0 {
 		t.stats.ReadBeginBlocked++
+		if t.readWaitHook != nil {
+			t.readWaitHook()
+		}
 	}
 	for t.invalidating > 0 {
 		t.cond.Wait()
@@ -208,20 +227,25 @@ func (t *Table) BeginDMA(first, n int, write bool) (DMA, int) {
 	}
 	t.nextDMA++
 	d := DMA{id: t.nextDMA, first: first, n: n, seq: t.seq}
-	t.inflight[d.id] = d
+	t.inflight[d.id] = &dmaState{DMA: d}
 	t.stats.DMAs++
 	return d, -1
 }
 
-// EndDMA ends a DMA begun by BeginDMA, releasing invalidations waiting for it.
-func (t *Table) EndDMA(d DMA) {
+// EndDMA ends a DMA begun by BeginDMA, releasing invalidations waiting for it. It
+// reports whether an overlapping invalidation completed while the DMA was in flight:
+// the translations it used were withdrawn under it, which the protocol forbids (an
+// invalidation waits for such DMA), so true means the protocol is broken.
+func (t *Table) EndDMA(d DMA) (overtaken bool) {
 	t.mu.Lock()
 	defer t.mu.Unlock()
-	if _, ok := t.inflight[d.id]; !ok {
+	st, ok := t.inflight[d.id]
+	if !ok {
 		panic("mmu: EndDMA of a DMA not in flight")
 	}
 	delete(t.inflight, d.id)
 	t.cond.Broadcast()
+	return st.overtaken
 }
 
 // InvalidateResult reports what one invalidation did.
@@ -298,6 +322,14 @@ func (t *Table) InvalidateBegin(first, n int) InvalidateResult {
 		}
 		for overlapping() > 0 {
 			t.cond.Wait()
+		}
+	}
+	// The check that the wait did its job, kept apart from it: a DMA on the range
+	// still in flight now uses translations this invalidation withdrew.
+	for _, d := range t.inflight {
+		if d.first < first+n && first < d.first+d.n && !d.overtaken {
+			d.overtaken = true
+			t.stats.Overtaken++
 		}
 	}
 	return r

@@ -107,7 +107,9 @@ func TestSequenceProtocol(t *testing.T) {
 }
 
 // An invalidation waits for DMA that started before it, and no DMA can start on the
-// invalidated pages meanwhile; a fault racing with it must retry.
+// invalidated pages meanwhile; a fault racing with it must retry. Every check can
+// fail: an invalidation that does not wait returns first (caught by the select) and
+// leaves the DMA overtaken (caught by EndDMA), never a hang.
 func TestInvalidateWaitsForInflightDMA(t *testing.T) {
 	tb := New(32)
 	mapped(tb, 0, 32, true)
@@ -119,34 +121,48 @@ func TestInvalidateWaitsForInflightDMA(t *testing.T) {
 	seq := tb.ReadBegin() // a fault in progress
 	waiting := make(chan struct{})
 	tb.waitHook = func() { close(waiting) }
-	done := make(chan InvalidateResult)
+	done := make(chan InvalidateResult, 1)
 	go func() { done <- tb.Invalidate(0, 16) }()
-	<-waiting
-
 	select {
-	case <-done:
-		t.Fatal("invalidation finished while an overlapping DMA was in flight")
-	default:
+	case <-waiting: // blocked on d, as it must be: it returns only after EndDMA(d)
+	case r := <-done:
+		t.Fatalf("invalidation returned with an overlapping DMA in flight: %+v", r)
 	}
+
 	_, miss = tb.BeginDMA(9, 1, false)
 	assert.Equal(t, 9, miss, "entries are cleared before the wait")
 	tb.Lock()
 	assert.True(t, tb.ReadRetryLocked(seq), "fault must retry")
 	tb.Unlock()
 
-	readBegun := make(chan uint64)
-	go func() { readBegun <- tb.ReadBegin() }()
-
-	tb.EndDMA(other) // not overlapping: the invalidation keeps waiting
-	tb.EndDMA(d)
+	assert.False(t, tb.EndDMA(other), "a DMA outside the range is not overtaken")
+	assert.False(t, tb.EndDMA(d), "the invalidation waited for the DMA")
 	r := <-done
 	assert.Equal(t, InvalidateResult{Pages: 16, WaitedDMAs: 1}, r)
-	s := <-readBegun
+	s := tb.ReadBegin() // after the invalidation ended
 	tb.Lock()
-	assert.False(t, tb.ReadRetryLocked(s), "ReadBegin returned after the invalidation ended")
+	assert.False(t, tb.ReadRetryLocked(s), "ReadBegin after the invalidation ended")
 	tb.Unlock()
 	assert.Zero(t, tb.InFlight())
-	assert.EqualValues(t, 1, tb.Stats().DMAWaits)
+	st := tb.Stats()
+	assert.EqualValues(t, 1, st.DMAWaits)
+	assert.Zero(t, st.Overtaken)
+}
+
+// The check that kills a table whose invalidation forgets to wait: EndDMA reports a
+// DMA that an overlapping invalidation completed under.
+func TestEndDMAReportsOvertaken(t *testing.T) {
+	tb := New(8)
+	mapped(tb, 0, 8, true)
+	d, _ := tb.BeginDMA(2, 2, true)
+	// Simulate the broken protocol: mark what an invalidation that did not wait
+	// would leave behind (the real InvalidateBegin cannot return here).
+	tb.Lock()
+	for _, st := range tb.inflight {
+		st.overtaken = true
+	}
+	tb.Unlock()
+	assert.True(t, tb.EndDMA(d))
 }
 
 func TestReadBeginWaitsForInvalidation(t *testing.T) {
@@ -157,20 +173,27 @@ func TestReadBeginWaitsForInvalidation(t *testing.T) {
 	tb.waitHook = func() { close(waiting) }
 	done := make(chan struct{})
 	go func() { tb.Invalidate(0, 4); close(done) }()
-	<-waiting
-	begun := make(chan uint64)
-	go func() { begun <- tb.ReadBegin() }()
 	select {
-	case <-begun:
-		t.Fatal("ReadBegin returned during an invalidation")
+	case <-waiting:
 	case <-done:
 		t.Fatal("invalidation ended with DMA in flight")
-	default:
 	}
-	tb.EndDMA(d)
+	readWaiting := make(chan struct{})
+	tb.Lock()
+	tb.readWaitHook = func() { close(readWaiting) }
+	tb.Unlock()
+	begun := make(chan uint64, 1)
+	go func() { begun <- tb.ReadBegin() }()
+	select {
+	case <-readWaiting: // it waits for the invalidation, as it must
+	case <-begun:
+		t.Fatal("ReadBegin returned during an invalidation")
+	}
+	assert.False(t, tb.EndDMA(d))
 	<-done
 	<-begun
 	assert.EqualValues(t, 1, tb.Stats().Invalidations)
+	assert.EqualValues(t, 1, tb.Stats().ReadBeginBlocked)
 }
 
 func TestEndDMATwicePanics(t *testing.T) {
@@ -207,12 +230,16 @@ func TestInvalidateBeginHoldsFaultsOff(t *testing.T) {
 	r := tb.InvalidateBegin(2, 2)
 	assert.Equal(t, 2, r.Pages)
 	assert.NotEqual(t, s0, tb.Sequence())
-	begun := make(chan uint64)
+	readWaiting := make(chan struct{})
+	tb.Lock()
+	tb.readWaitHook = func() { close(readWaiting) }
+	tb.Unlock()
+	begun := make(chan uint64, 1)
 	go func() { begun <- tb.ReadBegin() }()
 	select {
+	case <-readWaiting:
 	case <-begun:
 		t.Fatal("ReadBegin returned inside an invalidation")
-	default:
 	}
 	tb.InvalidateEnd()
 	<-begun

@@ -531,6 +531,7 @@ type deviceCounters struct {
 	prefetches, pagesPrefetched                    atomic.Uint64
 	mrsPinned, mrsODP                              atomic.Uint64
 	audited, stale, dmaFaults, dmaWaits            atomic.Uint64
+	overtaken                                      atomic.Uint64
 }
 
 // Stats are a device's counters, named after mlx5's ODP counters.
@@ -558,6 +559,7 @@ type Stats struct {
 	DMAWaits            uint64 // invalidations that waited for DMA in flight
 	AuditedDMAs         uint64 // DMAs checked by the audit
 	StaleDMAs           uint64 // audit violations: copies through stale translations
+	OvertakenDMAs       uint64 // of which: DMAs an invalidation of their range completed under
 	DMAFaults           uint64 // copies that hit unmapped memory (reported as access errors)
 
 	Evictions        uint64 // pages written to the backing store and dropped
@@ -585,7 +587,7 @@ func (d *Device) Stats() Stats {
 		CPUFaultsFoundMapped: s.Exist,
 		Events:               ps.Events, EventsIgnored: ps.Ignored, InvalidationLatency: ps.Latency, InvalidationMax: ps.MaxLat,
 		Forks: ps.Forks, DMAWaits: c.dmaWaits.Load(),
-		AuditedDMAs: c.audited.Load(), StaleDMAs: c.stale.Load(), DMAFaults: c.dmaFaults.Load(),
+		AuditedDMAs: c.audited.Load(), StaleDMAs: c.stale.Load(), OvertakenDMAs: c.overtaken.Load(), DMAFaults: c.dmaFaults.Load(),
 	}
 	if d.pager != nil {
 		pg := d.pager.Stats()

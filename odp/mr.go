@@ -517,7 +517,8 @@ func (mr *MR) beginDMA(off, n uint64, write bool) (mmu.DMA, error) {
 	return mmu.DMA{}, wrap(ErrBusy, "MR %#x: range kept being invalidated", mr.key)
 }
 
-func (mr *MR) endDMA(d mmu.DMA) { mr.table.EndDMA(d) }
+// endDMA ends a DMA and reports whether an invalidation completed under it.
+func (mr *MR) endDMA(d mmu.DMA) bool { return mr.table.EndDMA(d) }
 
 // dmaRef is one DMA in flight on MR bytes [off, off+n), from acquire to release.
 type dmaRef struct {
@@ -549,12 +550,18 @@ func (mr *MR) acquire(off, n uint64, write bool) (dmaRef, error) {
 
 func (r dmaRef) bytes() []byte { return r.mr.mem[r.off : r.off+r.n] }
 
-// release audits the DMA when auditing is on, then ends it.
+// release audits the DMA when auditing is on, then ends it. A DMA that an
+// invalidation of its range completed under (the invalidation did not wait for it)
+// is stale whatever else the audit finds: it copied through withdrawn translations.
 func (r dmaRef) release() {
 	if r.audit {
 		r.check()
 	}
-	r.mr.endDMA(r.d)
+	if r.mr.endDMA(r.d) && r.audit {
+		r.mr.dev.stats.stale.Add(1)
+		r.mr.stats.stale.Add(1)
+		r.mr.dev.stats.overtaken.Add(1)
+	}
 }
 
 // check is the DMA audit: did the copy run through a translation the CPU no longer
