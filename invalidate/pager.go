@@ -200,9 +200,35 @@ func (r *Region) bounce(i int) uintptr {
 }
 func (r *Region) storeAt(i int) int64 { return r.storeOff + int64(i)*int64(pagefault.PageSize) }
 
-// Installed records that stored pages were installed: the store's copies are no
-// longer needed.
-func (p *Pager) Installed(addr uintptr, npages int) {
+// punchLocked drops the store's copies that the fault server no longer needs, as far
+// as their pages are not STORED again. The evictor is the store's only writer, and
+// reclaimMu makes it one at a time: with reclaimMu held no page can become STORED
+// under the check. Called with reclaimMu held.
+func (p *Pager) punchLocked() {
+	var offs [256]int64
+	for {
+		n, err := p.srv.PopPunches(offs[:])
+		if err != nil || n == 0 {
+			return
+		}
+		p.rmu.RLock()
+		for _, off := range offs[:n] {
+			for _, r := range p.regions {
+				if off >= r.storeOff && off < r.storeOff+int64(r.npages)*int64(pagefault.PageSize) {
+					if i := int((off - r.storeOff) / int64(pagefault.PageSize)); r.pr.State(i) != pagefault.PageStored {
+						p.store.Punch(off, int64(pagefault.PageSize))
+					}
+					break
+				}
+			}
+		}
+		p.rmu.RUnlock()
+	}
+}
+
+// installedLocked records that stored pages were installed: the store's copies are
+// no longer needed. Called with reclaimMu held (only then may the store be punched).
+func (p *Pager) installedLocked(addr uintptr, npages int) {
 	for k := 0; k < npages; k++ {
 		r, i := p.lookup(addr + uintptr(k)*pagefault.PageSize)
 		if r != nil && r.pr.CompareAndSwap(i, pagefault.PageStored, pagefault.PageNone) {
@@ -257,6 +283,7 @@ func (p *Pager) Reclaim(try bool) int {
 		p.reclaimMu.Lock()
 	}
 	defer p.reclaimMu.Unlock()
+	p.punchLocked()
 	target := p.budget * 9 / 10
 	const chunk = 256
 	evicted, idle := 0, 0
@@ -511,6 +538,7 @@ func (p *Pager) dropBounces(r *Region, idx []int) {
 func (p *Pager) Exclusive(fn func() error) error {
 	p.reclaimMu.Lock()
 	defer p.reclaimMu.Unlock()
+	p.punchLocked()
 	return fn()
 }
 
@@ -519,6 +547,7 @@ func (p *Pager) Exclusive(fn func() error) error {
 func (p *Pager) Evict(start, end uintptr) (int, error) {
 	p.reclaimMu.Lock()
 	defer p.reclaimMu.Unlock()
+	p.punchLocked()
 	return p.each(start, end, func(r *Region, first, n int) int {
 		got, _ := p.evictChunk(r, first, make([]pagefault.PagemapEntry, n), false)
 		return got
@@ -530,6 +559,7 @@ func (p *Pager) Evict(start, end uintptr) (int, error) {
 func (p *Pager) Migrate(start, end uintptr) (int, error) {
 	p.reclaimMu.Lock()
 	defer p.reclaimMu.Unlock()
+	p.punchLocked()
 	return p.each(start, end, func(r *Region, first, n int) int {
 		lo, hi := r.page(first), r.page(first+n)
 		entries := make([]pagefault.PagemapEntry, n)
@@ -582,6 +612,7 @@ func (p *Pager) migrateLocked(r *Region, i int) bool {
 func (p *Pager) Restore(start, end uintptr) error {
 	p.reclaimMu.Lock()
 	defer p.reclaimMu.Unlock()
+	p.punchLocked()
 	_, err := p.each(start, end, func(r *Region, first, n int) int {
 		buf := make([]byte, pagefault.PageSize)
 		got := 0
@@ -595,18 +626,19 @@ func (p *Pager) Restore(start, end uintptr) error {
 			if c, _ := again(func() (uintptr, error) { return p.uffd.Copy(r.page(i), addrOf(buf), pagefault.PageSize, false) }); c > 0 {
 				got++
 			}
-			p.Installed(r.page(i), 1)
+			p.installedLocked(r.page(i), 1)
 		}
 		return got
 	})
 	return err
 }
 
-// Discarded forgets the stored copies of [start, end): after MADV_DONTNEED a page
+// DiscardedLocked forgets the stored copies of [start, end): after MADV_DONTNEED a page
 // reads as zeros, not as what was evicted. (The CPU fault server does the same when
 // it reads a REMOVE or UNMAP event, and restores stored pages at their new address on
-// REMAP.) It takes no lock; page states change by compare-and-swap.
-func (p *Pager) Discarded(start, end uintptr) {
+// REMAP.) Call it inside Exclusive: it punches the store, which only the holder of the
+// reclaim lock may do.
+func (p *Pager) DiscardedLocked(start, end uintptr) {
 	p.each(start, end, func(r *Region, first, n int) int {
 		for i := first; i < first+n; i++ {
 			if r.pr.CompareAndSwap(i, pagefault.PageStored, pagefault.PageNone) {

@@ -23,6 +23,7 @@ type pagerEnv struct {
 	pager *Pager
 	reg   *Registry
 	res   *pagefault.Resolver
+	store *Store
 }
 
 func newPagerEnv(t *testing.T, npages int, budget int64) *pagerEnv {
@@ -46,6 +47,7 @@ func newPagerEnv(t *testing.T, npages int, budget int64) *pagerEnv {
 	require.NoError(t, err)
 	store, err := NewMemStore()
 	require.NoError(t, err)
+	e.store = store
 	e.pager = NewPager(e.u, e.srv, e.reg, e.pm, store, PagerConfig{Budget: budget})
 	r, err := e.pager.AddRegion(e.mem)
 	require.NoError(t, err)
@@ -209,7 +211,10 @@ func TestDiscardedForgetsStoredCopies(t *testing.T) {
 	e.mem[0] = 9
 	_, err := e.pager.Evict(addrOf(e.mem), addrOf(e.mem)+pz)
 	require.NoError(t, err)
-	e.pager.Discarded(addrOf(e.mem), addrOf(e.mem)+pz)
+	require.NoError(t, e.pager.Exclusive(func() error {
+		e.pager.DiscardedLocked(addrOf(e.mem), addrOf(e.mem)+pz)
+		return nil
+	}))
 	assert.Zero(t, e.mem[0], "a discarded page reads as zeros")
 }
 
@@ -240,4 +245,39 @@ func cpuStats(t *testing.T, s *pagefault.CPUServer) pagefault.CPUServerStats {
 	st, err := s.Stats()
 	require.NoError(t, err)
 	return st
+}
+
+func allocated(t *testing.T, s *Store) int64 {
+	n, err := s.Allocated()
+	require.NoError(t, err)
+	return n
+}
+
+// A page the fault server restored leaves its stored copy for the evictor to punch
+// (the server never punches: a punch racing the page's next eviction would delete
+// the new copy). The evictor punches it at its next pass, unless the page is stored
+// again by then.
+func TestRestoredCopiesArePunchedByTheEvictor(t *testing.T) {
+	e := newPagerEnv(t, 8, 0)
+	for p := 0; p < 8; p++ {
+		e.mem[p*ps] = byte(p + 1)
+	}
+	n, err := e.pager.Evict(addrOf(e.mem), addrOf(e.mem)+8*pz)
+	require.NoError(t, err)
+	require.Equal(t, 8, n)
+	require.EqualValues(t, 8*ps, allocated(t, e.store))
+	for p := 0; p < 4; p++ { // CPU faults restore pages 0-3
+		require.EqualValues(t, p+1, e.mem[p*ps])
+	}
+	assert.EqualValues(t, 8*ps, allocated(t, e.store), "the server punched nothing")
+	e.mem[0] = 42 // page 0 changes, then goes to the store again
+	n, err = e.pager.Evict(addrOf(e.mem), addrOf(e.mem)+pz)
+	require.NoError(t, err)
+	require.Equal(t, 1, n)
+	// The pass punched pages 1-3 (restored, not stored again), not page 0.
+	assert.EqualValues(t, 5*ps, allocated(t, e.store))
+	assert.EqualValues(t, 42, e.mem[0], "page 0's new copy survived")
+	for p := 1; p < 8; p++ {
+		require.EqualValues(t, p+1, e.mem[p*ps], "page %d", p)
+	}
 }

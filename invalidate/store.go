@@ -55,9 +55,19 @@ func (s *Store) ReadAt(b []byte, off int64) error {
 	return err
 }
 
-// Punch frees [off, off+n).
+// Punch frees [off, off+n). A failure only leaves the space allocated: the page's
+// next eviction overwrites it, and removing the region punches it again.
 func (s *Store) Punch(off, n int64) {
-	unix.Fallocate(int(s.f.Fd()), unix.FALLOC_FL_PUNCH_HOLE|unix.FALLOC_FL_KEEP_SIZE, off, n)
+	_ = unix.Fallocate(int(s.f.Fd()), unix.FALLOC_FL_PUNCH_HOLE|unix.FALLOC_FL_KEEP_SIZE, off, n)
+}
+
+// Allocated returns the bytes the store occupies (its allocated blocks).
+func (s *Store) Allocated() (int64, error) {
+	var st unix.Stat_t
+	if err := unix.Fstat(int(s.f.Fd()), &st); err != nil {
+		return 0, fmt.Errorf("invalidate: stat store: %w", err)
+	}
+	return st.Blocks * 512, nil
 }
 
 // Close closes the store.

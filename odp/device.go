@@ -642,9 +642,9 @@ func (d *Device) Discard(b []byte) error {
 	if d.pager != nil {
 		inner := zap
 		zap = func() error { // evicted copies are forgotten: a discarded page is zero
-			d.pager.Discarded(r.Start, r.End)
+			d.pager.DiscardedLocked(r.Start, r.End)
 			err := inner() // the CPU fault server forgets them again as it reads the event
-			d.pager.Discarded(r.Start, r.End)
+			d.pager.DiscardedLocked(r.Start, r.End)
 			return err
 		}
 	}

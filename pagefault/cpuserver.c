@@ -3,7 +3,6 @@
 
 #include <errno.h>
 #include <fcntl.h>
-#include <linux/falloc.h>
 #include <linux/userfaultfd.h>
 #include <poll.h>
 #include <sched.h>
@@ -35,6 +34,7 @@ struct uffdio_move {
 #define RING 4096
 
 #define MAX_REGIONS 256
+#define PUNCH_RING 8192
 
 // A paged region: memory whose pages the emulator may evict to a store or migrate.
 // state[i] is one of ODP_PAGE_*; bounce + i*ps is page i's private bounce page in a
@@ -88,6 +88,13 @@ struct odp_fs {
 	char *bounce_buf;    // one page, the server thread's pread buffer
 	uint64_t restored;   // pages restored from the store or a bounce page
 
+	// Store offsets whose copy is no longer needed, for the evictor to punch: the
+	// server thread never punches itself (the evictor is the store's only writer, and
+	// a punch racing a new eviction of the same page would delete its content).
+	uint64_t punch[PUNCH_RING];
+	uint64_t punch_head, punch_tail; // producer: server thread; consumer: Go
+	uint64_t punch_dropped;          // offsets lost to a full ring (punched with the region)
+
 	// Ring of recent installs, for DMA audits: entry seq%RING holds install seq.
 	uint64_t ring_seq;
 	struct { uint64_t seq, start, end; } ring[RING];
@@ -100,6 +107,27 @@ static uint64_t now_ns(void) {
 }
 
 static void add(uint64_t *p, uint64_t v) { __atomic_fetch_add(p, v, __ATOMIC_RELAXED); }
+
+// queue_punch asks the evictor to punch the store page at off.
+static void queue_punch(odp_fs *fs, uint64_t off) {
+	uint64_t h = __atomic_load_n(&fs->punch_head, __ATOMIC_RELAXED);
+	if (h - __atomic_load_n(&fs->punch_tail, __ATOMIC_ACQUIRE) >= PUNCH_RING) {
+		add(&fs->punch_dropped, 1);
+		return;
+	}
+	fs->punch[h % PUNCH_RING] = off;
+	__atomic_store_n(&fs->punch_head, h + 1, __ATOMIC_RELEASE);
+}
+
+int odp_fs_pop_punches(odp_fs *fs, uint64_t *out, int max) {
+	uint64_t t = __atomic_load_n(&fs->punch_tail, __ATOMIC_RELAXED);
+	uint64_t h = __atomic_load_n(&fs->punch_head, __ATOMIC_ACQUIRE);
+	int n = 0;
+	for (; t < h && n < max; t++)
+		out[n++] = fs->punch[t % PUNCH_RING];
+	__atomic_store_n(&fs->punch_tail, t, __ATOMIC_RELEASE);
+	return n;
+}
 
 static void queue_event(odp_fs *fs, const struct uffd_msg *m, uint64_t t) {
 	pthread_mutex_lock(&fs->qmu);
@@ -239,8 +267,7 @@ static int restore(odp_fs *fs, region *r, uint64_t i, uint64_t page) {
 		if (ioctl(fs->uffd, UFFDIO_COPY, &c) == 0 || errno == EEXIST) {
 			uint32_t want = ODP_PAGE_STORED;
 			if (__atomic_compare_exchange_n(st, &want, ODP_PAGE_NONE, 0, __ATOMIC_ACQ_REL, __ATOMIC_ACQUIRE))
-				fallocate(fs->store_fd, FALLOC_FL_PUNCH_HOLE | FALLOC_FL_KEEP_SIZE,
-				          (off_t)(r->store_off + i * (uint64_t)fs->ps), fs->ps);
+				queue_punch(fs, (uint64_t)(off_t)(r->store_off + i * (uint64_t)fs->ps));
 			add(&fs->restored, 1);
 			return 1;
 		}
@@ -346,8 +373,7 @@ static void forget(odp_fs *fs, uint64_t start, uint64_t end, int gone) {
 				}
 			}
 			if (prev == ODP_PAGE_STORED && fs->store_fd >= 0)
-				fallocate(fs->store_fd, FALLOC_FL_PUNCH_HOLE | FALLOC_FL_KEEP_SIZE,
-				          (off_t)(r->store_off + i * (uint64_t)fs->ps), fs->ps);
+				queue_punch(fs, (uint64_t)(off_t)(r->store_off + i * (uint64_t)fs->ps));
 		}
 	}
 }
@@ -432,7 +458,7 @@ static void moved(odp_fs *fs, uint64_t from, uint64_t to, uint64_t len, restorin
 			}
 			uint32_t want = ODP_PAGE_STORED;
 			if (__atomic_compare_exchange_n(&r->state[i], &want, ODP_PAGE_NONE, 0, __ATOMIC_ACQ_REL, __ATOMIC_ACQUIRE))
-				fallocate(fs->store_fd, FALLOC_FL_PUNCH_HOLE | FALLOC_FL_KEEP_SIZE, off, fs->ps);
+				queue_punch(fs, (uint64_t)off);
 			if (!queue_restore((restoring){page, to + (a - from), 0, a}, q, n, cap)) {
 				free(page);
 				return; // out of memory: the page reads as zero at its new address

@@ -258,6 +258,24 @@ func (r *PagedRegion) CompareAndSwap(i int, old, new uint32) bool {
 	return atomic.CompareAndSwapUint32(&r.states[i], old, new)
 }
 
+// PopPunches moves up to len(out) store offsets whose copy the server no longer needs
+// into out and returns how many. The server never punches the store itself: its only
+// writer, the evictor, does, and only offsets whose page is not STORED again (a punch
+// racing a new eviction of the same page would delete the new copy). One caller at a
+// time.
+func (s *CPUServer) PopPunches(out []int64) (int, error) {
+	if len(out) == 0 {
+		return 0, s.live(func(*C.odp_fs) {})
+	}
+	raw := make([]C.uint64_t, len(out))
+	n := 0
+	err := s.live(func(fs *C.odp_fs) { n = int(C.odp_fs_pop_punches(fs, &raw[0], C.int(len(out)))) })
+	for i := 0; i < n; i++ {
+		out[i] = int64(raw[i])
+	}
+	return n, err
+}
+
 // Restored counts pages the server restored from the store or a bounce page.
 func (s *CPUServer) Restored() (uint64, error) {
 	var n uint64

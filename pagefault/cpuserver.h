@@ -73,6 +73,9 @@ int odp_fs_add_region(odp_fs *fs, uint64_t base, uint64_t npages, uint64_t bounc
 // odp_fs_remove_region retires the region in slot if it still has these state words;
 // once it returns, the server thread does not touch them again.
 void odp_fs_remove_region(odp_fs *fs, int slot, uint32_t *state);
+// odp_fs_pop_punches moves up to max store offsets whose copy the server no longer
+// needs (restored or discarded pages) into out and returns how many; one consumer.
+int odp_fs_pop_punches(odp_fs *fs, uint64_t *out, int max);
 // odp_fs_restored counts pages the server restored from the store or a bounce page.
 uint64_t odp_fs_restored(odp_fs *fs);
 // Answers to an install request, written to its done_fd.
