@@ -1,15 +1,18 @@
 // Command odp-perf measures RDMA bandwidth between two emulated NICs in one process,
 // with perftest's columns, and compares pinned against on-demand registration.
 //
-//	odp-perf write_bw|read_bw [--odp] [--size N | --all] [--iters N] [--warm] [--json]
-//	odp-perf compare [--test write_bw|read_bw] [--iters N] [--reps N] [--csv FILE]
+//	odp-perf write_bw|read_bw [--odp] [-s|--size N | -a|--all] [-n|--iters N] [-t|--tx-depth N]
+//	                          [-Q|--cq-mod N] [--warm] [--json] ...
+//	odp-perf compare [--test write_bw|read_bw] [-n|--iters N] [--reps N] [--csv FILE] [--quiet]
+//
+// Flags take perftest's short forms next to the long ones. Progress goes to stderr:
+// a bar on a terminal, a line per finished run otherwise, nothing with --quiet.
 package main
 
 import (
 	"encoding/csv"
 	"encoding/json"
 	"errors"
-	"flag"
 	"fmt"
 	"io"
 	"os"
@@ -17,6 +20,7 @@ import (
 	"strings"
 
 	"github.com/odpemu/odpemu/experiments/perf"
+	"github.com/spf13/pflag"
 )
 
 const usage = `usage:
@@ -27,10 +31,12 @@ Run "odp-perf <command> --help" for the flags of a command.
 `
 
 func main() {
-	if err := run(os.Args[1:], os.Stdout, os.Stderr); err != nil {
-		if !errors.Is(err, flag.ErrHelp) {
-			fmt.Fprintln(os.Stderr, "odp-perf:", err)
-		}
+	err := run(os.Args[1:], os.Stdout, os.Stderr)
+	switch {
+	case errors.Is(err, pflag.ErrHelp):
+		os.Exit(0) // --help printed the usage
+	case err != nil:
+		fmt.Fprintln(os.Stderr, "odp-perf:", err)
 		os.Exit(2)
 	}
 }
@@ -57,6 +63,7 @@ func run(args []string, stdout, stderr io.Writer) error {
 type size int
 
 func (s *size) String() string { return strconv.Itoa(int(*s)) }
+func (s *size) Type() string   { return "bytes" }
 func (s *size) Set(v string) error {
 	mult := 1
 	switch u := strings.ToUpper(v); {
@@ -75,16 +82,24 @@ func (s *size) Set(v string) error {
 	return nil
 }
 
+// newFlagSet returns a flag set that prints its usage, with --long names and perftest's
+// short forms, to w.
+func newFlagSet(name string, w io.Writer) *pflag.FlagSet {
+	fs := pflag.NewFlagSet(name, pflag.ContinueOnError)
+	fs.SetOutput(w)
+	fs.SortFlags = false
+	return fs
+}
+
 func bw(test string, args []string, stdout, stderr io.Writer) error {
-	fs := flag.NewFlagSet(test, flag.ContinueOnError)
-	fs.SetOutput(stderr)
+	fs := newFlagSet(test, stderr)
 	odpFlag := fs.Bool("odp", false, "register with AccessOnDemand instead of pinning")
 	msg := size(65536)
-	fs.Var(&msg, "size", "message size in bytes (K, M, G suffixes)")
-	all := fs.Bool("all", false, "sweep message sizes 2 B to 8 MiB")
-	iters := fs.Int("iters", 5000, "iterations per size")
-	depth := fs.Int("tx-depth", 128, "work requests in flight")
-	cqMod := fs.Int("cq-mod", 100, "a completion every N work requests")
+	fs.VarP(&msg, "size", "s", "message size in bytes (K, M, G suffixes)")
+	all := fs.BoolP("all", "a", false, "sweep message sizes 2 B to 8 MiB")
+	iters := fs.IntP("iters", "n", 5000, "iterations per size")
+	depth := fs.IntP("tx-depth", "t", 128, "work requests in flight")
+	cqMod := fs.IntP("cq-mod", "Q", 100, "a completion every N work requests")
 	warm := fs.Bool("warm", false, "one untimed pass over the region before measuring")
 	mrSize := size(0)
 	fs.Var(&mrSize, "mr-size", "region the work requests stride across (default size x tx-depth)")
@@ -116,7 +131,7 @@ func bw(test string, args []string, stdout, stderr io.Writer) error {
 			mode = "ODP"
 		}
 		fmt.Fprintf(stdout, "# %s, %s registration, two emulated NICs over loopback\n", test, mode)
-		fmt.Fprintf(stdout, " %-10s %-12s %-18s %-21s %s\n", "#bytes", "#iterations", "BW peak[MB/sec]", "BW average[MB/sec]", "MsgRate[Mpps]")
+		fmt.Fprintf(stdout, " %-10s %-12s %-18s %-21s %s\n", "#bytes", "#iterations", "BW peak[MiB/sec]", "BW average[MiB/sec]", "MsgRate[Mpps]")
 	}
 	enc := json.NewEncoder(stdout)
 	for _, s := range sizes {
@@ -134,7 +149,7 @@ func bw(test string, args []string, stdout, stderr io.Writer) error {
 		fmt.Fprintf(stdout, " %-10d %-12d %-18.2f %-21.2f %.6f\n", r.Bytes, r.Iters, r.PeakMiBps, r.AvgMiBps, r.MsgRateMpps)
 		if budget > 0 {
 			fmt.Fprintf(stdout, "# budget %s: max resident %s of %s registered, %d evictions, %d restores\n",
-				perf.HumanBytes(int(budget)), perf.HumanBytes(int(r.MaxResident)), perf.HumanBytes(r.Bytes*max(int(mrSize)/r.Bytes, 128)),
+				perf.HumanBytes(int(budget)), perf.HumanBytes(int(r.MaxResident)), perf.HumanBytes(r.Bytes*max(int(mrSize)/r.Bytes, *depth)),
 				r.Evictions, r.Restores)
 		}
 	}
@@ -142,10 +157,9 @@ func bw(test string, args []string, stdout, stderr io.Writer) error {
 }
 
 func compare(args []string, stdout, stderr io.Writer) error {
-	fs := flag.NewFlagSet("compare", flag.ContinueOnError)
-	fs.SetOutput(stderr)
+	fs := newFlagSet("compare", stderr)
 	test := fs.String("test", perf.WriteBW, "write_bw or read_bw")
-	iters := fs.Int("iters", 5000, "iterations per run (perftest's default)")
+	iters := fs.IntP("iters", "n", 5000, "iterations per run (perftest's default)")
 	reps := fs.Int("reps", 5, "cold pinned/ODP pairs per size (fresh memory each)")
 	warmPairs := fs.Int("warm-pairs", 100, "warm burst pairs per size (one buffer registered both ways)")
 	warmIters := fs.Int("warm-iters", 1000, "iterations per warm burst")
@@ -157,7 +171,7 @@ func compare(args []string, stdout, stderr io.Writer) error {
 	mrSize := size(0)
 	fs.Var(&mrSize, "mr-size", "region the work requests stride across (default size x 128)")
 	csvPath := fs.String("csv", "", "also write the bandwidth table to this CSV file")
-	quiet := fs.Bool("quiet", false, "no progress bar")
+	quiet := fs.BoolP("quiet", "q", false, "no progress output")
 	if err := fs.Parse(args); err != nil {
 		return err
 	}

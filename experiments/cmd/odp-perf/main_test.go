@@ -8,6 +8,7 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/spf13/pflag"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 	"go.uber.org/goleak"
@@ -24,7 +25,7 @@ func runArgs(args ...string) (string, string, error) {
 func TestBWPrintsPerftestColumns(t *testing.T) {
 	out, _, err := runArgs("write_bw", "--odp", "--size", "8K", "--iters", "200", "--tx-depth", "16", "--cq-mod", "8")
 	require.NoError(t, err)
-	assert.Contains(t, out, "#bytes     #iterations  BW peak[MB/sec]    BW average[MB/sec]    MsgRate[Mpps]")
+	assert.Contains(t, out, "#bytes     #iterations  BW peak[MiB/sec]   BW average[MiB/sec]   MsgRate[Mpps]")
 	lines := strings.Split(strings.TrimSpace(out), "\n")
 	assert.Len(t, lines, 3)
 	assert.True(t, strings.HasPrefix(strings.TrimSpace(lines[2]), "8192"))
@@ -66,4 +67,40 @@ func TestBadArguments(t *testing.T) {
 	assert.Contains(t, out, "usage:")
 	_, stderr, _ := runArgs("compare", "--help")
 	assert.Contains(t, stderr, "-warm-pairs")
+}
+
+// perftest users type its short flags; --help is not an error and shows the long names.
+func TestPerftestFlagsAndHelp(t *testing.T) {
+	out, _, err := runArgs("write_bw", "-s", "65536", "-n", "200", "-t", "16", "-Q", "8", "--odp")
+	require.NoError(t, err)
+	assert.Contains(t, out, " 65536 ")
+	assert.Contains(t, out, "ODP registration")
+
+	_, stderr, err := runArgs("write_bw", "--help")
+	assert.ErrorIs(t, err, pflag.ErrHelp, "main exits 0 on ErrHelp")
+	for _, f := range []string{"--size", "-s, --size", "-n, --iters", "-t, --tx-depth", "-Q, --cq-mod", "-a, --all", "--odp"} {
+		assert.Contains(t, stderr, f)
+	}
+}
+
+// Output that goes to a file has no progress bar redraws: a line per finished run,
+// or nothing with --quiet. The budget line reports the region for the configured depth.
+func TestProgressWithoutTerminal(t *testing.T) {
+	args := []string{"compare", "--iters", "100", "--reps", "2", "--warm-pairs", "2", "--warm-iters", "50",
+		"--min-size", "4K", "--max-size", "8K", "--reg-sizes", "1M"}
+	out, stderr, err := runArgs(args...)
+	require.NoError(t, err)
+	lines := strings.Split(strings.TrimSpace(stderr), "\n")
+	// 2 sizes x (2 pairs x 2 + 1 warm) + 1 region size x 2 pairs x 2 = 14 runs.
+	require.Len(t, lines, 14)
+	assert.Equal(t, "pinned vs ODP: 14/14 runs done", strings.SplitN(lines[13], " (", 2)[0])
+	// With an even number of reps the pinned stages still come from a real run.
+	assert.NotContains(t, out, "account 0s, pin 0s, mtt 0s")
+	_, stderr, err = runArgs(append(args, "--quiet")...)
+	require.NoError(t, err)
+	assert.Empty(t, stderr)
+
+	out, _, err = runArgs("write_bw", "--odp", "-s", "4K", "-n", "500", "-t", "32", "--mr-size", "64K", "--budget", "1M")
+	require.NoError(t, err)
+	assert.Contains(t, out, "of 128 KiB registered", "4 KiB x depth 32, not x 128")
 }
