@@ -110,10 +110,16 @@ type buffer struct {
 
 // unmap unmaps the parts of b the device still owns: an address the application
 // unmapped may hold someone else's memory now (the Go heap's, say).
-func (b *buffer) unmap() {
+func (b *buffer) unmap(u *pagefault.FD) {
 	base := unsafe.Pointer(unsafe.SliceData(b.mem))
 	for _, r := range interval.Uncovered(interval.Range{Start: b.start, End: b.end}, b.holes) {
-		unix.MunmapPtr(unsafe.Add(base, r.Start-b.start), r.End-r.Start)
+		if u != nil {
+			// Our own unmapping needs no UNMAP event; a part that is already gone
+			// fails harmlessly.
+			_ = u.Unregister(r.Start, r.End-r.Start)
+		}
+		// The parts are ours and mapped: munmap of them cannot fail.
+		_ = unix.MunmapPtr(unsafe.Add(base, r.Start-b.start), r.End-r.Start)
 	}
 }
 
@@ -206,11 +212,14 @@ func Open(cfg Config) (*Device, error) {
 }
 
 // requirements lists what the running kernel must offer for cfg: userfaultfd with the
-// REMOVE, UNMAP and REMAP events for ODP and its invalidations, MADV_POPULATE_WRITE
+// REMOVE, UNMAP and REMAP events for ODP and its invalidations, write-protect
+// registration of anonymous memory (every buffer is registered for events, faults or
+// not, so that Free knows what the application unmapped), MADV_POPULATE_WRITE
 // for write faults on shared pages and for pinning, and UFFDIO_MOVE for paging (the
 // pager moves pages out atomically).
 func requirements(cfg Config) []pagefault.Requirement {
-	reqs := []pagefault.Requirement{pagefault.ReqUserfaultfd, pagefault.ReqEvents, pagefault.ReqPopulateWrite}
+	reqs := []pagefault.Requirement{pagefault.ReqUserfaultfd, pagefault.ReqEvents, pagefault.ReqWriteProtect,
+		pagefault.ReqPopulateWrite}
 	if cfg.Paging || cfg.ResidentBudget > 0 {
 		reqs = append(reqs, pagefault.ReqMove)
 	}
@@ -304,7 +313,7 @@ func (d *Device) Close() error {
 	}
 	d.release()
 	for i := range bufs {
-		bufs[i].unmap()
+		bufs[i].unmap(nil) // the userfaultfd is closed: its registrations went with it
 	}
 	return nil
 }
@@ -383,6 +392,13 @@ func (d *Device) Alloc(n int) ([]byte, error) {
 		return nil, ErrClosed
 	}
 	b := buffer{start: addrOf(mem), end: addrOf(mem) + size, mem: mem}
+	// Registered for events from the start (write-protect mode, nothing protected:
+	// faults are the kernel's as usual), so that what the application unmaps or
+	// moves away is known, registered as an MR or not, and Free never unmaps it.
+	if _, err := d.uffd.Register(b.start, size, pagefault.ModeWP); err != nil {
+		_ = unix.MunmapPtr(p, size) // our own fresh mapping
+		return nil, fmt.Errorf("odp: register buffer for events: %w", err)
+	}
 	if d.pager != nil {
 		r, err := d.pager.AddRegion(mem)
 		if err != nil {
@@ -398,10 +414,17 @@ func (d *Device) Alloc(n int) ([]byte, error) {
 	return mem[:n:n], nil
 }
 
-// Free unmaps a buffer from Alloc. It fails with ErrBusy while a memory region covers it.
+// Free unmaps a buffer from Alloc. It fails with ErrBusy while a memory region covers
+// it. Parts the application unmapped or moved away itself are left alone: whatever is
+// mapped there now is not the buffer's.
 func (d *Device) Free(buf []byte) error {
 	if len(buf) == 0 {
 		return wrap(ErrInvalidArgument, "free of an empty slice")
+	}
+	// Every UNMAP and REMAP the kernel delivered before this call is recorded in the
+	// buffer's holes before they are consulted.
+	if err := d.pump.Sync(); err != nil {
+		return fmt.Errorf("odp: free: %w", err)
 	}
 	d.mu.Lock()
 	start := addrOf(buf)
@@ -424,7 +447,7 @@ func (d *Device) Free(buf []byte) error {
 	if b.paged != nil {
 		b.paged.Remove()
 	}
-	b.unmap()
+	b.unmap(d.uffd)
 	return nil
 }
 

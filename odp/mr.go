@@ -122,7 +122,7 @@ func (mr *MR) registerODP(end uintptr, npages int) error {
 		d.mu.Unlock()
 		return wrap(ErrNotMmapped, "%#x+%d", mr.start, mr.length)
 	}
-	if _, err := d.uffd.Register(mr.base, end-mr.base, pagefault.ModeMissing); err != nil {
+	if _, err := d.uffd.Register(mr.base, end-mr.base, pagefault.ModeMissing|pagefault.ModeWP); err != nil {
 		d.mu.Unlock()
 		return fmt.Errorf("odp: register ODP range: %w", err)
 	}
@@ -307,8 +307,17 @@ func (mr *MR) unregister(end uintptr) {
 	defer d.mu.Unlock()
 	d.odpRegs = removeRange(d.odpRegs, mr.span(end))
 	for _, r := range interval.Uncovered(mr.span(end), d.odpRegs) {
-		d.uffd.Unregister(r.Start, r.End-r.Start)
+		d.downgradeLocked(r)
 	}
+}
+
+// downgradeLocked ends on-demand faulting of r, which no ODP MR covers any more: the
+// range stays registered for events only (write-protect mode, with nothing
+// write-protected), so that its buffer still learns what the application unmaps.
+// Called with Device.mu held. It cannot fail for a range of a live buffer; a part the
+// application unmapped meanwhile is simply not there to change.
+func (d *Device) downgradeLocked(r interval.Range) {
+	_, _ = d.uffd.Register(r.Start, r.End-r.Start, pagefault.ModeWP)
 }
 
 func removeRange(rs []interval.Range, r interval.Range) []interval.Range {
@@ -387,7 +396,9 @@ func (mr *MR) Dereg() error {
 			if d.pager != nil && !closing {
 				d.pager.Restore(r.Start, r.End) // unregistered, a stored page would read as zero
 			}
-			d.uffd.Unregister(r.Start, r.End-r.Start)
+			d.mu.Lock()
+			d.downgradeLocked(r)
+			d.mu.Unlock()
 		}
 		d.mu.Lock()
 		d.keys.release(mr.key)
