@@ -8,13 +8,16 @@ package odp
 //   - respLoop executes the peer's requests in order against this device's MRs,
 //     taking network page faults as needed, and answers with ACK, data or NAK.
 // No goroutine ever copies to or from an MR page whose NIC entry is invalid: DMA runs
-// between mmu.Table BeginDMA and EndDMA, after any fault has been resolved.
+// between mmu.Table BeginDMA and EndDMA, after any fault has been resolved. Every DMA
+// is one copy between an MR and a packet buffer: none lasts while the NIC waits for
+// the peer, so invalidations and Dereg never wait on the network.
 
 import (
 	"errors"
 	"fmt"
 	"runtime/debug"
 
+	"github.com/odpemu/odpemu/internal/bufpool"
 	"github.com/odpemu/odpemu/transport"
 )
 
@@ -71,10 +74,6 @@ func (qp *QP) finishLocked(p *pending, status WCStatus, detail string) {
 	if p.done {
 		return
 	}
-	if p.release != nil {
-		p.release()
-		p.release = nil
-	}
 	if status == WCSuccess && qp.state == StateError {
 		status = WCWRFlushErr
 	}
@@ -117,8 +116,10 @@ func sglLen(sgl []SGE) uint64 {
 	return n
 }
 
-// gather reads a local SGL for the wire. A single SGE's payload aliases the MR (the
-// DMA stays in flight until release); several are copied into one buffer.
+// gather reads a local SGL into a packet buffer, the way a NIC reads local memory
+// into its packet buffers: each SGE's DMA lasts as long as its copy, never as long as
+// the wait for the peer (a SEND may wait for a receive indefinitely, and Dereg or an
+// invalidation must not wait with it). release returns the buffer to its pool.
 func (qp *QP) gather(sgl []SGE) (payload []byte, release func(), status WCStatus, detail string) {
 	type seg struct {
 		mr  *MR
@@ -133,29 +134,24 @@ func (qp *QP) gather(sgl []SGE) (payload []byte, release func(), status WCStatus
 		}
 		segs = append(segs, seg{mr, off, uint64(s.Length)})
 	}
-	if len(segs) == 1 {
-		s := segs[0]
-		ref, err := s.mr.acquire(s.off, s.n, false)
-		if err != nil {
-			return nil, nil, WCLocProtErr, err.Error()
-		}
-		return ref.bytes(), ref.release, WCSuccess, ""
-	}
-	buf := make([]byte, sglLen(sgl))
+	buf := bufpool.Get(int(sglLen(sgl)))
+	release = func() { bufpool.Put(buf) }
 	pos := uint64(0)
 	for _, s := range segs {
 		ref, err := s.mr.acquire(s.off, s.n, false)
 		if err != nil {
+			release()
 			return nil, nil, WCLocProtErr, err.Error()
 		}
 		err = qp.dev.dmaCopy(buf[pos:pos+s.n], ref.bytes())
 		ref.release()
 		if err != nil {
+			release()
 			return nil, nil, WCLocProtErr, err.Error()
 		}
 		pos += s.n
 	}
-	return buf, nil, WCSuccess, ""
+	return buf, release, WCSuccess, ""
 }
 
 // scatter writes data into a local SGL, faulting ODP pages in for write. The SGL's
@@ -204,16 +200,15 @@ func (qp *QP) sendLoop() {
 		conn := qp.conn
 		qp.mu.Unlock()
 
-		f, release, status, detail := qp.request(wr, p.psn)
+		f, status, detail := qp.request(wr, p.psn)
 		qp.mu.Lock()
 		if p.done { // finished meanwhile: the peer is gone
 			qp.mu.Unlock()
-			if release != nil {
-				release()
+			if f != nil {
+				f.Done()
 			}
 			continue
 		}
-		p.release = release // the payload's DMA ends when the response arrives
 		if status != WCSuccess {
 			qp.finishLocked(p, status, detail)
 			qp.mu.Unlock()
@@ -229,35 +224,35 @@ func (qp *QP) sendLoop() {
 	}
 }
 
-// request builds the wire request for wr, after the local checks the NIC makes, and
-// returns the function that ends the DMA its payload aliases (or nil).
-func (qp *QP) request(wr *SendWR, psn uint32) (*transport.Frame, func(), WCStatus, string) {
+// request builds the wire request for wr, after the local checks the NIC makes. A
+// WRITE's or SEND's payload is a packet buffer that the frame owns: its Release
+// returns it, called by whoever consumes or drops the frame.
+func (qp *QP) request(wr *SendWR, psn uint32) (*transport.Frame, WCStatus, string) {
 	total := sglLen(wr.SGL)
 	if total > maxMsg {
-		return nil, nil, WCLocLenErr, fmt.Sprintf("message of %d bytes > %d", total, maxMsg)
+		return nil, WCLocLenErr, fmt.Sprintf("message of %d bytes > %d", total, maxMsg)
 	}
 	f := &transport.Frame{PSN: psn, RKey: wr.RKey, RAddr: wr.RemoteAddr, Len: uint32(total)}
-	var release func()
 	switch wr.Opcode {
 	case OpRDMAWrite, OpSend:
 		f.Op = transport.OpWrite
 		if wr.Opcode == OpSend {
 			f.Op, f.RKey, f.RAddr = transport.OpSend, 0, 0
 		}
-		payload, rel, status, detail := qp.gather(wr.SGL)
+		payload, release, status, detail := qp.gather(wr.SGL)
 		if status != WCSuccess {
-			return nil, nil, status, detail
+			return nil, status, detail
 		}
-		f.Payload, release = payload, rel
+		f.Payload, f.Release = payload, release
 	case OpRDMARead:
 		f.Op = transport.OpRead
 		for _, s := range wr.SGL { // the data lands here later: check now, fault then
 			if mr, _, why := qp.localSGE(s, true); mr == nil {
-				return nil, nil, WCLocProtErr, why
+				return nil, WCLocProtErr, why
 			}
 		}
 	}
-	return f, release, WCSuccess, ""
+	return f, WCSuccess, ""
 }
 
 func (qp *QP) recvLoop() {
@@ -431,8 +426,16 @@ func (qp *QP) execute(f *transport.Frame) *transport.Frame {
 		if err != nil {
 			return nak(f, transport.SynRemoteAccess, err.Error())
 		}
-		// The response aliases the MR; the DMA ends when the requester has the data.
-		return &transport.Frame{Op: transport.OpReadResp, PSN: f.PSN, Len: f.Len, Payload: ref.bytes(), Release: ref.release}
+		// Copied into the response, so the DMA ends now, not when the requester has
+		// consumed the data.
+		buf := bufpool.Get(int(f.Len))
+		err = qp.dev.dmaCopy(buf, ref.bytes())
+		ref.release()
+		if err != nil {
+			bufpool.Put(buf)
+			return nak(f, transport.SynRemoteAccess, err.Error())
+		}
+		return &transport.Frame{Op: transport.OpReadResp, PSN: f.PSN, Len: f.Len, Payload: buf, Release: func() { bufpool.Put(buf) }}
 	case transport.OpSend:
 		return qp.receive(f)
 	}

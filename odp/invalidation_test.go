@@ -2,8 +2,10 @@ package odp
 
 import (
 	"bytes"
+	"runtime"
 	"runtime/debug"
 	"testing"
+	"time"
 
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
@@ -159,4 +161,44 @@ func TestDMACopyFaultIsAnError(t *testing.T) {
 	err = <-done
 	assert.ErrorIs(t, err, errDMAFault)
 	assert.EqualValues(t, 1, n.dev.Stats().DMAFaults)
+}
+
+// ibv_dereg_mr does not wait for the peer: a SEND whose receiver has no receive
+// posted (an RNR wait) holds no DMA on its source MR, so Dereg returns; the SEND
+// still delivers its data once the peer posts a receive. Work requests that reach
+// the NIC after the Dereg fail with a protection error.
+func TestDeregDoesNotWaitForThePeer(t *testing.T) {
+	a, b := pair(t, Config{})
+	src, smr := a.region(t, 4*ps, AccessLocalWrite|AccessOnDemand)
+	dst, dmr := b.region(t, 4*ps, rw)
+	for i := range src {
+		src[i] = byte(i * 3)
+	}
+	require.NoError(t, a.qp.PostSend(SendWR{WRID: 1, Opcode: OpSend, SGL: sge(smr, 0, 2*ps), Flags: SendSignaled}))
+	for sent := false; !sent; runtime.Gosched() { // the NIC has read the source and sent it
+		a.qp.mu.Lock()
+		sent = len(a.qp.pending) == 1 && a.qp.pending[0].sent
+		a.qp.mu.Unlock()
+	}
+	deregged := make(chan error, 1)
+	go func() { deregged <- smr.Dereg() }()
+	select {
+	case err := <-deregged:
+		require.NoError(t, err)
+	case <-time.After(30 * time.Second): // a hang detector, not a measurement
+		t.Fatal("Dereg waits for the peer to post a receive")
+	}
+	require.NoError(t, a.qp.PostSend(SendWR{WRID: 2, Opcode: OpRDMAWrite, SGL: sge(smr, 0, 8), Flags: SendSignaled,
+		RemoteAddr: dmr.Addr(), RKey: dmr.RKey()}))
+	require.NoError(t, b.qp.PostRecv(RecvWR{WRID: 9, SGL: sge(dmr, 0, 4*ps)}))
+	rwc := wait(t, b.rcq)
+	require.Equal(t, WCSuccess, rwc.Status, rwc.Detail)
+	assert.EqualValues(t, 2*ps, rwc.ByteLen)
+	wc := wait(t, a.scq)
+	assert.Equal(t, WCSuccess, wc.Status, "the SEND read its source before the Dereg: %s", wc.Detail)
+	assert.EqualValues(t, 1, wc.WRID)
+	assert.Equal(t, src[:2*ps], dst[:2*ps])
+	wc = wait(t, a.scq)
+	assert.EqualValues(t, 2, wc.WRID)
+	assert.Equal(t, WCLocProtErr, wc.Status, "a WR on the deregistered MR")
 }

@@ -88,13 +88,12 @@ type QP struct {
 
 // pending is a processed send WR awaiting its response (or already done).
 type pending struct {
-	wr      *SendWR
-	psn     uint32
-	release func() // ends the local DMA that a WRITE or SEND payload aliases
-	sent    bool   // a request is on the wire: a response will come
-	done    bool
-	status  WCStatus
-	detail  string
+	wr     *SendWR
+	psn    uint32
+	sent   bool // a request is on the wire: a response will come
+	done   bool
+	status WCStatus
+	detail string
 }
 
 // CreateQP creates an RC QP in RESET.
@@ -352,12 +351,6 @@ func (qp *QP) Destroy() error {
 	}
 	qp.wg.Wait()
 	qp.mu.Lock()
-	for _, p := range qp.pending {
-		if p.release != nil {
-			p.release()
-			p.release = nil
-		}
-	}
 	qp.pending = nil
 	qp.mu.Unlock()
 	qp.cfg.SendCQ.detach()
