@@ -67,6 +67,10 @@ func TestRegistryClipsAndSkipsDisjoint(t *testing.T) {
 	assert.EqualValues(t, 2, g.Count(ReasonExplicit))
 	assert.EqualValues(t, 1, g.Count(ReasonRemove))
 	assert.Equal(t, "remap", ReasonRemap.String())
+	assert.Equal(t, "migrate", ReasonMigrate.String())
+	assert.Equal(t, "Reason(99)", Reason(99).String(), "never panics")
+	assert.Equal(t, "Reason(-1)", Reason(-1).String())
+	assert.Zero(t, g.Count(Reason(99)))
 }
 
 // owned lists the parts of a test mapping the test has not unmapped itself: an

@@ -13,12 +13,6 @@ import (
 	"golang.org/x/sys/unix"
 )
 
-// Reasons for the emulator's own invalidations.
-const (
-	ReasonEvict   Reason = numReasons + iota // a page went to the backing store
-	ReasonMigrate                            // a page moved to a new frame
-)
-
 // Pager evicts pages of paged regions to a Store and migrates them to new frames, the
 // way reclaim, compaction and NUMA balancing change a page's translation under an ODP
 // MR. Every change runs inside Registry.Invalidate, so the NIC's entries are cleared

@@ -15,6 +15,7 @@
 package invalidate
 
 import (
+	"fmt"
 	"sync"
 	"sync/atomic"
 )
@@ -29,11 +30,18 @@ const (
 	ReasonExplicit               // an Invalidate call
 	ReasonDiscard                // a discard odpemu performs itself
 	ReasonFork                   // fork write-protected the parent's pages (COW)
+	ReasonEvict                  // the pager wrote a page to the backing store
+	ReasonMigrate                // the pager moved a page to a new frame
 	numReasons
 )
 
+var reasonNames = [numReasons]string{"remove", "unmap", "remap", "explicit", "discard", "fork", "evict", "migrate"}
+
 func (r Reason) String() string {
-	return [...]string{"remove", "unmap", "remap", "explicit", "discard", "fork", "evict", "migrate"}[r]
+	if r < 0 || r >= numReasons {
+		return fmt.Sprintf("Reason(%d)", int(r))
+	}
+	return reasonNames[r]
 }
 
 // Range is the half-open address range [Start, End).
@@ -61,7 +69,7 @@ type Registry struct {
 	mu   sync.RWMutex // protects subs; held for reading while subscribers run
 	subs map[*Subscription]struct{}
 
-	counts   [numReasons + 2]atomic.Uint64 // with the pager's reasons
+	counts   [numReasons]atomic.Uint64
 	disabled atomic.Bool
 }
 
@@ -96,7 +104,9 @@ func (s *Subscription) Remove() {
 // changed), then invalidate_range_end, and returns how many subscribers it called.
 // change's error is returned.
 func (g *Registry) Invalidate(r Range, why Reason, change func() error) (int, error) {
-	g.counts[why].Add(1)
+	if why >= 0 && why < numReasons {
+		g.counts[why].Add(1)
+	}
 	if g.disabled.Load() {
 		if change != nil {
 			return 0, change()
@@ -128,4 +138,9 @@ func (g *Registry) Invalidate(r Range, why Reason, change func() error) (int, er
 }
 
 // Count returns how many invalidations were requested for a reason.
-func (g *Registry) Count(why Reason) uint64 { return g.counts[why].Load() }
+func (g *Registry) Count(why Reason) uint64 {
+	if why < 0 || why >= numReasons {
+		return 0
+	}
+	return g.counts[why].Load()
+}
