@@ -92,7 +92,7 @@ func (o *owned) drop(r Range) {
 
 func (o *owned) unmap() {
 	for _, r := range o.live {
-		unix.Syscall(unix.SYS_MUNMAP, r.Start, r.End-r.Start, 0)
+		_, _, _ = unix.Syscall(unix.SYS_MUNMAP, r.Start, r.End-r.Start, 0) // cleanup of live parts
 	}
 }
 
@@ -116,7 +116,7 @@ func pumped(t *testing.T, npages int, reg *Registry, disabled bool) ([]byte, *pa
 	t.Cleanup(func() {
 		p.Stop()
 		require.NoError(t, s.Stop())
-		u.Close()
+		require.NoError(t, u.Close())
 		own.unmap()
 	})
 	return b, s, p, own
@@ -166,7 +166,7 @@ func TestPumpRemap(t *testing.T) {
 	require.Zero(t, e)
 	require.Equal(t, addrOf(hole), to)
 	own.drop(Range{base, base + 2*pz})
-	defer unix.Munmap(hole)
+	defer func() { require.NoError(t, unix.Munmap(hole)) }()
 	require.NoError(t, p.Sync())
 	// REMAP, then UNMAP of the old range (its VMA still carried the context).
 	for _, r := range rec.ranges() {

@@ -133,15 +133,15 @@ func (p *Pager) AddRegion(mem []byte) (*Region, error) {
 		return nil, fmt.Errorf("invalidate: map bounce pages: %w", err)
 	}
 	if _, err := p.uffd.Register(addrOf(stash), uintptr(len(stash)), pagefault.ModeMissing); err != nil {
-		unix.Munmap(stash)
+		_ = unix.Munmap(stash) // our own fresh mapping
 		return nil, err
 	}
 	p.rmu.Lock()
 	defer p.rmu.Unlock()
 	r := &Region{p: p, base: addrOf(mem), npages: len(mem) / ps, stash: stash, storeOff: p.nextOff, ref: make([]atomic.Bool, len(mem)/ps)}
 	if r.pr, err = p.srv.AddRegion(r.base, r.npages, addrOf(stash), r.storeOff); err != nil {
-		p.uffd.Unregister(addrOf(stash), uintptr(len(stash)))
-		unix.Munmap(stash)
+		_ = p.uffd.Unregister(addrOf(stash), uintptr(len(stash))) // registered just above
+		_ = unix.Munmap(stash)                                     // our own fresh mapping
 		return nil, err
 	}
 	p.nextOff += int64(len(mem))
@@ -153,8 +153,9 @@ func (p *Pager) AddRegion(mem []byte) (*Region, error) {
 }
 
 // Remove retires the region; its memory's content is no longer needed (it is being
-// unmapped). Call with the memory still mapped.
-func (r *Region) Remove() {
+// unmapped). Call with the memory still mapped. Its error is the fault server's (it
+// stopped first); the region is retired on the Go side either way.
+func (r *Region) Remove() error {
 	p := r.p
 	p.reclaimMu.Lock()
 	defer p.reclaimMu.Unlock()
@@ -167,10 +168,14 @@ func (r *Region) Remove() {
 	}
 	p.hand.region, p.hand.page = 0, 0
 	p.rmu.Unlock()
-	p.uffd.Unregister(addrOf(r.stash), uintptr(len(r.stash)))
-	r.pr.Remove()
-	unix.Munmap(r.stash)
+	uerr := p.uffd.Unregister(addrOf(r.stash), uintptr(len(r.stash)))
+	rerr := r.pr.Remove()
+	merr := unix.Munmap(r.stash)
 	p.store.Punch(r.storeOff, int64(r.npages)*int64(pagefault.PageSize))
+	if errors.Is(uerr, pagefault.ErrClosed) {
+		uerr = nil // the userfaultfd closed first: its registrations went with it
+	}
+	return errors.Join(uerr, rerr, merr)
 }
 
 func (p *Pager) lookup(addr uintptr) (*Region, int) {
@@ -378,7 +383,7 @@ func (p *Pager) evictChunk(r *Region, first int, entries []pagefault.PagemapEntr
 // and returns for how many pages op reported success.
 func (p *Pager) change(r *Region, lo, hi uintptr, why Reason, pages []int, op func(*Region, int) bool) int {
 	done := 0
-	p.reg.Invalidate(Range{lo, hi}, why, func() error {
+	_, _ = p.reg.Invalidate(Range{lo, hi}, why, func() error { // the change reports nothing
 		for _, i := range pages {
 			if op(r, i) {
 				done++
@@ -633,7 +638,7 @@ func (p *Pager) Restore(start, end uintptr) error {
 // REMAP.) Call it inside Exclusive: it punches the store, which only the holder of the
 // reclaim lock may do.
 func (p *Pager) DiscardedLocked(start, end uintptr) {
-	p.each(start, end, func(r *Region, first, n int) int {
+	_, _ = p.each(start, end, func(r *Region, first, n int) int { // unpaged memory has nothing stored
 		for i := first; i < first+n; i++ {
 			if r.pr.CompareAndSwap(i, pagefault.PageStored, pagefault.PageNone) {
 				p.store.Punch(r.storeAt(i), int64(pagefault.PageSize))

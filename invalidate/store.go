@@ -29,7 +29,10 @@ func NewFileStore(path string) (*Store, error) {
 	if err != nil {
 		return nil, fmt.Errorf("invalidate: file store: %w", err)
 	}
-	os.Remove(path) // the descriptor keeps it alive
+	if err := os.Remove(path); err != nil { // the descriptor keeps it alive
+		_ = f.Close()
+		return nil, fmt.Errorf("invalidate: file store: unlink %s: %w", path, err)
+	}
 	return &Store{f: f}, nil
 }
 

@@ -14,6 +14,7 @@ package odp
 
 import (
 	"crypto/rand"
+	"errors"
 	"encoding/binary"
 	"fmt"
 	"sort"
@@ -202,11 +203,11 @@ func Open(cfg Config) (*Device, error) {
 		}
 	}
 	if err != nil {
-		d.release()
+		_ = d.release() // the error that made Open fail is the one to report
 		return nil, fmt.Errorf("odp: open %s: %w", cfg.Name, err)
 	}
 	var seed [4]byte
-	rand.Read(seed[:])
+	_, _ = rand.Read(seed[:]) // crypto/rand.Read never fails (it aborts the program instead)
 	d.keys.init(binary.LittleEndian.Uint32(seed[:]))
 	return d, nil
 }
@@ -268,7 +269,13 @@ func (d *Device) FaultMode() pagefault.Mode { return d.uffd.Mode() }
 func (d *Device) PFNsReadable() bool { return d.pagemap.PFNsReadable() }
 
 // Close destroys every QP, CQ, MR and PD of the device, stops the fault server and
-// unmaps every buffer from Alloc; slices of those buffers must not be used afterwards.
+// unmaps every buffer from Alloc.
+//
+// Buffers from Alloc are unmapped by Close: a slice of one must not be used after
+// Close returns (a read or write then faults like any access to unmapped memory).
+// Parts of them the application unmapped itself are left alone. Close returns the
+// errors of the teardown; if the events that tell which parts those are cannot be
+// read, it leaves the buffers mapped rather than risk unmapping foreign memory.
 func (d *Device) Close() error {
 	d.mu.Lock()
 	if d.closed {
@@ -279,7 +286,7 @@ func (d *Device) Close() error {
 	qps := mapKeys(d.qps)
 	d.mu.Unlock()
 	for _, qp := range qps {
-		qp.Destroy()
+		_ = qp.Destroy() // ErrClosed only: destroyed concurrently
 	}
 	d.mu.Lock()
 	mrs := make([]*MR, 0, len(d.mrs))
@@ -287,10 +294,13 @@ func (d *Device) Close() error {
 		mrs = append(mrs, mr)
 	}
 	d.mu.Unlock()
+	var errs []error
 	for _, mr := range mrs {
-		mr.Dereg()
+		if err := mr.Dereg(); err != nil && !errors.Is(err, ErrInvalidArgument) { // deregistered concurrently
+			errs = append(errs, err)
+		}
 	}
-	d.pump.Sync() // holes the application made are recorded before buffers are unmapped
+	syncErr := d.pump.Sync() // holes the application made are recorded before buffers are unmapped
 	d.mu.Lock()
 	bufs := d.buffers
 	d.buffers = nil
@@ -308,14 +318,18 @@ func (d *Device) Close() error {
 	}
 	for _, b := range bufs {
 		if b.paged != nil {
-			b.paged.Remove()
+			errs = append(errs, b.paged.Remove())
 		}
 	}
-	d.release()
+	errs = append(errs, d.release())
+	if syncErr != nil {
+		errs = append(errs, fmt.Errorf("odp: close %s: buffers left mapped, events unknown: %w", d.cfg.Name, syncErr))
+		return errors.Join(errs...)
+	}
 	for i := range bufs {
 		bufs[i].unmap(nil) // the userfaultfd is closed: its registrations went with it
 	}
-	return nil
+	return errors.Join(errs...)
 }
 
 // evictable reports whether pages [start, end) may be evicted or migrated: inside
@@ -335,7 +349,10 @@ func (d *Device) evictable(start, end uintptr) bool {
 	return true
 }
 
-func (d *Device) release() {
+// release stops and closes what Open started, in reverse order, and returns what
+// failed. Parts that were never started are skipped.
+func (d *Device) release() error {
+	var errs []error
 	if d.pager != nil {
 		d.pager.Close()
 	}
@@ -343,20 +360,21 @@ func (d *Device) release() {
 		d.pump.Stop()
 	}
 	if d.server != nil {
-		d.server.Stop()
+		errs = append(errs, d.server.Stop())
 	}
 	if d.resolver != nil {
-		d.resolver.Close()
+		errs = append(errs, d.resolver.Close())
 	}
 	if d.pagemap != nil {
-		d.pagemap.Close()
+		errs = append(errs, d.pagemap.Close())
 	}
 	if d.uffd != nil {
-		d.uffd.Close()
+		errs = append(errs, d.uffd.Close())
 	}
 	if d.store != nil {
-		d.store.Close()
+		errs = append(errs, d.store.Close())
 	}
+	return errors.Join(errs...)
 }
 
 func mapKeys[K comparable, V any](m map[K]V) []K {
@@ -388,7 +406,7 @@ func (d *Device) Alloc(n int) ([]byte, error) {
 	d.mu.Lock()
 	defer d.mu.Unlock()
 	if d.closed {
-		unix.MunmapPtr(p, size)
+		_ = unix.MunmapPtr(p, size) // our own fresh mapping
 		return nil, ErrClosed
 	}
 	b := buffer{start: addrOf(mem), end: addrOf(mem) + size, mem: mem}
@@ -402,7 +420,7 @@ func (d *Device) Alloc(n int) ([]byte, error) {
 	if d.pager != nil {
 		r, err := d.pager.AddRegion(mem)
 		if err != nil {
-			unix.MunmapPtr(p, size)
+			_ = unix.MunmapPtr(p, size) // our own fresh mapping
 			return nil, fmt.Errorf("odp: page buffer: %w", err)
 		}
 		b.paged = r
@@ -444,11 +462,12 @@ func (d *Device) Free(buf []byte) error {
 	d.mu.Unlock()
 	// Retired without d.mu, as Close does: Region.Remove takes the pager's reclaim
 	// lock, and reclaim takes d.mu (evictable) while holding it.
+	var err error
 	if b.paged != nil {
-		b.paged.Remove()
+		err = b.paged.Remove()
 	}
 	b.unmap(d.uffd)
-	return nil
+	return err
 }
 
 // bufferLocked returns the Alloc buffer holding [start, start+n), if any.

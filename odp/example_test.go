@@ -12,9 +12,9 @@ import (
 // the NIC when the WRITE arrives.
 func Example() {
 	client, _ := odp.Open(odp.Config{})
-	defer client.Close()
+	defer func() { _ = client.Close() }() // an example keeps its teardown short
 	server, _ := odp.Open(odp.Config{})
-	defer server.Close()
+	defer func() { _ = server.Close() }()
 
 	cpd, _ := client.AllocPD()
 	spd, _ := server.AllocPD()

@@ -17,13 +17,14 @@ func forkPaused(t *testing.T) {
 	require.Zero(t, errno)
 	if pid == 0 {
 		for {
-			unix.RawSyscall(unix.SYS_PAUSE, 0, 0, 0)
+			_, _, _ = unix.RawSyscall(unix.SYS_PAUSE, 0, 0, 0) // the child waits to be killed
 		}
 	}
 	t.Cleanup(func() {
-		unix.Kill(int(pid), unix.SIGKILL)
+		require.NoError(t, unix.Kill(int(pid), unix.SIGKILL))
 		var ws unix.WaitStatus
-		unix.Wait4(int(pid), &ws, 0, nil)
+		_, err := unix.Wait4(int(pid), &ws, 0, nil)
+		require.NoError(t, err)
 	})
 }
 

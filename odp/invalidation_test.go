@@ -97,7 +97,7 @@ func TestMremapInvalidatesOldRange(t *testing.T) {
 	require.Equal(t, WCSuccess, do(t, a, write(smr, 0, 16*ps, dmr, 0)).Status)
 	hole, err := unix.Mmap(-1, 0, 4*ps, unix.PROT_NONE, unix.MAP_PRIVATE|unix.MAP_ANONYMOUS)
 	require.NoError(t, err)
-	defer unix.Munmap(hole)
+	defer func() { require.NoError(t, unix.Munmap(hole)) }()
 	_, _, e := unix.Syscall6(unix.SYS_MREMAP, addrOf(dst), 4*uz, 4*uz, unix.MREMAP_MAYMOVE|unix.MREMAP_FIXED, addrOf(hole), 0)
 	require.Zero(t, e)
 	require.NoError(t, b.dev.SyncEvents())

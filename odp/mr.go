@@ -295,7 +295,8 @@ func (mr *MR) unpin(end uintptr, bytes int64) {
 	d.mu.Lock()
 	defer d.mu.Unlock()
 	for _, r := range interval.Uncovered(mr.span(end), d.locked) {
-		unix.Syscall(unix.SYS_MUNLOCK, r.Start, r.End-r.Start, 0)
+		// munlock fails only for a range the application unmapped meanwhile.
+		_, _, _ = unix.Syscall(unix.SYS_MUNLOCK, r.Start, r.End-r.Start, 0)
 	}
 	d.pinned -= bytes
 }
@@ -392,9 +393,14 @@ func (mr *MR) Dereg() error {
 		gone := interval.Uncovered(mr.span(end), d.odpRegs)
 		closing := d.closed // Close unmaps the buffers next: their content is dropped
 		d.mu.Unlock()
+		var restoreErr error
 		for _, r := range gone {
 			if d.pager != nil && !closing {
-				d.pager.Restore(r.Start, r.End) // unregistered, a stored page would read as zero
+				// Unregistered, a stored page would read as zero. Restore fails only
+				// for memory that is not paged, which has nothing stored.
+				if err := d.pager.Restore(r.Start, r.End); err != nil && !errors.Is(err, invalidate.ErrNotPaged) {
+					restoreErr = errors.Join(restoreErr, err)
+				}
 			}
 			d.mu.Lock()
 			d.downgradeLocked(r)
@@ -403,13 +409,17 @@ func (mr *MR) Dereg() error {
 		d.mu.Lock()
 		d.keys.release(mr.key)
 		d.mu.Unlock()
+		if restoreErr != nil {
+			return fmt.Errorf("odp: dereg %#x: restoring evicted pages: %w", mr.key, restoreErr)
+		}
 		return nil
 	}
 	d.mu.Lock()
 	defer d.mu.Unlock()
 	d.locked = removeRange(d.locked, mr.span(end))
 	for _, r := range interval.Uncovered(mr.span(end), d.locked) {
-		unix.Syscall(unix.SYS_MUNLOCK, r.Start, r.End-r.Start, 0)
+		// munlock fails only for a range the application unmapped meanwhile.
+		_, _, _ = unix.Syscall(unix.SYS_MUNLOCK, r.Start, r.End-r.Start, 0)
 	}
 	d.pinned -= int64(end - mr.base)
 	d.keys.release(mr.key)

@@ -2,6 +2,7 @@ package odp
 
 import (
 	"bytes"
+	"errors"
 	"context"
 	"testing"
 	"time"
@@ -36,7 +37,11 @@ func newNode(t testing.TB, cfg Config) *node {
 	needKernel(t, cfg)
 	d, err := Open(cfg)
 	require.NoError(t, err)
-	t.Cleanup(func() { d.Close() })
+	t.Cleanup(func() {
+		if err := d.Close(); err != nil && !errors.Is(err, ErrClosed) { // some tests close it themselves
+			t.Errorf("close: %v", err)
+		}
+	})
 	pd, err := d.AllocPD()
 	require.NoError(t, err)
 	scq, err := d.CreateCQ(ps)

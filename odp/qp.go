@@ -215,14 +215,15 @@ func (qp *QP) Modify(to QPState) error {
 // ConnectLoopback connects two QPs with an in-process wire and moves both to RTS.
 func ConnectLoopback(a, b *QP) error {
 	ca, cb := transport.Loopback()
+	// Closing a loopback end cannot fail.
 	if err := a.Connect(ca); err != nil {
-		ca.Close()
-		cb.Close()
+		_ = ca.Close()
+		_ = cb.Close()
 		return err
 	}
 	if err := b.Connect(cb); err != nil {
-		cb.Close()
-		a.Modify(StateError)
+		_ = cb.Close()
+		_ = a.Modify(StateError) // fails only if a was destroyed meanwhile: then it is gone anyway
 		return err
 	}
 	return nil
@@ -347,7 +348,7 @@ func (qp *QP) Destroy() error {
 		f.Done()
 	}
 	if conn != nil {
-		conn.Close()
+		_ = conn.Close() // the wire is going away either way
 	}
 	qp.wg.Wait()
 	qp.mu.Lock()

@@ -60,7 +60,7 @@ func runStress(t *testing.T, seed uint64, steps int, cfg Config) stressResult {
 	// tail page unmapped earlier, inside the MR's range.
 	holes, err := unix.Mmap(-1, 0, tailPages*ps, unix.PROT_NONE, unix.MAP_PRIVATE|unix.MAP_ANONYMOUS)
 	require.NoError(t, err)
-	defer unix.Munmap(holes)
+	defer func() { require.NoError(t, unix.Munmap(holes)) }()
 
 	var res stressResult
 	var mu sync.Mutex // guards res.mismatches

@@ -111,7 +111,7 @@ func probeKernelBehaviour() Kernel {
 	if err != nil {
 		return k
 	}
-	defer unix.Munmap(b) //nolint:errcheck // a probe's own scratch mapping
+	defer func() { _ = unix.Munmap(b) }() // a probe's own scratch mapping
 	_ = unix.Madvise(b, unix.MADV_NOHUGEPAGE) // EINVAL without THP: nothing to avoid
 	k.PopulateWrite = unix.Madvise(b[ps:], unix.MADV_POPULATE_WRITE) == nil
 	k.ReadFaultZeroPage, k.readFaultErr = readFaultMapsZeroPage(b[:ps])
@@ -134,7 +134,7 @@ func readFaultMapsZeroPage(b []byte) (bool, error) {
 	if err != nil {
 		return false, err
 	}
-	defer pm.Close() //nolint:errcheck // read-only file
+	defer func() { _ = pm.Close() }() // a read-only file
 	var e [1]PagemapEntry
 	if err := pm.Read(addrOf(b), e[:]); err != nil {
 		return false, err

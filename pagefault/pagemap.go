@@ -120,7 +120,7 @@ func pagemapScanWorks(b []byte) bool {
 	if err != nil {
 		return false
 	}
-	defer pm.Close() //nolint:errcheck // read-only file
+	defer func() { _ = pm.Close() }() // a read-only file
 	var out [4]PageRegion
 	n, _, err := pm.ScanPresent(addrOf(b), addrOf(b)+uintptr(len(b)), out[:])
 	return err == nil && n >= 1

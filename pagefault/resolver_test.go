@@ -13,10 +13,10 @@ func newResolver(t testing.TB, u *FD, src Source) *Resolver {
 	t.Helper()
 	pm, err := OpenPagemap()
 	require.NoError(t, err)
-	t.Cleanup(func() { pm.Close() })
+	t.Cleanup(func() { require.NoError(t, pm.Close()) })
 	r, err := NewResolver(u, pm, src)
 	require.NoError(t, err)
-	t.Cleanup(func() { r.Close() })
+	t.Cleanup(func() { require.NoError(t, r.Close()) })
 	return r
 }
 
@@ -155,7 +155,7 @@ func forkPaused(t *testing.T) {
 	require.Zero(t, errno)
 	if pid == 0 {
 		for {
-			unix.RawSyscall(unix.SYS_PAUSE, 0, 0, 0)
+			_, _, _ = unix.RawSyscall(unix.SYS_PAUSE, 0, 0, 0) // the child waits to be killed
 		}
 	}
 	t.Cleanup(func() {

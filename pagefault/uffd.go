@@ -78,7 +78,7 @@ func Open(opts Options) (*FD, error) {
 	u := &FD{fd: fd, mode: mode, source: src}
 	api := uffdioAPI{API: uffdAPI, Features: uint64(opts.Features)}
 	if err := ioctl(fd, ioctlAPI, unsafe.Pointer(&api)); err != nil {
-		unix.Close(fd)
+		_ = unix.Close(fd) // our own descriptor, never used
 		if err == unix.EINVAL {
 			return nil, fmt.Errorf("UFFDIO_API features %v: %w", opts.Features, ErrUnsupported)
 		}
@@ -101,7 +101,7 @@ func create(forceUser bool) (fd int, mode Mode, src string, err error) {
 		}
 		if dev, derr := unix.Open("/dev/userfaultfd", unix.O_RDWR|unix.O_CLOEXEC, 0); derr == nil {
 			r, _, e := unix.Syscall(unix.SYS_IOCTL, uintptr(dev), ioctlNew, flags)
-			unix.Close(dev)
+			_ = unix.Close(dev) // only the new userfaultfd is kept
 			if e == 0 {
 				return int(r), ModeKernel, "/dev/userfaultfd", nil
 			}
@@ -312,7 +312,7 @@ var probeOnce = sync.OnceValue(func() Probe {
 	if err != nil {
 		return Probe{Err: err}
 	}
-	defer u.Close()
+	defer func() { _ = u.Close() }() // a probe's throwaway descriptor
 	return Probe{Mode: u.mode, Source: u.source, Features: u.features, Ioctls: u.ioctls}
 })
 

@@ -2,6 +2,7 @@ package pagefault
 
 import (
 	"bytes"
+	"errors"
 	"testing"
 	"unsafe"
 
@@ -31,7 +32,11 @@ func registered(t testing.TB, b []byte, feats Feature) *FD {
 	t.Helper()
 	u, err := Open(Options{Features: feats})
 	require.NoError(t, err)
-	t.Cleanup(func() { u.Close() })
+	t.Cleanup(func() {
+		if err := u.Close(); err != nil && !errors.Is(err, ErrClosed) {
+			t.Errorf("close: %v", err)
+		}
+	})
 	_, err = u.Register(addr(b), uintptr(len(b)), ModeMissing)
 	require.NoError(t, err)
 	return u
@@ -44,7 +49,7 @@ func TestProbe(t *testing.T) {
 	assert.True(t, p.Features.Has(FeatureEventRemove|FeatureEventUnmap|FeatureEventRemap))
 	u, err := Open(Options{Features: FeatureEventRemove})
 	require.NoError(t, err)
-	defer u.Close()
+	defer func() { require.NoError(t, u.Close()) }()
 	assert.True(t, u.Features().Has(FeatureEventRemove))
 
 	_, err = Open(Options{Features: 1 << 40})
@@ -54,7 +59,7 @@ func TestProbe(t *testing.T) {
 func TestUserModeOnly(t *testing.T) {
 	u, err := Open(Options{UserModeOnly: true})
 	require.NoError(t, err)
-	defer u.Close()
+	defer func() { require.NoError(t, u.Close()) }()
 	assert.Equal(t, ModeUserOnly, u.Mode())
 }
 
@@ -62,7 +67,7 @@ func TestRegisterReportsRangeIoctls(t *testing.T) {
 	b := region(t, 4)
 	u, err := Open(Options{})
 	require.NoError(t, err)
-	defer u.Close()
+	defer func() { require.NoError(t, u.Close()) }()
 	ioctls, err := u.Register(addr(b), uintptr(len(b)), ModeMissing)
 	require.NoError(t, err)
 	assert.NotZero(t, ioctls&(1<<nrCopy), "COPY allowed")
@@ -107,7 +112,7 @@ func TestCopyIntoUnregisteredRange(t *testing.T) {
 	b := region(t, 2)
 	u, err := Open(Options{})
 	require.NoError(t, err)
-	defer u.Close()
+	defer func() { require.NoError(t, u.Close()) }()
 	src := make([]byte, PageSize)
 	_, err = u.Copy(addr(b), addr(src), PageSize, false)
 	assert.ErrorIs(t, err, ErrUnmapped)
@@ -153,7 +158,7 @@ func TestPagemapScanPresent(t *testing.T) {
 	}
 	pm, err := OpenPagemap()
 	require.NoError(t, err)
-	defer pm.Close()
+	defer func() { require.NoError(t, pm.Close()) }()
 	out := make([]PageRegion, 8)
 	k, end, err := pm.ScanPresent(addr(b), addr(b)+uintptr(len(b)), out)
 	require.NoError(t, err)

@@ -223,16 +223,16 @@ func writeCSV(path, test string, rows []perf.Row) error {
 		return err
 	}
 	w := csv.NewWriter(f)
-	w.Write([]string{"test", "bytes", "pinned_cold_mib_s", "odp_cold_mib_s", "ratio_cold", "pinned_warm_mib_s", "odp_warm_mib_s",
+	_ = w.Write([]string{"test", "bytes", "pinned_cold_mib_s", "odp_cold_mib_s", "ratio_cold", "pinned_warm_mib_s", "odp_warm_mib_s",
 		"ratio_warm", "ratio_warm_q1", "ratio_warm_q3", "cold_faults"})
 	for _, r := range rows {
 		ff := func(x float64) string { return strconv.FormatFloat(x, 'f', 4, 64) }
-		w.Write([]string{test, strconv.Itoa(r.Bytes), ff(r.PinnedCold), ff(r.ODPCold), ff(r.RatioCold), ff(r.PinnedWarm),
+		_ = w.Write([]string{test, strconv.Itoa(r.Bytes), ff(r.PinnedCold), ff(r.ODPCold), ff(r.RatioCold), ff(r.PinnedWarm),
 			ff(r.ODPWarm), ff(r.RatioWarm), ff(r.WarmQ1), ff(r.WarmQ3), strconv.FormatUint(r.ColdFaults, 10)})
 	}
 	w.Flush()
-	if err := w.Error(); err != nil {
-		f.Close()
+	if err := w.Error(); err != nil { // csv.Writer reports Write's errors here
+		_ = f.Close() // the write error is the one to report
 		return err
 	}
 	return f.Close()
