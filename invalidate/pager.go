@@ -141,7 +141,7 @@ func (p *Pager) AddRegion(mem []byte) (*Region, error) {
 	r := &Region{p: p, base: addrOf(mem), npages: len(mem) / ps, stash: stash, storeOff: p.nextOff, ref: make([]atomic.Bool, len(mem)/ps)}
 	if r.pr, err = p.srv.AddRegion(r.base, r.npages, addrOf(stash), r.storeOff); err != nil {
 		_ = p.uffd.Unregister(addrOf(stash), uintptr(len(stash))) // registered just above
-		_ = unix.Munmap(stash)                                     // our own fresh mapping
+		_ = unix.Munmap(stash)                                    // our own fresh mapping
 		return nil, err
 	}
 	p.nextOff += int64(len(mem))
@@ -395,7 +395,8 @@ func (p *Pager) change(r *Region, lo, hi uintptr, why Reason, pages []int, op fu
 	return done
 }
 
-// evictLocked moves page i to the store. Faults on the page meanwhile are served by
+// evictLocked moves page i to the store. Called with reclaimMu held, inside an
+// invalidation of the page's range. Faults on the page meanwhile are served by
 // the CPU fault server from the bounce page; then the eviction is abandoned. Events
 // the server reads meanwhile change the state under it: a REMOVE makes the page
 // DISCARDED (its old content must never come back), an UNMAP makes it GONE, a REMAP
@@ -575,6 +576,8 @@ func (p *Pager) Migrate(start, end uintptr) (int, error) {
 	})
 }
 
+// migrateLocked moves page i to a new frame. Called with reclaimMu held, inside an
+// invalidation of the page's range.
 func (p *Pager) migrateLocked(r *Region, i int) bool {
 	ps := pagefault.PageSize
 	if !p.ours(r, i) || !r.pr.CompareAndSwap(i, pagefault.PageNone, pagefault.PageEvicting) {

@@ -12,6 +12,17 @@
 // odpemu makes itself (explicit invalidation, discards and evictions it performs) call
 // Registry.Invalidate first and change the mapping only after it returned, which is
 // the kernel's order.
+//
+// # Lock order
+//
+//	Pager.reclaimMu   one evictor at a time (Exclusive runs a caller's change under it)
+//	Registry.mu       held for reading while subscribers run; they may block on DMA
+//	                  but must not call into the Registry
+//	Pager.rmu         the region list; held only for lookups, never across a call out
+//	Pump.mu           the pump's counters; a leaf
+//
+// Subscribers' locks (an MR's table lock) come after Registry.mu. Functions named
+// ...Locked need reclaimMu.
 package invalidate
 
 import (

@@ -164,7 +164,7 @@ func (cq *CQ) Destroy() error {
 	return nil
 }
 
-// killLocked marks the CQ destroyed, as Device.Close does; it needs Device.mu.
+// killLocked marks the CQ destroyed, as Device.Close does. Called with Device.mu held.
 func (cq *CQ) killLocked() {
 	cq.mu.Lock()
 	cq.dead = true

@@ -10,12 +10,32 @@
 // range (plus fault-around) with userfaultfd ioctls, maps the entries under the
 // mmu-notifier sequence protocol and only then copies. The engine never takes a CPU
 // fault on ODP memory; application threads that do are served by a C thread.
+//
+// # Lock order
+//
+// A goroutine that holds one of these locks takes only locks further down the list:
+//
+//	Device.regMu             ODP userfaultfd registration changes (registerODP, Dereg)
+//	invalidate.Pager.reclaimMu  one evictor at a time; Discard, Evict, Migrate, Restore
+//	invalidate.Registry.mu   held for reading while notifiers run
+//	mmu.Table.mu             an MR's table lock (umem_mutex); notifiers take it
+//	Device.mu                buffers, MRs, keys, PDs, CQs, QPs, pinned accounting
+//	invalidate.Pager.rmu     the pager's region list (Alloc adds a region under Device.mu)
+//	QP.mu                    a QP's state, queues and pending WRs
+//	CQ.mu                    a CQ's ring (completions are pushed under QP.mu; CreateQP
+//	                         and CQ.Destroy take it under Device.mu)
+//
+// Device.mu and QP.mu are never held together, nor is Device.mu held while a table
+// lock is taken. Leaf locks, under which nothing else is taken: pagefault.CPUServer's,
+// invalidate.Pump's, the work queues' (internal/fifo). No lock is held across a DMA
+// copy, and no goroutine holds a lock while it waits for the C fault server except
+// through ioctls that return EAGAIN. Functions named ...Locked say which lock they need.
 package odp
 
 import (
 	"crypto/rand"
-	"errors"
 	"encoding/binary"
+	"errors"
 	"fmt"
 	"sort"
 	"sync"
@@ -470,7 +490,8 @@ func (d *Device) Free(buf []byte) error {
 	return err
 }
 
-// bufferLocked returns the Alloc buffer holding [start, start+n), if any.
+// bufferLocked returns the Alloc buffer holding [start, start+n), if any. Called with
+// Device.mu held (read or write).
 func (d *Device) bufferLocked(start, n uintptr) (buffer, bool) {
 	i := sort.Search(len(d.buffers), func(i int) bool { return d.buffers[i].start > start }) - 1
 	if i < 0 || start+n > d.buffers[i].end || start+n < start {

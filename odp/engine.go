@@ -28,6 +28,7 @@ func (qp *QP) wire() transport.Conn {
 	return qp.conn
 }
 
+// startLocked starts the QP's engine goroutines once. Called with QP.mu held.
 func (qp *QP) startLocked() {
 	if qp.started {
 		return
@@ -49,7 +50,8 @@ func wcOpcode(op Opcode) WCOpcode {
 	return WCRDMAWrite
 }
 
-// retireLocked completes finished send WRs from the head, in posting order.
+// retireLocked completes finished send WRs from the head, in posting order. Called
+// with QP.mu held; it takes the CQs' locks.
 func (qp *QP) retireLocked() {
 	for len(qp.pending) > 0 && qp.pending[0].done {
 		p := qp.pending[0]
@@ -69,7 +71,7 @@ func (qp *QP) retireLocked() {
 	}
 }
 
-// finishLocked marks p done and retires what can be retired.
+// finishLocked marks p done and retires what can be retired. Called with QP.mu held.
 func (qp *QP) finishLocked(p *pending, status WCStatus, detail string) {
 	if p.done {
 		return

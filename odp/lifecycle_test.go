@@ -193,7 +193,7 @@ func (l *lifecycle) step(rng *rand.Rand) {
 	case 12:
 		if haveQP && haveMR {
 			wr := SendWR{WRID: rng.Uint64(), Opcode: []Opcode{OpRDMAWrite, OpRDMARead, OpSend}[rng.IntN(3)],
-				SGL: []SGE{{Addr: mr.Addr(), Length: uint32(min(mr.Len(), uint64(PageSize))), LKey: mr.LKey()}},
+				SGL:   []SGE{{Addr: mr.Addr(), Length: uint32(min(mr.Len(), uint64(PageSize))), LKey: mr.LKey()}},
 				Flags: SendSignaled, RemoteAddr: mr.Addr(), RKey: mr.RKey()}
 			check("PostSend", qp.PostSend(wr))
 			if rng.IntN(2) == 0 {

@@ -171,7 +171,7 @@ func (mr *MR) snapshot() {
 
 // mapPresentLocked maps the present pages among entries (page first onward) and
 // returns how many it mapped. write asks for writable entries, granted only to pages
-// mapped exclusively.
+// mapped exclusively. Called with the MR's table lock (mmu.Table.Lock) held.
 func (mr *MR) mapPresentLocked(first int, entries []pagefault.PagemapEntry, write bool) int {
 	mapped := 0
 	var pfns [64]uint64
@@ -464,7 +464,8 @@ func (n notifier) InvalidateStart(r invalidate.Range, why invalidate.Reason) {
 }
 
 // clipGoneLocked narrows the fault window [lo, hi) around [miss, end) so that it
-// avoids unmapped pages; ok is false if [miss, end) itself touches one.
+// avoids unmapped pages; ok is false if [miss, end) itself touches one. Called with
+// the MR's table lock held (it protects gone).
 func (mr *MR) clipGoneLocked(lo, hi, miss, end int) (int, int, bool) {
 	for _, g := range mr.gone {
 		if g[0] < end && miss < g[1] {

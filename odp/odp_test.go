@@ -2,8 +2,8 @@ package odp
 
 import (
 	"bytes"
-	"errors"
 	"context"
+	"errors"
 	"testing"
 	"time"
 

@@ -268,7 +268,8 @@ func (qp *QP) copySGL(sgl []SGE) ([]SGE, error) {
 	return append([]SGE(nil), sgl...), nil
 }
 
-// admitLocked reports whether the QP accepts work of this kind in its state.
+// admitLocked reports whether the QP accepts work of this kind in its state. Called
+// with QP.mu held.
 func (qp *QP) admitLocked(what string, can func(QPState) bool) error {
 	if qp.destroyed {
 		return ErrClosed
@@ -304,7 +305,8 @@ func (qp *QP) PostRecv(wr RecvWR) error {
 }
 
 // toErrorLocked moves the QP to ERR and flushes its posted receives. Send work is
-// flushed by the engine as it reaches it.
+// flushed by the engine as it reaches it. Called with QP.mu held; it takes the
+// receive CQ's lock.
 func (qp *QP) toErrorLocked() {
 	if qp.state == StateError {
 		return

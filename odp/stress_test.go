@@ -46,7 +46,7 @@ func runStress(t *testing.T, seed uint64, steps int, cfg Config) stressResult {
 
 	cfg.Audit = true
 	cfg.ResidentBudget = int64((pages + tailPages) * ps / 4) // a quarter of what is registered
-	a, b := newNode(t, Config{}), newNode(t, cfg)     // the budget is the responder's
+	a, b := newNode(t, Config{}), newNode(t, cfg)            // the budget is the responder's
 	require.NoError(t, ConnectLoopback(a.qp, b.qp))
 	src, smr := a.region(t, pages*ps, AccessLocalWrite)
 	back, bmr := a.region(t, pages*ps, AccessLocalWrite)

@@ -111,7 +111,7 @@ func probeKernelBehaviour() Kernel {
 	if err != nil {
 		return k
 	}
-	defer func() { _ = unix.Munmap(b) }() // a probe's own scratch mapping
+	defer func() { _ = unix.Munmap(b) }()     // a probe's own scratch mapping
 	_ = unix.Madvise(b, unix.MADV_NOHUGEPAGE) // EINVAL without THP: nothing to avoid
 	k.PopulateWrite = unix.Madvise(b[ps:], unix.MADV_POPULATE_WRITE) == nil
 	k.ReadFaultZeroPage, k.readFaultErr = readFaultMapsZeroPage(b[:ps])
