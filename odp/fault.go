@@ -1,0 +1,72 @@
+package odp
+
+import (
+	"errors"
+	"fmt"
+
+	"github.com/odpemu/odpemu/pagefault"
+)
+
+// fault is the network page fault handler (mlx5's pagefault_real_mr): it resolves
+// pages [miss, end) widened to the fault-around alignment, then maps them unless an
+// invalidation ran meanwhile, in which case it maps nothing and the caller simply
+// faults again. With presentOnly no page is installed: only present pages are mapped.
+// It returns the number of entries mapped.
+func (mr *MR) fault(miss, end int, write, presentOnly bool) (int, error) {
+	d := mr.dev
+	fa := d.cfg.FaultAround
+	lo := miss &^ (fa - 1)
+	hi := min((end+fa-1)&^(fa-1), mr.table.Pages())
+	mr.table.Lock()
+	lo, hi, ok := mr.clipGoneLocked(lo, hi, miss, end)
+	mr.table.Unlock()
+	if !ok {
+		return 0, wrap(ErrInvalidArgument, "MR %#x: pages [%d, %d) were unmapped", mr.key, miss, end)
+	}
+	mapped, err := mr.faultWindow(lo, hi, write, presentOnly)
+	if errors.Is(err, pagefault.ErrUnmapped) && (lo < miss || hi > end) {
+		// Fault-around reached memory unmapped before its event was applied: retry
+		// with exactly the pages asked for.
+		mapped, err = mr.faultWindow(miss, end, write, presentOnly)
+	}
+	return mapped, err
+}
+
+// faultWindow resolves and maps table pages [lo, hi).
+func (mr *MR) faultWindow(lo, hi int, write, presentOnly bool) (int, error) {
+	d := mr.dev
+	entries := make([]pagefault.PagemapEntry, hi-lo)
+	addr := mr.base + uintptr(lo)*pagefault.PageSize
+
+	if d.pager != nil && !presentOnly && d.pager.Over(hi-lo) {
+		d.pager.Reclaim(true) // direct reclaim, before the fault takes its sequence
+	}
+	seq := mr.table.ReadBegin()
+	var err error
+	switch {
+	case presentOnly:
+		err = d.pagemap.Read(addr, entries)
+	case d.pager != nil:
+		// Paged memory has one installer, the CPU fault server's thread: an
+		// eviction cannot overtake the content it chose. Then only translate.
+		if err = d.server.Install(addr, hi-lo); err == nil {
+			err = d.resolver.Translate(addr, entries, write)
+		}
+	default:
+		_, err = d.resolver.Resolve(addr, entries, write)
+	}
+	if err != nil {
+		return 0, fmt.Errorf("odp: MR %#x: fault in %#x+%d pages: %w", mr.key, addr, hi-lo, err)
+	}
+	mr.table.Lock()
+	defer mr.table.Unlock()
+	if mr.dead {
+		return 0, errDeregistered
+	}
+	if mr.table.ReadRetryLocked(seq) {
+		mr.stats.faultRetries.Add(1)
+		d.stats.faultRetries.Add(1)
+		return 0, nil
+	}
+	return mr.mapPresentLocked(lo, entries, write), nil
+}

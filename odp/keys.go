@@ -1,0 +1,42 @@
+package odp
+
+// keyAllocator hands out mlx5-style keys: a 24-bit index and an 8-bit variant. A freed
+// index waits in a FIFO behind at least keyQuarantine others before reuse, and comes
+// back with its variant advanced, so a stale key stays invalid.
+type keyAllocator struct {
+	next     uint32 // next never-used index
+	free     []uint32
+	variants map[uint32]uint8
+	salt     uint8
+}
+
+const (
+	keyQuarantine = 64
+	maxKeyIndex   = 1<<24 - 1
+)
+
+func (k *keyAllocator) init(seed uint32) {
+	k.next = 1 + seed%(1<<16) // start at a random index
+	k.salt = uint8(seed >> 24)
+	k.variants = map[uint32]uint8{}
+}
+
+func (k *keyAllocator) alloc() (uint32, bool) {
+	var idx uint32
+	if len(k.free) > keyQuarantine {
+		idx, k.free = k.free[0], k.free[1:]
+	} else if k.next <= maxKeyIndex {
+		idx = k.next
+		k.next++
+		k.variants[idx] = k.salt ^ uint8(idx*0x9e)
+	} else {
+		return 0, false
+	}
+	return idx<<8 | uint32(k.variants[idx]), true
+}
+
+func (k *keyAllocator) release(key uint32) {
+	idx := key >> 8
+	k.variants[idx]++
+	k.free = append(k.free, idx)
+}

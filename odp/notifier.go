@@ -1,0 +1,63 @@
+package odp
+
+import (
+	"github.com/odpemu/odpemu/invalidate"
+	"github.com/odpemu/odpemu/pagefault"
+)
+
+// invalidate clears table pages [first, first+n), waiting for DMA in flight on them,
+// and counts it.
+func (mr *MR) invalidate(first, n int) {
+	mr.invalidateBegin(first, n)
+	mr.table.InvalidateEnd()
+}
+
+func (mr *MR) invalidateBegin(first, n int) {
+	r := mr.table.InvalidateBegin(first, n)
+	mr.dev.stats.invalidations.Add(1)
+	mr.dev.stats.pagesInvalidated.Add(uint64(r.Pages))
+	if r.WaitedDMAs > 0 {
+		mr.dev.stats.dmaWaits.Add(1)
+	}
+}
+
+// notifier is an ODP MR's interval notifier.
+type notifier struct{ mr *MR }
+
+func (n notifier) pages(r invalidate.Range) (int, int) {
+	ps := pagefault.PageSize
+	first := int((r.Start - n.mr.base) / ps)
+	last := int((r.End - n.mr.base + ps - 1) / ps)
+	return first, min(last, n.mr.table.Pages()) - first
+}
+
+// InvalidateStart implements invalidate.Subscriber.
+func (n notifier) InvalidateStart(r invalidate.Range, why invalidate.Reason) {
+	first, count := n.pages(r)
+	n.mr.invalidateBegin(first, count)
+	if why == invalidate.ReasonUnmap {
+		n.mr.table.Lock()
+		n.mr.gone = append(n.mr.gone, [2]int{first, first + count})
+		n.mr.table.Unlock()
+	}
+}
+
+// clipGoneLocked narrows the fault window [lo, hi) around [miss, end) so that it
+// avoids unmapped pages; ok is false if [miss, end) itself touches one. Called with
+// the MR's table lock held (it protects gone).
+func (mr *MR) clipGoneLocked(lo, hi, miss, end int) (int, int, bool) {
+	for _, g := range mr.gone {
+		if g[0] < end && miss < g[1] {
+			return 0, 0, false
+		}
+		if g[1] <= miss {
+			lo = max(lo, g[1])
+		} else if g[0] >= end {
+			hi = min(hi, g[0])
+		}
+	}
+	return lo, hi, true
+}
+
+// InvalidateEnd implements invalidate.Subscriber.
+func (n notifier) InvalidateEnd(invalidate.Range, invalidate.Reason) { n.mr.table.InvalidateEnd() }

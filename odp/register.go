@@ -1,0 +1,235 @@
+package odp
+
+import (
+	"fmt"
+	"time"
+
+	"github.com/odpemu/odpemu/internal/interval"
+	"github.com/odpemu/odpemu/mmu"
+	"github.com/odpemu/odpemu/pagefault"
+	"golang.org/x/sys/unix"
+)
+
+func (mr *MR) span(end uintptr) interval.Range { return interval.Range{Start: mr.base, End: end} }
+
+func (mr *MR) registerODP(end uintptr, npages int) error {
+	d := mr.dev
+	t0 := time.Now()
+	d.regMu.Lock()
+	defer d.regMu.Unlock()
+	d.mu.Lock()
+	if d.closed {
+		d.mu.Unlock()
+		return ErrClosed
+	}
+	if _, ok := d.bufferLocked(mr.start, uintptr(mr.length)); !ok {
+		d.mu.Unlock()
+		return wrap(ErrNotMmapped, "%#x+%d", mr.start, mr.length)
+	}
+	if _, err := d.uffd.Register(mr.base, end-mr.base, pagefault.ModeMissing|pagefault.ModeWP); err != nil {
+		d.mu.Unlock()
+		return fmt.Errorf("odp: register ODP range: %w", err)
+	}
+	d.odpRegs = append(d.odpRegs, mr.span(end))
+	key, ok := d.keys.alloc()
+	if !ok {
+		d.mu.Unlock()
+		mr.unregister(end)
+		return wrap(ErrNoMemory, "out of memory keys")
+	}
+	mr.key = key
+	mr.table = mmu.New(npages)
+	d.mrs[key>>8] = mr
+	d.mu.Unlock()
+	mr.sub = d.registry.Insert(mr.base, end, notifier{mr})
+	mr.reg.Register = time.Since(t0)
+	d.stats.mrsODP.Add(1)
+
+	if !d.cfg.NoSnapshot {
+		t1 := time.Now()
+		mr.snapshot()
+		mr.reg.Snapshot = time.Since(t1)
+	}
+	return nil
+}
+
+// snapshot maps the pages already present, without faulting, as mlx5 does when an ODP
+// MR is created. Pages that are not exclusively mapped (the shared zero page, pages
+// shared with a fork child) are mapped read-only: a NIC write must fault them first.
+func (mr *MR) snapshot() {
+	const chunk = 4096
+	entries := make([]pagefault.PagemapEntry, min(chunk, mr.table.Pages()))
+	for first := 0; first < mr.table.Pages(); first += chunk {
+		n := min(chunk, mr.table.Pages()-first)
+		if err := mr.dev.pagemap.Read(mr.base+uintptr(first)*pagefault.PageSize, entries[:n]); err != nil {
+			return // a snapshot is an optimisation: pages fault later instead
+		}
+		seq := mr.table.ReadBegin()
+		mr.table.Lock()
+		if !mr.dead && !mr.table.ReadRetryLocked(seq) {
+			mr.mapPresentLocked(first, entries[:n], mr.access.writable())
+		}
+		mr.table.Unlock()
+	}
+}
+
+// mapPresentLocked maps the present pages among entries (page first onward) and
+// returns how many it mapped. write asks for writable entries, granted only to pages
+// mapped exclusively. Called with the MR's table lock (mmu.Table.Lock) held.
+func (mr *MR) mapPresentLocked(first int, entries []pagefault.PagemapEntry, write bool) int {
+	mapped := 0
+	var pfns [64]uint64
+	for i := 0; i < len(entries); {
+		if !entries[i].Present() {
+			i++
+			continue
+		}
+		excl := entries[i].Exclusive()
+		j := i
+		for j < len(entries) && j-i < len(pfns) && entries[j].Present() && entries[j].Exclusive() == excl {
+			pfns[j-i] = entries[j].PFN()
+			j++
+		}
+		mr.table.MapLocked(first+i, pfns[:j-i], write && excl)
+		mapped += j - i
+		i = j
+	}
+	return mapped
+}
+
+func (mr *MR) registerPinned(end uintptr, npages int) error {
+	d := mr.dev
+	t0 := time.Now()
+	bytes := int64(end - mr.base)
+	d.mu.Lock()
+	if d.closed {
+		d.mu.Unlock()
+		return ErrClosed
+	}
+	if d.limit >= 0 && d.pinned+bytes > d.limit {
+		pinned := d.pinned
+		d.mu.Unlock()
+		return wrap(ErrMemlockLimit, "pinning %d bytes with %d already pinned; the limit is %d (RLIMIT_MEMLOCK, or the device's ResidentBudget): raise it, or use AccessOnDemand",
+			bytes, pinned, d.limit)
+	}
+	d.pinned += bytes
+	d.mu.Unlock()
+	mr.reg.Account = time.Since(t0)
+
+	t1 := time.Now()
+	// pin_user_pages_fast(FOLL_LONGTERM | FOLL_WRITE if writable) faults every page in,
+	// for write if the access can write, and fails with EFAULT where the mapping does
+	// not allow it. Populating the same way finds those cases (mlock alone would
+	// accept read-only memory and report an unmapped range as ENOMEM); mlock then pins.
+	populate := uintptr(unix.MADV_POPULATE_READ)
+	if mr.access.writable() {
+		populate = unix.MADV_POPULATE_WRITE
+	}
+	unaccount := func() {
+		d.mu.Lock()
+		d.pinned -= bytes
+		d.mu.Unlock()
+	}
+	if _, _, e := unix.Syscall(unix.SYS_MADVISE, mr.base, end-mr.base, populate); e != 0 {
+		unaccount()
+		switch e {
+		case unix.ENOMEM:
+			return wrap(ErrBadAddress, "[%#x, +%d) is not mapped (%v)", mr.start, mr.length, e)
+		case unix.EFAULT, unix.EINVAL, unix.EPERM:
+			return wrap(ErrBadAddress, "[%#x, +%d) cannot be pinned for %v: its mapping's protection forbids it (%v)",
+				mr.start, mr.length, mr.access, e)
+		}
+		return fmt.Errorf("odp: fault in %d bytes to pin: %w", bytes, e)
+	}
+	if _, _, e := unix.Syscall(unix.SYS_MLOCK, mr.base, end-mr.base, 0); e != 0 {
+		unaccount()
+		if e == unix.ENOMEM && d.limit < 0 {
+			// No limit applies (CAP_IPC_LOCK): mlock's ENOMEM means a page of the
+			// range was unmapped after it was faulted in.
+			return wrap(ErrBadAddress, "[%#x, +%d) unmapped during registration (%v)", mr.start, mr.length, e)
+		}
+		if e == unix.ENOMEM || e == unix.EPERM || e == unix.EAGAIN {
+			return wrap(ErrMemlockLimit, "mlock %d bytes: %v (RLIMIT_MEMLOCK)", bytes, e)
+		}
+		return fmt.Errorf("odp: mlock %d bytes: %w", bytes, e)
+	}
+	mr.reg.Pin = time.Since(t1)
+
+	t2 := time.Now()
+	mr.table = mmu.New(npages)
+	const chunk = 4096
+	entries := make([]pagefault.PagemapEntry, min(chunk, npages))
+	mr.table.Lock()
+	for first := 0; first < npages; first += chunk {
+		n := min(chunk, npages-first)
+		err := d.pagemap.Read(mr.base+uintptr(first)*pagefault.PageSize, entries[:n])
+		if err == nil && mr.mapPresentLocked(first, entries[:n], true) != n {
+			// Only an munmap racing the registration does this: the caller freed
+			// the memory it is registering.
+			err = wrap(ErrBadAddress, "pages of [%#x, +%d) unmapped during registration", mr.start, mr.length)
+		}
+		if err != nil {
+			mr.table.Unlock()
+			mr.unpin(end, bytes)
+			return fmt.Errorf("odp: build MTT: %w", err)
+		}
+	}
+	mr.table.Unlock()
+	mr.reg.MTT = time.Since(t2)
+
+	d.mu.Lock()
+	key, ok := d.keys.alloc()
+	if ok {
+		mr.key = key
+		d.mrs[key>>8] = mr
+		d.locked = append(d.locked, mr.span(end))
+	}
+	d.mu.Unlock()
+	if !ok {
+		mr.unpin(end, bytes)
+		return wrap(ErrNoMemory, "out of memory keys")
+	}
+	d.stats.mrsPinned.Add(1)
+	return nil
+}
+
+// unpin undoes a pinned registration that never got a key.
+func (mr *MR) unpin(end uintptr, bytes int64) {
+	d := mr.dev
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	for _, r := range interval.Uncovered(mr.span(end), d.locked) {
+		// munlock fails only for a range the application unmapped meanwhile.
+		_, _, _ = unix.Syscall(unix.SYS_MUNLOCK, r.Start, r.End-r.Start, 0)
+	}
+	d.pinned -= bytes
+}
+
+// unregister undoes an ODP registration that never got a key.
+func (mr *MR) unregister(end uintptr) {
+	d := mr.dev
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	d.odpRegs = removeRange(d.odpRegs, mr.span(end))
+	for _, r := range interval.Uncovered(mr.span(end), d.odpRegs) {
+		d.downgradeLocked(r)
+	}
+}
+
+// downgradeLocked ends on-demand faulting of r, which no ODP MR covers any more: the
+// range stays registered for events only (write-protect mode, with nothing
+// write-protected), so that its buffer still learns what the application unmaps.
+// Called with Device.mu held. It cannot fail for a range of a live buffer; a part the
+// application unmapped meanwhile is simply not there to change.
+func (d *Device) downgradeLocked(r interval.Range) {
+	_, _ = d.uffd.Register(r.Start, r.End-r.Start, pagefault.ModeWP)
+}
+
+func removeRange(rs []interval.Range, r interval.Range) []interval.Range {
+	for i, x := range rs {
+		if x == r {
+			return append(rs[:i], rs[i+1:]...)
+		}
+	}
+	return rs
+}

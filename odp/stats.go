@@ -1,0 +1,80 @@
+package odp
+
+import (
+	"sync/atomic"
+	"time"
+)
+
+// deviceCounters are updated atomically.
+type deviceCounters struct {
+	faults, pagesFaulted, faultRetries, faultNanos atomic.Uint64
+	invalidations, pagesInvalidated                atomic.Uint64
+	prefetches, pagesPrefetched                    atomic.Uint64
+	mrsPinned, mrsODP                              atomic.Uint64
+	audited, stale, dmaFaults, dmaWaits            atomic.Uint64
+	overtaken                                      atomic.Uint64
+}
+
+// Stats are a device's counters, named after mlx5's ODP counters.
+type Stats struct {
+	PageFaults           uint64        // network page fault events
+	PagesFaulted         uint64        // pages mapped by faults (page_faults_handled)
+	FaultRetries         uint64        // faults that lost a race with an invalidation
+	FaultTime            time.Duration // time spent resolving network page faults
+	Invalidations        uint64
+	PagesInvalidated     uint64
+	Prefetches           uint64
+	PagesPrefetched      uint64
+	PinnedBytes          int64
+	CPUFaults            uint64 // faults taken by application threads, served in C
+	CPUFaultPages        uint64
+	CPUFaultTime         time.Duration
+	CPUFaultMax          time.Duration
+	CPUFaultsFoundMapped uint64 // CPU faults on pages the NIC had installed meanwhile
+
+	Events              uint64        // userfaultfd REMOVE, UNMAP and REMAP events read
+	EventsIgnored       uint64        // of which dropped by the NoInvalidate ablation
+	InvalidationLatency time.Duration // sum over events: event read to entries cleared, DMA drained
+	InvalidationMax     time.Duration
+	Forks               uint64 // fork events: every ODP translation was dropped
+	DMAWaits            uint64 // invalidations that waited for DMA in flight
+	AuditedDMAs         uint64 // DMAs checked by the audit
+	StaleDMAs           uint64 // audit violations: copies through stale translations
+	OvertakenDMAs       uint64 // of which: DMAs an invalidation of their range completed under
+	DMAFaults           uint64 // copies that hit unmapped memory (reported as access errors)
+
+	Evictions        uint64 // pages written to the backing store and dropped
+	BytesWrittenBack uint64
+	EvictionAborts   uint64 // evictions abandoned because the page was touched meanwhile
+	Migrations       uint64 // pages moved to new frames
+	Restores         uint64 // evicted pages brought back (CPU and NIC faults)
+	ResidentPages    int64  // the pager's estimate of resident ODP pages
+}
+
+// Stats returns the device's counters.
+func (d *Device) Stats() Stats {
+	s, _ := d.server.Stats() // after Close the fault server's counters read as zero
+	ps := d.pump.Stats()
+	d.mu.Lock()
+	pinned := d.pinned
+	d.mu.Unlock()
+	c := &d.stats
+	st := Stats{
+		PageFaults: c.faults.Load(), PagesFaulted: c.pagesFaulted.Load(), FaultRetries: c.faultRetries.Load(),
+		FaultTime: time.Duration(c.faultNanos.Load()), Invalidations: c.invalidations.Load(),
+		PagesInvalidated: c.pagesInvalidated.Load(), Prefetches: c.prefetches.Load(),
+		PagesPrefetched: c.pagesPrefetched.Load(), PinnedBytes: pinned,
+		CPUFaults: s.Faults, CPUFaultPages: s.Pages, CPUFaultTime: s.ServiceTime, CPUFaultMax: s.MaxServiceTime,
+		CPUFaultsFoundMapped: s.Exist,
+		Events:               ps.Events, EventsIgnored: ps.Ignored, InvalidationLatency: ps.Latency, InvalidationMax: ps.MaxLat,
+		Forks: ps.Forks, DMAWaits: c.dmaWaits.Load(),
+		AuditedDMAs: c.audited.Load(), StaleDMAs: c.stale.Load(), OvertakenDMAs: c.overtaken.Load(), DMAFaults: c.dmaFaults.Load(),
+	}
+	if d.pager != nil {
+		pg := d.pager.Stats()
+		st.Evictions, st.BytesWrittenBack, st.EvictionAborts = pg.Evictions, pg.WrittenBack, pg.Aborts
+		restored, _ := d.server.Restored() // zero after Close
+		st.Migrations, st.Restores, st.ResidentPages = pg.Migrations, pg.Restores+restored, pg.Resident
+	}
+	return st
+}
