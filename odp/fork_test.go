@@ -3,30 +3,13 @@ package odp
 import (
 	"testing"
 
+	"github.com/odpemu/odpemu/internal/forktest"
+
 	"github.com/odpemu/odpemu/pagefault"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 	"golang.org/x/sys/unix"
 )
-
-// forkPaused forks the process with a raw fork(2); the child, one thread and no
-// runtime, pauses until the test kills it. Its pages are COW-shared with ours.
-func forkPaused(t *testing.T) {
-	t.Helper()
-	pid, _, errno := unix.RawSyscall(unix.SYS_FORK, 0, 0, 0)
-	require.Zero(t, errno)
-	if pid == 0 {
-		for {
-			_, _, _ = unix.RawSyscall(unix.SYS_PAUSE, 0, 0, 0) // the child waits to be killed
-		}
-	}
-	t.Cleanup(func() {
-		require.NoError(t, unix.Kill(int(pid), unix.SIGKILL))
-		var ws unix.WaitStatus
-		_, err := unix.Wait4(int(pid), &ws, 0, nil)
-		require.NoError(t, err)
-	})
-}
 
 // Why pinning exists, and why ODP follows fork: after fork a parent write breaks COW.
 // A pinned MR's MTT keeps the old frame (now the child's), so the NIC's DMA goes where
@@ -51,7 +34,7 @@ func TestForkCOWPinnedVsODP(t *testing.T) {
 	assert.ErrorIs(t, b.dev.Discard(pinnedBuf), unix.EINVAL, "MADV_DONTNEED on pinned memory is refused")
 
 	before := b.dev.Stats()
-	forkPaused(t)
+	forktest.Paused(t)
 	require.NoError(t, b.dev.SyncEvents())
 	assert.Equal(t, before.Forks+1, b.dev.Stats().Forks)
 	assert.Zero(t, onDemand.Stats().ValidPages, "the FORK event dropped the ODP translations")

@@ -4,6 +4,8 @@ import (
 	"bytes"
 	"testing"
 
+	"github.com/odpemu/odpemu/internal/forktest"
+
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 	"golang.org/x/sys/unix"
@@ -146,25 +148,6 @@ func TestResolverReadFaultedPage(t *testing.T) {
 	}
 }
 
-// forkPaused forks with a raw fork(2); the child, one thread and no Go runtime,
-// pauses until the test kills it. Afterwards every private page is COW-shared with
-// the child: present, not exclusive, on every kernel.
-func forkPaused(t *testing.T) {
-	t.Helper()
-	pid, _, errno := unix.RawSyscall(unix.SYS_FORK, 0, 0, 0)
-	require.Zero(t, errno)
-	if pid == 0 {
-		for {
-			_, _, _ = unix.RawSyscall(unix.SYS_PAUSE, 0, 0, 0) // the child waits to be killed
-		}
-	}
-	t.Cleanup(func() {
-		_ = unix.Kill(int(pid), unix.SIGKILL)
-		var ws unix.WaitStatus
-		_, _ = unix.Wait4(int(pid), &ws, 0, nil)
-	})
-}
-
 // The COW-break path of a write resolve, independent of how the kernel maps read
 // faults: after fork, written pages are shared with the child until written again.
 func TestResolverWriteBreaksCOW(t *testing.T) {
@@ -175,7 +158,7 @@ func TestResolverWriteBreaksCOW(t *testing.T) {
 	}
 	u := registered(t, b, 0)
 	r := newResolver(t, u, nil)
-	forkPaused(t)
+	forktest.Paused(t)
 	out := make([]PagemapEntry, n)
 	st, err := r.Resolve(addr(b), out, false)
 	require.NoError(t, err)
