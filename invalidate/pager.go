@@ -47,6 +47,7 @@ type Pager struct {
 	lastCPU   atomic.Uint64
 
 	evictions, writtenBack, migrations, aborts, restores atomic.Uint64
+	directReclaims, directMaxChunks                      atomic.Uint64
 
 	stop      chan struct{}
 	done      chan struct{}
@@ -97,7 +98,7 @@ func (p *Pager) background() {
 			return
 		case <-t.C:
 			if p.Over(0) {
-				p.Reclaim(false)
+				p.Reclaim()
 			}
 		}
 	}
@@ -269,25 +270,49 @@ func (p *Pager) Over(slack int) bool {
 	return p.resident.Load() > p.budget+int64(slack)
 }
 
+// MaxDirectChunks bounds the chunks of 256 pages one direct reclaim scans. A fault
+// that finds the budget exhausted must not sweep the whole of a large region (when
+// the budget is first reached, every page carries the NIC's reference bit, and CLOCK
+// clears a whole sweep of them before it evicts anything: seconds for gigabytes); it
+// evicts what a bounded scan finds, and background reclaim does the rest.
+const MaxDirectChunks = 16
+
 // Reclaim evicts pages, CLOCK order, until the estimate is below nine tenths of the
-// budget or a whole sweep found nothing to evict. With try it gives up at once if
-// another reclaim is running (direct reclaim from a fault must not wait for one that
-// may be waiting for the faulting goroutine's DMA).
-func (p *Pager) Reclaim(try bool) int {
-	if try {
-		if !p.reclaimMu.TryLock() {
-			return 0
-		}
-	} else {
-		p.reclaimMu.Lock()
+// budget or a whole sweep found nothing to evict. It is background reclaim (kswapd's
+// role): it waits for another reclaim to finish.
+func (p *Pager) Reclaim() int {
+	p.reclaimMu.Lock()
+	defer p.reclaimMu.Unlock()
+	return p.reclaimLocked(0)
+}
+
+// ReclaimDirect is direct reclaim from a fault path: it gives up at once if another
+// reclaim is running (it may be waiting for the faulting goroutine's DMA), and scans
+// at most MaxDirectChunks chunks.
+func (p *Pager) ReclaimDirect() int {
+	if !p.reclaimMu.TryLock() {
+		return 0
 	}
 	defer p.reclaimMu.Unlock()
+	p.directReclaims.Add(1)
+	return p.reclaimLocked(MaxDirectChunks)
+}
+
+// reclaimLocked is Reclaim's loop, scanning at most limit chunks (0: no limit).
+// Called with reclaimMu held.
+func (p *Pager) reclaimLocked(limit int) int {
 	p.punchLocked()
 	target := p.budget * 9 / 10
 	const chunk = 256
-	evicted, idle := 0, 0
+	evicted, idle, scanned := 0, 0, 0
 	entries := make([]pagefault.PagemapEntry, chunk)
-	for p.resident.Load() > target {
+	defer func() {
+		if limit > 0 && uint64(scanned) > p.directMaxChunks.Load() {
+			p.directMaxChunks.Store(uint64(scanned)) // reclaimMu makes this the only writer
+		}
+	}()
+	for p.resident.Load() > target && (limit == 0 || scanned < limit) {
+		scanned++
 		p.rmu.RLock()
 		if len(p.regions) == 0 {
 			p.rmu.RUnlock()
@@ -682,10 +707,14 @@ type PagerStats struct {
 	Aborts      uint64 // evictions abandoned because the page was faulted meanwhile
 	Restores    uint64 // stored pages brought back by the NIC's faults or Restore
 	Resident    int64  // estimate of present pages
+	// DirectReclaims counts reclaims run from fault paths; DirectMaxChunks is the most
+	// chunks one of them scanned (at most MaxDirectChunks).
+	DirectReclaims, DirectMaxChunks uint64
 }
 
 // Stats returns the counters.
 func (p *Pager) Stats() PagerStats {
 	return PagerStats{Evictions: p.evictions.Load(), WrittenBack: p.writtenBack.Load(), Migrations: p.migrations.Load(),
-		Aborts: p.aborts.Load(), Restores: p.restores.Load(), Resident: p.resident.Load()}
+		Aborts: p.aborts.Load(), Restores: p.restores.Load(), Resident: p.resident.Load(),
+		DirectReclaims: p.directReclaims.Load(), DirectMaxChunks: p.directMaxChunks.Load()}
 }

@@ -198,7 +198,7 @@ func TestReclaimKeepsBudget(t *testing.T) {
 		e.mem[p*ps] = byte(p)
 	}
 	require.True(t, e.pager.Over(0))
-	n := e.pager.Reclaim(false)
+	n := e.pager.Reclaim()
 	assert.GreaterOrEqual(t, n, npages-budget)
 	assert.LessOrEqual(t, e.present(t), budget)
 	for p := 0; p < npages; p++ {
@@ -280,4 +280,26 @@ func TestRestoredCopiesArePunchedByTheEvictor(t *testing.T) {
 	for p := 1; p < 8; p++ {
 		require.EqualValues(t, p+1, e.mem[p*ps], "page %d", p)
 	}
+}
+
+// Direct reclaim from a fault path scans a bounded number of chunks, even when every
+// page carries the NIC's reference bit (the state when a budget is first reached):
+// it must not sweep the region. Background reclaim then brings it within budget.
+func TestDirectReclaimIsBounded(t *testing.T) {
+	const npages, budget = 64 * 256, 512
+	e := newPagerEnv(t, npages, budget*int64(ps))
+	e.pager.Close() // no background reclaim: this test runs both kinds itself
+	for p := 0; p < npages; p++ {
+		e.mem[p*ps] = 1
+	}
+	e.pager.Touch(addrOf(e.mem), npages) // the NIC's access bits on every page
+	require.True(t, e.pager.Over(0))
+	e.pager.ReclaimDirect()
+	st := e.pager.Stats()
+	assert.EqualValues(t, 1, st.DirectReclaims)
+	assert.LessOrEqual(t, st.DirectMaxChunks, uint64(MaxDirectChunks))
+	assert.NotZero(t, st.DirectMaxChunks)
+	assert.Greater(t, e.present(t), budget, "one bounded pass cannot evict everything")
+	e.pager.Reclaim()
+	assert.LessOrEqual(t, e.present(t), budget)
 }

@@ -39,7 +39,7 @@ func (mr *MR) faultWindow(lo, hi int, write, presentOnly bool) (int, error) {
 	addr := mr.base + uintptr(lo)*pagefault.PageSize
 
 	if d.pager != nil && !presentOnly && d.pager.Over(hi-lo) {
-		d.pager.Reclaim(true) // direct reclaim, before the fault takes its sequence
+		d.pager.ReclaimDirect() // direct reclaim, bounded, before the fault takes its sequence
 	}
 	seq := mr.table.ReadBegin()
 	var err error
