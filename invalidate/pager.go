@@ -258,18 +258,57 @@ func (p *Pager) Over(slack int) bool {
 	if p.budget == 0 {
 		return false
 	}
+	p.refresh()
+	return p.resident.Load() > p.budget+int64(slack)
+}
+
+// refresh adds the pages the fault server installed since the last look (faults,
+// restores, install requests) to the estimate.
+func (p *Pager) refresh() {
 	st, err := p.srv.Stats()
 	if err != nil {
-		return false // stopped: nothing is installed any more
+		return // stopped: nothing is installed any more
 	}
 	cpu := st.Pages
 	if last := p.lastCPU.Swap(cpu); cpu > last {
 		p.resident.Add(int64(cpu - last))
 		p.installed.Add(int64(cpu - last))
 	}
-	return p.resident.Load() > p.budget+int64(slack)
 }
 
+// recountLocked replaces the estimate with the kernel's count of present pages in the
+// paged regions (PAGEMAP_SCAN walks page tables and returns runs, so it costs what
+// the present pages cost, not the regions' size). Installs the server counts from
+// here on are added by refresh; one counted twice only overestimates. Called with
+// reclaimMu held; if the scan fails the estimate stays as it was.
+func (p *Pager) recountLocked() {
+	st, err := p.srv.Stats()
+	if err != nil {
+		return
+	}
+	p.rmu.RLock()
+	defer p.rmu.RUnlock()
+	var n int64
+	runs := make([]pagefault.PageRegion, 512)
+	for _, r := range p.regions {
+		end := r.page(r.npages)
+		for at := r.base; at < end; {
+			k, next, err := p.pm.ScanPresent(at, end, runs)
+			if err != nil {
+				return
+			}
+			for _, run := range runs[:k] {
+				n += int64((run.End - run.Start) / uint64(pagefault.PageSize))
+			}
+			if next <= at {
+				break
+			}
+			at = next
+		}
+	}
+	p.lastCPU.Store(st.Pages)
+	p.resident.Store(n)
+}
 // MaxDirectChunks bounds the chunks of 256 pages one direct reclaim scans. A fault
 // that finds the budget exhausted must not sweep the whole of a large region (when
 // the budget is first reached, every page carries the NIC's reference bit, and CLOCK
@@ -302,6 +341,9 @@ func (p *Pager) ReclaimDirect() int {
 // Called with reclaimMu held.
 func (p *Pager) reclaimLocked(limit int) int {
 	p.punchLocked()
+	if limit == 0 {
+		p.recountLocked() // background reclaim starts from the kernel's count
+	}
 	target := p.budget * 9 / 10
 	const chunk = 256
 	evicted, idle, scanned := 0, 0, 0
@@ -332,13 +374,10 @@ func (p *Pager) reclaimLocked(limit int) int {
 		got, present := p.evictChunk(r, first, entries[:n], true)
 		evicted += got
 		p.sweep += int64(present)
+		p.refresh() // what the fault server installed meanwhile (CPU faults, restores)
 		if sweepEnds {
-			// A sweep ended: the present pages it saw, plus what was installed since it
-			// began (behind the hand, or counted twice: an overestimate is safe),
-			// replace the estimate.
-			now := p.installed.Load()
-			p.resident.Store(p.sweep + now - p.sweepFrom)
-			p.sweep, p.sweepFrom = 0, now
+			p.recountLocked() // a sweep ended: start the next from the kernel's count
+			p.sweep, p.sweepFrom = 0, p.installed.Load()
 		}
 		if got == 0 {
 			if idle++; idle > 4*p.totalChunks(chunk) {
