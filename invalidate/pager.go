@@ -309,6 +309,7 @@ func (p *Pager) recountLocked() {
 	p.lastCPU.Store(st.Pages)
 	p.resident.Store(n)
 }
+
 // MaxDirectChunks bounds the chunks of 256 pages one direct reclaim scans. A fault
 // that finds the budget exhausted must not sweep the whole of a large region (when
 // the budget is first reached, every page carries the NIC's reference bit, and CLOCK
