@@ -1,8 +1,10 @@
 package invalidate
 
 import (
+	"errors"
 	"fmt"
 	"sync"
+	"sync/atomic"
 	"time"
 	"unsafe"
 
@@ -39,12 +41,14 @@ type Pump struct {
 	stop     int // eventfd
 	done     chan struct{}
 
-	mu      sync.Mutex
-	cond    sync.Cond           // on mu: signalled after each batch is applied
-	applied uint64              // events applied (or ignored), protected by mu
-	stats   PumpStats           // protected by mu
-	err     error               // protected by mu
-	hook    func(pagefault.Msg) // protected by mu
+	mu       sync.Mutex
+	cond     sync.Cond           // on mu: signalled after each batch is applied
+	applied  uint64              // events applied (or ignored), protected by mu
+	appliedN atomic.Uint64       // applied, readable without mu
+	stats    PumpStats           // protected by mu
+	err      error               // protected by mu
+	hook     func(pagefault.Msg) // protected by mu
+	barrier  func() error        // protected by mu
 }
 
 // SetHook sets a function called with every event before it is applied, also when
@@ -53,6 +57,16 @@ type Pump struct {
 func (p *Pump) SetHook(h func(pagefault.Msg)) {
 	p.mu.Lock()
 	p.hook = h
+	p.mu.Unlock()
+}
+
+// SetBarrier sets a function that returns once the pages of the REMOVE events read
+// so far are zapped (pagefault.ZapBarrier.Wait). The pump runs it inside the
+// invalidation of each batch's REMOVE ranges, so the NIC maps none of their pages
+// before the kernel has zapped them. Set it before events flow.
+func (p *Pump) SetBarrier(b func() error) {
+	p.mu.Lock()
+	p.barrier = b
 	p.mu.Unlock()
 }
 
@@ -109,8 +123,10 @@ func (p *Pump) fail(err error) {
 func (p *Pump) apply(msgs []pagefault.Msg) {
 	var st PumpStats
 	p.mu.Lock()
-	hook := p.hook
+	hook, barrier := p.hook, p.barrier
 	p.mu.Unlock()
+	var removed []Range // REMOVEs are applied together, around the barrier
+	var removedAt []time.Duration
 	for _, m := range msgs {
 		if hook != nil {
 			hook(m)
@@ -141,13 +157,24 @@ func (p *Pump) apply(msgs []pagefault.Msg) {
 			st.Ignored++
 			continue
 		}
+		if why == ReasonRemove && barrier != nil {
+			removed = append(removed, r)
+			removedAt = append(removedAt, m.ReadAt)
+			continue
+		}
 		_, _ = p.reg.Invalidate(r, why, nil) // with no change function it cannot fail
-		lat := pagefault.SinceRead(m.ReadAt)
-		st.Latency += lat
-		st.MaxLat = max(st.MaxLat, lat)
+		st.note(pagefault.SinceRead(m.ReadAt))
+	}
+	if len(removed) > 0 {
+		// The barrier fails only when the device is closing: then nothing maps anew.
+		_, _ = p.reg.InvalidateAll(removed, ReasonRemove, barrier)
+		for _, at := range removedAt {
+			st.note(pagefault.SinceRead(at))
+		}
 	}
 	p.mu.Lock()
 	p.applied += st.Events
+	p.appliedN.Store(p.applied)
 	s := &p.stats
 	s.Events += st.Events
 	s.Removes += st.Removes
@@ -178,6 +205,29 @@ func (p *Pump) Sync() error {
 	return p.err
 }
 
+// note adds one event's invalidation latency.
+func (s *PumpStats) note(lat time.Duration) {
+	s.Latency += lat
+	s.MaxLat = max(s.MaxLat, lat)
+}
+
+// Applied returns how many events have been applied (or ignored, when disabled).
+func (p *Pump) Applied() uint64 { return p.appliedN.Load() }
+
+// WaitApplied waits until at least n events have been applied, or the pump failed or
+// stopped (then it returns why).
+func (p *Pump) WaitApplied(n uint64) error {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	for p.applied < n && p.err == nil {
+		p.cond.Wait()
+	}
+	if p.applied >= n {
+		return nil
+	}
+	return p.err
+}
+
 // Stats returns the counters.
 func (p *Pump) Stats() PumpStats {
 	p.mu.Lock()
@@ -193,6 +243,15 @@ func (p *Pump) Stop() {
 	_, _ = unix.Write(p.stop, one)
 	<-p.done
 	_ = unix.Close(p.stop)
+	p.mu.Lock()
+	if p.err == nil {
+		p.err = ErrPumpStopped // nobody waits for events that will not be applied
+	}
+	p.cond.Broadcast()
+	p.mu.Unlock()
 }
+
+// ErrPumpStopped is returned by Sync and WaitApplied once the pump has stopped.
+var ErrPumpStopped = errors.New("invalidate: event pump stopped")
 
 func addrOf(b []byte) uintptr { return uintptr(unsafe.Pointer(unsafe.SliceData(b))) }

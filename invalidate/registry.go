@@ -5,13 +5,14 @@
 // range. A Pump reads the userfaultfd events (REMOVE, UNMAP, REMAP) that the CPU fault
 // server queued and turns them into invalidations.
 //
-// Ordering, and what userfaultfd cannot give: the kernel's notifier runs before a
-// page's translation changes and the change waits for it. A userfaultfd event
-// releases the thread that caused it as soon as the event is read, and UNMAP is sent
-// after the range is gone, so event-driven invalidation is after the fact. Changes that
-// odpemu makes itself (explicit invalidation, discards and evictions it performs) call
-// Registry.Invalidate first and change the mapping only after it returned, which is
-// the kernel's order.
+// Ordering: the kernel's notifier runs before a page's translation changes and the
+// change waits for it. Changes that odpemu makes itself (explicit invalidation,
+// discards, evictions and migrations) call Registry.Invalidate first and change the
+// mapping only after it returned. Changes the application makes itself reach the
+// Pump as userfaultfd events; the DMA gate (pagefault.Gate) keeps the NIC's DMA off
+// them until the Pump has applied them, and the Pump applies REMOVE ranges around a
+// barrier that waits for their zap (pagefault.ZapBarrier). pagefault's package doc
+// has the whole protocol.
 //
 // # Lock order
 //
@@ -115,8 +116,15 @@ func (s *Subscription) Remove() {
 // changed), then invalidate_range_end, and returns how many subscribers it called.
 // change's error is returned.
 func (g *Registry) Invalidate(r Range, why Reason, change func() error) (int, error) {
+	return g.InvalidateAll([]Range{r}, why, change)
+}
+
+// InvalidateAll is Invalidate over several ranges at once: every overlapping
+// subscriber's invalidate_range_start for every range, then change, then every
+// invalidate_range_end.
+func (g *Registry) InvalidateAll(rs []Range, why Reason, change func() error) (int, error) {
 	if why >= 0 && why < numReasons {
-		g.counts[why].Add(1)
+		g.counts[why].Add(uint64(len(rs)))
 	}
 	if g.disabled.Load() {
 		if change != nil {
@@ -131,11 +139,13 @@ func (g *Registry) Invalidate(r Range, why Reason, change func() error) (int, er
 		r Range
 	}
 	var hits []hit
-	for s := range g.subs {
-		if s.alive && s.r.Start < r.End && r.Start < s.r.End {
-			h := hit{s, Range{max(r.Start, s.r.Start), min(r.End, s.r.End)}}
-			h.s.sub.InvalidateStart(h.r, why)
-			hits = append(hits, h)
+	for _, r := range rs {
+		for s := range g.subs {
+			if s.alive && s.r.Start < r.End && r.Start < s.r.End {
+				h := hit{s, Range{max(r.Start, s.r.Start), min(r.End, s.r.End)}}
+				h.s.sub.InvalidateStart(h.r, why)
+				hits = append(hits, h)
+			}
 		}
 	}
 	var err error

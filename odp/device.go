@@ -26,7 +26,14 @@
 //	                         and CQ.Destroy take it under Device.mu)
 //
 // Device.mu and QP.mu are never held together, nor is Device.mu held while a table
-// lock is taken. Leaf locks, under which nothing else is taken: pagefault.CPUServer's,
+// lock is taken.
+//
+// The DMA gate (pagefault.Gate) is held like a shared lock from a DMA's table check
+// to its end (enterDMA, endDMA): the fault server's reader waits for it before it
+// reads an event. A goroutine takes it holding no lock and, while it holds it, takes
+// only a table lock and the CPUServer's lock (audit), and never waits for the pump,
+// a network page fault or an install: those happen outside it (beginDMA leaves the
+// gate before it faults). Leaf locks, under which nothing else is taken: pagefault.CPUServer's,
 // invalidate.Pump's, the work queues' (internal/fifo). No lock is held across a DMA
 // copy, and no goroutine holds a lock while it waits for the C fault server except
 // through ioctls that return EAGAIN. Functions named ...Locked say which lock they need.
@@ -93,12 +100,14 @@ type Device struct {
 	cfg      Config
 	uffd     *pagefault.FD
 	server   *pagefault.CPUServer
+	gate     *pagefault.Gate // the server's DMA gate
 	pagemap  *pagefault.Pagemap
 	resolver *pagefault.Resolver
 	registry *invalidate.Registry
 	pump     *invalidate.Pump
 	pager    *invalidate.Pager // nil unless paging
 	store    *invalidate.Store
+	barrier  *pagefault.ZapBarrier
 	regMu    sync.Mutex // serialises ODP userfaultfd registration changes
 	limit    int64      // pinned byte limit, <0 unlimited
 
@@ -160,10 +169,15 @@ func Open(cfg Config) (*Device, error) {
 	}
 	if d.pagemap, err = pagefault.OpenPagemap(); err == nil {
 		if d.server, err = pagefault.StartCPUServer(d.uffd, cfg.CPUFaultAround); err == nil {
+			d.gate = d.server.Gate()
 			d.registry = invalidate.NewRegistry()
 			d.registry.SetDisabled(cfg.NoInvalidate)
-			if d.pump, err = invalidate.StartPump(d.server, d.registry, cfg.NoInvalidate); err == nil {
+			if d.barrier, err = pagefault.NewZapBarrier(d.uffd); err == nil {
+				d.pump, err = invalidate.StartPump(d.server, d.registry, cfg.NoInvalidate)
+			}
+			if err == nil {
 				d.pump.SetHook(d.noteEvent)
+				d.pump.SetBarrier(d.barrier.Wait)
 				if cfg.Paging || cfg.ResidentBudget > 0 {
 					if cfg.StorePath != "" {
 						d.store, err = invalidate.NewFileStore(cfg.StorePath)
@@ -323,6 +337,9 @@ func (d *Device) release() error {
 	}
 	if d.server != nil {
 		errs = append(errs, d.server.Stop())
+	}
+	if d.barrier != nil {
+		errs = append(errs, d.barrier.Close())
 	}
 	if d.resolver != nil {
 		errs = append(errs, d.resolver.Close())

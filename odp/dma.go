@@ -1,6 +1,7 @@
 package odp
 
 import (
+	"fmt"
 	"time"
 
 	"github.com/odpemu/odpemu/mmu"
@@ -35,17 +36,66 @@ func (mr *MR) pageSpan(off, n uint64) (first, count int) {
 	return first, last - first + 1
 }
 
+// enterDMA admits a DMA past the device's gate (pagefault.Gate): it waits while the
+// fault server reads the userfaultfd, then until every event read so far has been
+// applied to the translation tables, so that the NIC trusts no translation that a
+// change the application already made has withdrawn. With the ablation switch
+// nothing waits: nothing tells the NIC anything.
+func (d *Device) enterDMA() error {
+	if d.cfg.NoInvalidate {
+		return nil
+	}
+	for {
+		d.gate.Enter()
+		ev := d.gate.Events()
+		if ev <= d.pump.Applied() {
+			return nil
+		}
+		d.gate.Exit()
+		if err := d.pump.WaitApplied(ev); err != nil {
+			return fmt.Errorf("%w: %s: events not applied: %w", ErrClosed, d.cfg.Name, err)
+		}
+	}
+}
+
+// exitDMA ends a DMA that enterDMA admitted.
+func (d *Device) exitDMA() {
+	if !d.cfg.NoInvalidate {
+		d.gate.Exit()
+	}
+}
+
+// missErr says why table pages [first, first+count) of an MR that takes no faults
+// (pinned) are not mapped: it was deregistered, or the application unmapped them.
+func (mr *MR) missErr(first, count int) error {
+	mr.table.Lock()
+	defer mr.table.Unlock()
+	if !mr.dead {
+		for _, g := range mr.gone {
+			if g[0] < first+count && first < g[1] {
+				return wrap(ErrInvalidArgument, "MR %#x: pages [%d, %d) were unmapped", mr.key, max(g[0], first), min(g[1], first+count))
+			}
+		}
+	}
+	return errDeregistered
+}
+
 // beginDMA starts a DMA over MR bytes [off, off+n) (already bounds-checked), taking
-// network page faults for ODP pages that are not mapped. The caller must endDMA.
+// network page faults for ODP pages that are not mapped. The DMA holds the device's
+// gate from the moment its translations are found valid; the caller must endDMA.
 func (mr *MR) beginDMA(off, n uint64, write bool) (mmu.DMA, error) {
 	first, count := mr.pageSpan(off, n)
 	for round := 0; round < maxFaultRounds; round++ {
+		if err := mr.dev.enterDMA(); err != nil {
+			return mmu.DMA{}, err
+		}
 		dma, miss := mr.table.BeginDMA(first, count, write)
 		if miss < 0 {
 			return dma, nil
 		}
+		mr.dev.exitDMA() // faults wait for the fault server: never inside the gate
 		if !mr.odp {
-			return dma, errDeregistered // a pinned table is only cleared by Dereg
+			return dma, mr.missErr(first, count) // a pinned table is only cleared by Dereg and munmap
 		}
 		t0 := time.Now()
 		mapped, err := mr.fault(miss, first+count, write, false)
@@ -63,8 +113,49 @@ func (mr *MR) beginDMA(off, n uint64, write bool) (mmu.DMA, error) {
 	return mmu.DMA{}, wrap(ErrBusy, "MR %#x: range kept being invalidated", mr.key)
 }
 
-// endDMA ends a DMA and reports whether an invalidation completed under it.
-func (mr *MR) endDMA(d mmu.DMA) bool { return mr.table.EndDMA(d) }
+// endDMA ends a DMA, leaves the gate and reports whether an invalidation completed
+// under the DMA.
+func (mr *MR) endDMA(d mmu.DMA) bool {
+	overtaken := mr.table.EndDMA(d)
+	mr.dev.exitDMA()
+	return overtaken
+}
+
+// dmaChunk bounds one DMA, as a NIC moves a message in segments: the fault server,
+// which waits for DMA in flight before it reads an event, waits for one chunk's copy
+// at most.
+const dmaChunk = 256 << 10
+
+// dma copies between MR bytes [off, off+len(buf)) (already bounds-checked) and buf,
+// into the MR if toMR, one DMA per chunk. A copy that a page fault tore (see release)
+// is made again.
+func (mr *MR) dma(off uint64, buf []byte, toMR bool) error {
+	for pos := 0; pos < len(buf); pos += dmaChunk {
+		chunk := buf[pos:min(pos+dmaChunk, len(buf))]
+		if err := mr.dmaOnce(off+uint64(pos), chunk, toMR); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+func (mr *MR) dmaOnce(off uint64, buf []byte, toMR bool) error {
+	for round := 0; round < maxFaultRounds; round++ {
+		ref, err := mr.acquire(off, uint64(len(buf)), toMR)
+		if err != nil {
+			return err
+		}
+		if toMR {
+			err = mr.dev.dmaCopy(ref.bytes(), buf)
+		} else {
+			err = mr.dev.dmaCopy(buf, ref.bytes())
+		}
+		if torn := ref.release(err == nil); !torn || err != nil {
+			return err
+		}
+	}
+	return wrap(ErrBusy, "MR %#x: DMA kept being torn by page faults", mr.key)
+}
 
 // dmaRef is one DMA in flight on MR bytes [off, off+n), from acquire to release.
 type dmaRef struct {
@@ -72,7 +163,8 @@ type dmaRef struct {
 	off, n uint64
 	d      mmu.DMA
 	audit  bool
-	mark   uint64 // CPU fault server install sequence at acquire
+	mark   uint64 // the fault server's fault sequence at acquire
+	stale  bool   // audit: a translation was stale when the DMA began
 }
 
 // acquire starts a DMA, taking network page faults as needed.
@@ -86,64 +178,103 @@ func (mr *MR) acquire(off, n uint64, write bool) (dmaRef, error) {
 		first, count := mr.pageSpan(off, n)
 		p.Touch(mr.base+uintptr(first)*pagefault.PageSize, count) // the NIC's access bits
 	}
+	r.mark = mr.dev.gate.FaultSeq()
 	if r.audit {
-		// The server stops only when the device closes, after its DMA ended; a
-		// stopped server's mark of 0 makes the audit assume the worst.
-		r.mark, _ = mr.dev.server.InstallSeq()
+		r.stale = r.framesStale()
 	}
 	return r, nil
 }
 
 func (r dmaRef) bytes() []byte { return r.mr.mem[r.off : r.off+r.n] }
 
-// release audits the DMA when auditing is on, then ends it. A DMA that an
-// invalidation of its range completed under (the invalidation did not wait for it)
-// is stale whatever else the audit finds: it copied through withdrawn translations.
-func (r dmaRef) release() {
-	if r.audit {
+// release ends the DMA and reports whether its copy was torn and must be made again.
+//
+// On an ODP MR it first asks whether a thread found a page of the range missing while
+// the copy ran (a fault the server served). With the gate no change the application
+// makes overlaps a DMA, but MADV_DONTNEED zaps its pages after its event was read,
+// and the kernel says nothing when it is done: a NIC fault right after the event can
+// still find the old page present and map it just before the zap. A copy running
+// then faults on the zapped page and goes on in the page installed for it, so it
+// may hold half old and half new content. Then release invalidates the range (the
+// next fault maps the new page) and reports true: the caller copies again, as if
+// the DMA had come after the invalidation, and nothing of the torn copy reaches the
+// wire or stays in memory that the repeated copy does not overwrite. Otherwise, if
+// the copy completed, it audits the DMA when auditing is on. A copy that faulted on
+// unmapped memory moved nothing through the page it faulted on (munmap removes a page
+// before its event exists, so a DMA can start on it): it is reported as an access
+// error and counted in DMAFaults, not audited. A DMA that an invalidation of its range
+// completed under (the invalidation did not wait for it) is stale whatever else the
+// audit finds: it copied through withdrawn translations.
+func (r dmaRef) release(copied bool) (torn bool) {
+	mr, d := r.mr, r.mr.dev
+	first, count := mr.pageSpan(r.off, r.n)
+	if mr.odp && !d.cfg.NoInvalidate && count > 0 && d.gate.FaultSeq() != r.mark {
+		lo := mr.base + uintptr(first)*pagefault.PageSize
+		// A stopped server (the device closing) is no evidence of a fault.
+		torn, _ = d.server.FaultedSince(r.mark, lo, lo+uintptr(count)*pagefault.PageSize)
+	}
+	if !torn && r.audit && copied {
 		r.check()
 	}
-	if r.mr.endDMA(r.d) && r.audit {
-		r.mr.dev.stats.stale.Add(1)
-		r.mr.stats.stale.Add(1)
-		r.mr.dev.stats.overtaken.Add(1)
+	overtaken := mr.endDMA(r.d)
+	if torn {
+		d.stats.tornDMAs.Add(1)
+		mr.invalidate(first, count)
+		return true
 	}
+	if overtaken && r.audit {
+		d.stats.stale.Add(1)
+		mr.stats.stale.Add(1)
+		d.stats.overtaken.Add(1)
+	}
+	return false
 }
 
-// check is the DMA audit: did the copy run through a translation the CPU no longer
-// had, without an invalidation telling the NIC? Evidence is a CPU fault that found a
-// page of the range missing during the DMA (immune to frame reuse), or a recorded
-// frame that is not the page's frame now. A pinned MR is audited by frames alone:
-// nothing ever invalidates its MTT, which is what fork and COW can get wrong.
+// framesStale is the first half of the DMA audit, run when the DMA begins: does the
+// NIC hold a valid translation to a frame while the page is present in another
+// frame? That is a DMA starting through a translation the CPU no longer has, with no
+// invalidation having told the NIC (fork and COW, a migration or a refilled page that
+// nobody reported). A pinned MR is audited by frames alone: nothing ever invalidates
+// its MTT. Frames are read before the copy, not after it, so that a page the
+// application unmaps after the copy read it is not a stale DMA. A page found absent
+// is no evidence by itself: munmap clears its page table entries before its event
+// exists and before it flushes the TLB, so a copy then still reaches the old page or
+// faults (an access error); a copy that finds a page missing in a range registered
+// for faults is caught by check instead.
+func (r dmaRef) framesStale() bool {
+	mr, d := r.mr, r.mr.dev
+	first, count := mr.pageSpan(r.off, r.n)
+	if count == 0 || !d.pagemap.PFNsReadable() {
+		return false
+	}
+	entries := make([]pagefault.PagemapEntry, count)
+	if d.pagemap.Read(mr.base+uintptr(first)*pagefault.PageSize, entries) != nil {
+		return false // unmapped under us: the copy will fault and report it
+	}
+	mr.table.Lock()
+	defer mr.table.Unlock()
+	for i, e := range entries {
+		te := mr.table.EntryLocked(first + i)
+		if te.Valid && e.Present() && e.PFN() != te.PFN {
+			return true
+		}
+	}
+	return false
+}
+
+// check is the rest of the DMA audit, after the copy: it counts the DMA stale if its
+// translations were stale when it began, or if a thread found a page of its range
+// missing while it ran (a CPU fault, immune to frame reuse), unless an invalidation
+// of the MR ran meanwhile (then the NIC was told).
 func (r dmaRef) check() {
 	mr, d := r.mr, r.mr.dev
 	d.stats.audited.Add(1)
 	first, count := mr.pageSpan(r.off, r.n)
-	if count == 0 {
-		return
-	}
-	lo := mr.base + uintptr(first)*pagefault.PageSize
-	hi := lo + uintptr(count)*pagefault.PageSize
-	stale := false
-	if mr.odp {
-		var err error
-		if stale, err = d.server.InstalledSince(r.mark, lo, hi); err != nil {
-			stale = false // the device closed under the DMA: nothing to audit against
-		}
-	}
-	if !stale && d.pagemap.PFNsReadable() {
-		entries := make([]pagefault.PagemapEntry, count)
-		if d.pagemap.Read(lo, entries) == nil {
-			mr.table.Lock()
-			for i, e := range entries {
-				te := mr.table.EntryLocked(first + i)
-				if te.Valid && (!e.Present() || e.PFN() != te.PFN) {
-					stale = true
-					break
-				}
-			}
-			mr.table.Unlock()
-		}
+	stale := r.stale
+	if !stale && mr.odp && count > 0 {
+		lo := mr.base + uintptr(first)*pagefault.PageSize
+		// A stopped server (the device closed under the DMA) leaves nothing to audit.
+		stale, _ = d.server.FaultedSince(r.mark, lo, lo+uintptr(count)*pagefault.PageSize)
 	}
 	if stale && mr.table.Sequence() == r.d.Seq() {
 		d.stats.stale.Add(1)

@@ -8,9 +8,11 @@ package odp
 //   - respLoop executes the peer's requests in order against this device's MRs,
 //     taking network page faults as needed, and answers with ACK, data or NAK.
 // No goroutine ever copies to or from an MR page whose NIC entry is invalid: DMA runs
-// between mmu.Table BeginDMA and EndDMA, after any fault has been resolved. Every DMA
-// is one copy between an MR and a packet buffer: none lasts while the NIC waits for
-// the peer, so invalidations and Dereg never wait on the network.
+// between mmu.Table BeginDMA and EndDMA, after any fault has been resolved, and inside
+// the device's DMA gate (pagefault.Gate), which orders it against the application's
+// own madvise, munmap and mremap. Every DMA is one copy of at most dmaChunk bytes
+// between an MR and a packet buffer (MR.dma): none lasts while the NIC waits for the
+// peer, so invalidations, Dereg and the gate never wait on the network.
 
 import (
 	"errors"
@@ -140,14 +142,7 @@ func (qp *QP) gather(sgl []SGE) (payload []byte, release func(), status WCStatus
 	release = func() { bufpool.Put(buf) }
 	pos := uint64(0)
 	for _, s := range segs {
-		ref, err := s.mr.acquire(s.off, s.n, false)
-		if err != nil {
-			release()
-			return nil, nil, WCLocProtErr, err.Error()
-		}
-		err = qp.dev.dmaCopy(buf[pos:pos+s.n], ref.bytes())
-		ref.release()
-		if err != nil {
+		if err := s.mr.dma(s.off, buf[pos:pos+s.n], false); err != nil {
 			release()
 			return nil, nil, WCLocProtErr, err.Error()
 		}
@@ -168,13 +163,7 @@ func (qp *QP) scatter(sgl []SGE, data []byte) (WCStatus, string) {
 			return WCLocProtErr, why
 		}
 		n := min(uint64(s.Length), uint64(len(data)))
-		ref, err := mr.acquire(off, n, true)
-		if err != nil {
-			return WCLocProtErr, err.Error()
-		}
-		err = qp.dev.dmaCopy(ref.bytes(), data[:n])
-		ref.release()
-		if err != nil {
+		if err := mr.dma(off, data[:n], true); err != nil {
 			return WCLocProtErr, err.Error()
 		}
 		data = data[n:]
@@ -409,13 +398,7 @@ func (qp *QP) execute(f *transport.Frame) *transport.Frame {
 		if mr == nil {
 			return nak(f, transport.SynRemoteAccess, why)
 		}
-		ref, err := mr.acquire(off, uint64(len(f.Payload)), true)
-		if err != nil {
-			return nak(f, transport.SynRemoteAccess, err.Error())
-		}
-		err = qp.dev.dmaCopy(ref.bytes(), f.Payload)
-		ref.release()
-		if err != nil {
+		if err := mr.dma(off, f.Payload, true); err != nil {
 			return nak(f, transport.SynRemoteAccess, err.Error())
 		}
 		return &transport.Frame{Op: transport.OpAck, PSN: f.PSN}
@@ -424,16 +407,10 @@ func (qp *QP) execute(f *transport.Frame) *transport.Frame {
 		if mr == nil {
 			return nak(f, transport.SynRemoteAccess, why)
 		}
-		ref, err := mr.acquire(off, uint64(f.Len), false)
-		if err != nil {
-			return nak(f, transport.SynRemoteAccess, err.Error())
-		}
 		// Copied into the response, so the DMA ends now, not when the requester has
 		// consumed the data.
 		buf := bufpool.Get(int(f.Len))
-		err = qp.dev.dmaCopy(buf, ref.bytes())
-		ref.release()
-		if err != nil {
+		if err := mr.dma(off, buf, false); err != nil {
 			bufpool.Put(buf)
 			return nak(f, transport.SynRemoteAccess, err.Error())
 		}

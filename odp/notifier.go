@@ -21,8 +21,17 @@ func (mr *MR) invalidateBegin(first, n int) {
 	}
 }
 
-// notifier is an ODP MR's interval notifier.
+// notifier is an MR's interval notifier. An ODP MR hears every invalidation of its
+// range. A pinned MR hears only that its memory left the address space (munmap,
+// mremap): its pages stay pinned on hardware, where the NIC would go on DMAing into
+// frames nobody maps any more; the emulated NIC copies through the address, so it
+// marks the pages gone instead and never writes into whatever is mapped there next.
 type notifier struct{ mr *MR }
+
+// hears reports whether the MR's table takes part in an invalidation for why.
+func (n notifier) hears(why invalidate.Reason) bool {
+	return n.mr.odp || why == invalidate.ReasonUnmap || why == invalidate.ReasonRemap
+}
 
 func (n notifier) pages(r invalidate.Range) (int, int) {
 	ps := pagefault.PageSize
@@ -33,9 +42,14 @@ func (n notifier) pages(r invalidate.Range) (int, int) {
 
 // InvalidateStart implements invalidate.Subscriber.
 func (n notifier) InvalidateStart(r invalidate.Range, why invalidate.Reason) {
+	if !n.hears(why) {
+		return
+	}
 	first, count := n.pages(r)
 	n.mr.invalidateBegin(first, count)
-	if why == invalidate.ReasonUnmap {
+	if why == invalidate.ReasonUnmap || why == invalidate.ReasonRemap {
+		// The pages left the address range (mremap moved them away): whatever is
+		// mapped there later is not the MR's memory.
 		n.mr.table.Lock()
 		n.mr.gone = append(n.mr.gone, [2]int{first, first + count})
 		n.mr.table.Unlock()
@@ -60,4 +74,8 @@ func (mr *MR) clipGoneLocked(lo, hi, miss, end int) (int, int, bool) {
 }
 
 // InvalidateEnd implements invalidate.Subscriber.
-func (n notifier) InvalidateEnd(invalidate.Range, invalidate.Reason) { n.mr.table.InvalidateEnd() }
+func (n notifier) InvalidateEnd(_ invalidate.Range, why invalidate.Reason) {
+	if n.hears(why) {
+		n.mr.table.InvalidateEnd()
+	}
+}

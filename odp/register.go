@@ -75,8 +75,18 @@ func (mr *MR) snapshot() {
 
 // mapPresentLocked maps the present pages among entries (page first onward) and
 // returns how many it mapped. write asks for writable entries, granted only to pages
-// mapped exclusively. Called with the MR's table lock (mmu.Table.Lock) held.
+// mapped exclusively. Pages the application unmapped (gone) are never mapped, whatever
+// is mapped at their address now: the check is made here, under the lock that the
+// notifier records them under, because a fault's earlier look at gone can predate an
+// unmap whose invalidation then completed before the fault's ReadBegin. Called with
+// the MR's table lock (mmu.Table.Lock) held.
 func (mr *MR) mapPresentLocked(first int, entries []pagefault.PagemapEntry, write bool) int {
+	for _, g := range mr.gone {
+		lo, hi := max(g[0]-first, 0), min(g[1]-first, len(entries))
+		for i := lo; i < hi; i++ {
+			entries[i] = 0 // not present, for this MR
+		}
+	}
 	mapped := 0
 	var pfns [64]uint64
 	for i := 0; i < len(entries); {
@@ -177,6 +187,9 @@ func (mr *MR) registerPinned(end uintptr, npages int) error {
 	mr.table.Unlock()
 	mr.reg.MTT = time.Since(t2)
 
+	// Subscribed before the key is published, so that no DMA can use a page the
+	// application unmaps from here on.
+	mr.sub = d.registry.Insert(mr.base, end, notifier{mr})
 	d.mu.Lock()
 	key, ok := d.keys.alloc()
 	if ok {
@@ -186,6 +199,7 @@ func (mr *MR) registerPinned(end uintptr, npages int) error {
 	}
 	d.mu.Unlock()
 	if !ok {
+		mr.sub.Remove()
 		mr.unpin(end, bytes)
 		return wrap(ErrNoMemory, "out of memory keys")
 	}

@@ -12,7 +12,7 @@ type deviceCounters struct {
 	prefetches, pagesPrefetched                    atomic.Uint64
 	mrsPinned, mrsODP                              atomic.Uint64
 	audited, stale, dmaFaults, dmaWaits            atomic.Uint64
-	overtaken                                      atomic.Uint64
+	overtaken, tornDMAs                            atomic.Uint64
 }
 
 // Stats are a device's counters, named after mlx5's ODP counters.
@@ -42,6 +42,18 @@ type Stats struct {
 	StaleDMAs           uint64 // audit violations: copies through stale translations
 	OvertakenDMAs       uint64 // of which: DMAs an invalidation of their range completed under
 	DMAFaults           uint64 // copies that hit unmapped memory (reported as access errors)
+	TornDMAs            uint64 // copies a page fault tore, invalidated and made again
+
+	// The DMA gate between the application's mapping changes and the NIC's DMA:
+	// userfaultfd reads that first waited for DMA in flight, and how long (the cost
+	// of the kernel's order, paid by the thread that changed the mapping and by CPU
+	// faults behind it); reads of waiting faults made while DMA was still in flight;
+	// and events such a read returned all the same (their change may overlap a DMA).
+	GateDrains     uint64
+	GateDrainTime  time.Duration
+	GateDrainMax   time.Duration
+	GateFaultReads uint64
+	GateUndrained  uint64
 
 	Evictions        uint64 // pages written to the backing store and dropped
 	BytesWrittenBack uint64
@@ -69,6 +81,9 @@ func (d *Device) Stats() Stats {
 		Events:               ps.Events, EventsIgnored: ps.Ignored, InvalidationLatency: ps.Latency, InvalidationMax: ps.MaxLat,
 		Forks: ps.Forks, DMAWaits: c.dmaWaits.Load(),
 		AuditedDMAs: c.audited.Load(), StaleDMAs: c.stale.Load(), OvertakenDMAs: c.overtaken.Load(), DMAFaults: c.dmaFaults.Load(),
+		TornDMAs:   c.tornDMAs.Load(),
+		GateDrains: s.Drains, GateDrainTime: s.DrainTime, GateDrainMax: s.MaxDrainTime, GateFaultReads: s.FaultReads,
+		GateUndrained: s.Undrained,
 	}
 	if d.pager != nil {
 		pg := d.pager.Stats()

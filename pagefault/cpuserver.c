@@ -3,6 +3,8 @@
 
 #include <errno.h>
 #include <fcntl.h>
+#include <limits.h>
+#include <linux/futex.h>
 #include <linux/userfaultfd.h>
 #include <poll.h>
 #include <sched.h>
@@ -12,10 +14,15 @@
 #include <sys/eventfd.h>
 #include <sys/ioctl.h>
 #include <sys/mman.h>
+#include <sys/syscall.h>
+#include <stdio.h>
 #include <time.h>
 #include <unistd.h>
 
 #define MSG_BATCH 64
+// While DMA drains before a read, the server looks this often for faults waiting to be
+// read: a DMA may itself be blocked in a fault (see gate_drain).
+#define DRAIN_POLL_NS 100000
 
 #ifndef UFFDIO_MOVE
 struct uffdio_move {
@@ -64,6 +71,8 @@ typedef struct queued {
 
 struct odp_fs {
 	int uffd;
+	int fdinfo; // /proc/self/fdinfo/<uffd>, for the count of faults waiting; -1 if none
+	odp_gate *gate;
 	int stopfd;
 	int evfd;
 	unsigned around;
@@ -95,7 +104,8 @@ struct odp_fs {
 	uint64_t punch_head, punch_tail; // producer: server thread; consumer: Go
 	uint64_t punch_dropped;          // offsets lost to a full ring (punched with the region)
 
-	// Ring of recent installs, for DMA audits: entry seq%RING holds install seq.
+	// Ring of recent faults served, for torn-DMA checks and audits: entry seq%RING
+	// holds fault seq; gate->fault_seq mirrors ring_seq for a check without cgo.
 	uint64_t ring_seq;
 	struct { uint64_t seq, start, end; } ring[RING];
 };
@@ -175,9 +185,10 @@ int odp_fs_pop_events(odp_fs *fs, void *out, uint64_t *times, int max) {
 	return n;
 }
 
-// record notes that [start, end) was installed. Entries are written before the ring
-// sequence is published, so a reader that sees seq s finds entry s complete unless it
-// has been overwritten since (its seq then differs).
+// record notes that a fault on [start, end) was served: the range was found missing by
+// some thread. Entries are written before the ring sequence is published, so a reader
+// that sees seq s finds entry s complete unless it has been overwritten since (its seq
+// then differs).
 static void record(odp_fs *fs, uint64_t start, uint64_t end) {
 	uint64_t s = __atomic_load_n(&fs->ring_seq, __ATOMIC_RELAXED) + 1;
 	int i = (int)(s % RING);
@@ -186,11 +197,12 @@ static void record(odp_fs *fs, uint64_t start, uint64_t end) {
 	fs->ring[i].end = end;
 	__atomic_store_n(&fs->ring[i].seq, s, __ATOMIC_RELEASE);
 	__atomic_store_n(&fs->ring_seq, s, __ATOMIC_RELEASE);
+	__atomic_store_n(&fs->gate->fault_seq, s, __ATOMIC_SEQ_CST);
 }
 
-uint64_t odp_fs_install_seq(odp_fs *fs) { return __atomic_load_n(&fs->ring_seq, __ATOMIC_ACQUIRE); }
+uint64_t odp_fs_fault_seq(odp_fs *fs) { return __atomic_load_n(&fs->ring_seq, __ATOMIC_ACQUIRE); }
 
-int odp_fs_installed_since(odp_fs *fs, uint64_t since, uint64_t lo, uint64_t hi) {
+int odp_fs_faulted_since(odp_fs *fs, uint64_t since, uint64_t lo, uint64_t hi) {
 	uint64_t now = __atomic_load_n(&fs->ring_seq, __ATOMIC_ACQUIRE);
 	if (now - since >= RING)
 		return 1; // too many to tell: assume the worst
@@ -309,7 +321,9 @@ static int resolve(odp_fs *fs, uint64_t addr, uint64_t flags, uint64_t t0) {
 		}
 		// EEXIST: installed meanwhile (by the NIC's resolver); anything else: the
 		// range is gone. Either way wake the faulting thread; it retries the access.
+		// The page was missing when the thread touched it: recorded like an install.
 		add(e == EEXIST ? &fs->st.exist : &fs->st.errors, 1);
+		record(fs, page, page + (uint64_t)fs->ps);
 		account(fs, t0);
 		wake(fs, page);
 		return 0;
@@ -557,6 +571,74 @@ int odp_fs_install(odp_fs *fs, uint64_t start, uint64_t npages, int done_fd) {
 
 typedef struct pending { uint64_t addr, flags, t0; } pending;
 
+odp_gate *odp_gate_alloc(void) { return calloc(1, sizeof(odp_gate)); }
+
+void odp_gate_free(odp_gate *g) { free(g); }
+
+static long futex(int32_t *addr, int op, int32_t val, const struct timespec *ts) {
+	return syscall(SYS_futex, addr, op, val, ts, NULL, 0);
+}
+
+// pending_faults returns how many faults wait to be read (the userfaultfd's fdinfo
+// "pending" count), or 1 when that cannot be read.
+static long pending_faults(odp_fs *fs) {
+	char buf[512];
+	if (fs->fdinfo < 0)
+		return 1;
+	ssize_t n = pread(fs->fdinfo, buf, sizeof buf - 1, 0);
+	if (n <= 0)
+		return 1;
+	buf[n] = 0;
+	char *p = strstr(buf, "pending:");
+	return p ? strtol(p + 8, NULL, 10) : 1;
+}
+
+// gate_drain closes the gate and waits until no DMA is in flight; it returns 0 then.
+//
+// A DMA in flight may itself wait for this thread: its copy can fault on a page that
+// an application's madvise zapped under it (doc.go), and at GOMAXPROCS=1 the goroutine
+// holding the DMA may not run before an application goroutine's fault is served. So
+// while it waits it looks for faults waiting to be read, and returns their count (the
+// gate still closed) for the caller to read just those: read(2) returns faults before
+// events. But while an event waits to be read, the kernel refuses every install
+// (EAGAIN), so a fault read meanwhile cannot be served before the event is: once such
+// faults wait (npend) and the DMA still does not drain, it returns -1 and the caller
+// reads the event with DMA in flight, the one case in which a change may overlap a DMA
+// (counted as undrained; package odp makes a copy that a zap tore again).
+static long gate_drain(odp_fs *fs, int npend) {
+	odp_gate *g = fs->gate;
+	__atomic_store_n(&g->closed, 1, __ATOMIC_SEQ_CST);
+	int32_t v = __atomic_load_n(&g->inflight, __ATOMIC_SEQ_CST);
+	if (v == 0)
+		return 0;
+	uint64_t t0 = now_ns();
+	while (v != 0) {
+		struct timespec ts = {0, DRAIN_POLL_NS};
+		if (futex(&g->inflight, FUTEX_WAIT_PRIVATE, v, &ts) != 0 && errno == ETIMEDOUT) {
+			long p = pending_faults(fs);
+			if (p > 0) {
+				add(&fs->st.fault_reads, 1);
+				return p;
+			}
+			if (npend > 0)
+				return -1;
+		}
+		v = __atomic_load_n(&g->inflight, __ATOMIC_SEQ_CST);
+	}
+	uint64_t d = now_ns() - t0;
+	add(&fs->st.drains, 1);
+	add(&fs->st.drain_ns, d);
+	if (d > __atomic_load_n(&fs->st.max_drain_ns, __ATOMIC_RELAXED))
+		__atomic_store_n(&fs->st.max_drain_ns, d, __ATOMIC_RELAXED);
+	return 0;
+}
+
+// gate_open lets DMA start again and wakes the DMAs that wait for it.
+static void gate_open(odp_fs *fs) {
+	if (__atomic_exchange_n(&fs->gate->closed, 0, __ATOMIC_SEQ_CST) == 2)
+		futex(&fs->gate->closed, FUTEX_WAKE_PRIVATE, INT_MAX, NULL);
+}
+
 static void *loop(void *arg) {
 	odp_fs *fs = arg;
 	sigset_t all;
@@ -588,18 +670,24 @@ static void *loop(void *arg) {
 			break;
 		// Regions are added and removed under rmu; holding it while working on a batch
 		// means a region's state words are never touched after its removal returns.
+		int readable = (p[0].revents & POLLIN) && npend < MAX_PENDING - MSG_BATCH;
+		// No DMA may overlap the change that reading an event releases: drain first.
+		long only = readable ? gate_drain(fs, npend) : 0;
 		pthread_mutex_lock(&fs->rmu);
-		if (npend < MAX_PENDING - MSG_BATCH) {
+		if (readable) {
 			// The kernel lets the thread that raised an event go on as soon as read(2)
 			// returns it; "reading" covers that gap until the event is counted.
 			__atomic_store_n(&fs->reading, 1, __ATOMIC_SEQ_CST);
-			ssize_t n = read(fs->uffd, msgs, sizeof msgs);
+			size_t want = only > 0 && only < MSG_BATCH ? (size_t)only : MSG_BATCH;
+			ssize_t n = read(fs->uffd, msgs, want * sizeof msgs[0]);
 			uint64_t t0 = now_ns();
 			for (ssize_t i = 0; n > 0 && i < n / (ssize_t)sizeof(msgs[0]); i++) {
 				if (msgs[i].event == UFFD_EVENT_PAGEFAULT) {
 					pend[npend++] = (pending){msgs[i].arg.pagefault.address, msgs[i].arg.pagefault.flags, t0};
 				} else {
 					struct uffd_msg *m = &msgs[i];
+					if (only != 0)
+						add(&fs->st.undrained, 1);
 					if (m->event == UFFD_EVENT_REMOVE || m->event == UFFD_EVENT_UNMAP)
 						forget(fs, m->arg.remove.start, m->arg.remove.end, m->event == UFFD_EVENT_UNMAP);
 					else if (m->event == UFFD_EVENT_REMAP)
@@ -607,9 +695,11 @@ static void *loop(void *arg) {
 					else if (m->event == UFFD_EVENT_FORK)
 						close((int)m->arg.fork.ufd); // nobody serves the child: its ranges unregister
 					queue_event(fs, m, t0);
+					__atomic_fetch_add(&fs->gate->events, 1, __ATOMIC_SEQ_CST);
 				}
 			}
 			__atomic_store_n(&fs->reading, 0, __ATOMIC_SEQ_CST);
+			gate_open(fs);
 		}
 		int keepr = 0;
 		for (int i = 0; i < nrq; i++)
@@ -635,13 +725,17 @@ static void *loop(void *arg) {
 	return NULL;
 }
 
-odp_fs *odp_fs_start(int uffd, unsigned around, int *err) {
+odp_fs *odp_fs_start(int uffd, unsigned around, odp_gate *gate, int *err) {
 	odp_fs *fs = calloc(1, sizeof *fs);
 	if (fs == NULL) {
 		*err = ENOMEM;
 		return NULL;
 	}
 	fs->uffd = uffd;
+	fs->gate = gate;
+	char path[64];
+	snprintf(path, sizeof path, "/proc/self/fdinfo/%d", uffd);
+	fs->fdinfo = open(path, O_RDONLY | O_CLOEXEC);
 	fs->around = around ? around : 1;
 	fs->ps = sysconf(_SC_PAGESIZE);
 	fs->store_fd = -1;
@@ -666,6 +760,7 @@ odp_fs *odp_fs_start(int uffd, unsigned around, int *err) {
 	}
 	return fs;
 fail:
+	if (fs->fdinfo >= 0) close(fs->fdinfo);
 	if (fs->stopfd >= 0) close(fs->stopfd);
 	if (fs->evfd >= 0) close(fs->evfd);
 	if (fs->ifd >= 0) close(fs->ifd);
@@ -683,6 +778,9 @@ void odp_fs_stop(odp_fs *fs) {
 	ssize_t w = write(fs->stopfd, &one, sizeof one);
 	(void)w;
 	pthread_join(fs->thread, NULL);
+	gate_open(fs); // no DMA waits for a stopped server
+	if (fs->fdinfo >= 0)
+		close(fs->fdinfo);
 	close(fs->stopfd);
 	close(fs->evfd);
 	munmap(fs->zero, (size_t)fs->ps * fs->around);

@@ -34,14 +34,21 @@ var ErrStopped = errors.New("pagefault: CPU fault server stopped")
 // Every method is safe for concurrent use, also with Stop; after Stop each returns
 // ErrStopped. No Go value points into memory that Stop frees.
 type CPUServer struct {
-	mu sync.Mutex // protects fs against Stop racing the other methods
-	fs *C.odp_fs  // nil once stopped
+	mu   sync.Mutex // protects fs against Stop racing the other methods
+	fs   *C.odp_fs  // nil once stopped
+	gate *Gate      // lives as long as the CPUServer is reachable
 }
 
 // CPUServerStats are the server's counters.
 type CPUServerStats struct {
 	Faults, WriteFaults, Pages, Exist, Retries, Errors, Events uint64
 	ServiceTime, MaxServiceTime                                time.Duration
+
+	// The DMA gate (see Gate): reads that first waited for DMA in flight to drain,
+	// and how long; reads of waiting faults made while DMA was still in flight
+	// (a DMA may wait for one), and events such a read returned all the same.
+	Drains, FaultReads, Undrained uint64
+	DrainTime, MaxDrainTime       time.Duration
 }
 
 // StartCPUServer starts a server on u. around is the number of pages installed per
@@ -50,13 +57,21 @@ func StartCPUServer(u *FD, around int) (*CPUServer, error) {
 	if around < 1 || around > 1024 {
 		return nil, fmt.Errorf("pagefault: fault-around %d out of range [1, 1024]", around)
 	}
+	g := newGate()
+	if g == nil {
+		return nil, fmt.Errorf("pagefault: DMA gate: %w", unix.ENOMEM)
+	}
 	var e C.int
-	fs := C.odp_fs_start(C.int(u.fd), C.unsigned(around), &e)
+	fs := C.odp_fs_start(C.int(u.fd), C.unsigned(around), g.g, &e)
 	if fs == nil {
+		g.owner.stopped.Store(true)
 		return nil, fmt.Errorf("pagefault: start CPU fault server: %w", unix.Errno(e))
 	}
-	return &CPUServer{fs: fs}, nil
+	return &CPUServer{fs: fs, gate: g}, nil
 }
+
+// Gate returns the server's DMA gate.
+func (s *CPUServer) Gate() *Gate { return s.gate }
 
 // live runs fn with the server's lock held if the server runs, else returns
 // ErrStopped.
@@ -82,6 +97,7 @@ func (s *CPUServer) Stop() error {
 	}
 	C.odp_fs_stop(s.fs)
 	s.fs = nil
+	s.gate.owner.stopped.Store(true) // the thread is gone: the gate may be freed
 	return nil
 }
 
@@ -94,6 +110,8 @@ func (s *CPUServer) Stats() (CPUServerStats, error) {
 		Exist: uint64(st.exist), Retries: uint64(st.retries), Errors: uint64(st.errors),
 		Events: uint64(st.events), ServiceTime: time.Duration(st.service_ns),
 		MaxServiceTime: time.Duration(st.max_service_ns),
+		Drains:         uint64(st.drains), FaultReads: uint64(st.fault_reads), Undrained: uint64(st.undrained),
+		DrainTime: time.Duration(st.drain_ns), MaxDrainTime: time.Duration(st.max_drain_ns),
 	}, err
 }
 
@@ -153,20 +171,21 @@ func (s *CPUServer) SettledEvents() (uint64, error) {
 	}
 }
 
-// InstallSeq returns a mark for InstalledSince: the sequence number of the latest
-// page the server installed.
-func (s *CPUServer) InstallSeq() (uint64, error) {
+// FaultSeq returns a mark for FaultedSince: the sequence number of the latest fault
+// the server served. Gate.FaultSeq reads the same number without a cgo call.
+func (s *CPUServer) FaultSeq() (uint64, error) {
 	var seq uint64
-	err := s.live(func(fs *C.odp_fs) { seq = uint64(C.odp_fs_install_seq(fs)) })
+	err := s.live(func(fs *C.odp_fs) { seq = uint64(C.odp_fs_fault_seq(fs)) })
 	return seq, err
 }
 
-// InstalledSince reports whether the server installed a page overlapping [lo, hi)
-// after mark, that is, whether a CPU fault found a page of that range missing. When
-// too many installs happened since to tell, it reports true.
-func (s *CPUServer) InstalledSince(mark uint64, lo, hi uintptr) (bool, error) {
+// FaultedSince reports whether the server served a fault on a page overlapping
+// [lo, hi) after mark, that is, whether some thread found a page of that range
+// missing (the server installed it, found it installed meanwhile, or could not). When
+// too many faults happened since to tell, it reports true.
+func (s *CPUServer) FaultedSince(mark uint64, lo, hi uintptr) (bool, error) {
 	var r C.int
-	err := s.live(func(fs *C.odp_fs) { r = C.odp_fs_installed_since(fs, C.uint64_t(mark), C.uint64_t(lo), C.uint64_t(hi)) })
+	err := s.live(func(fs *C.odp_fs) { r = C.odp_fs_faulted_since(fs, C.uint64_t(mark), C.uint64_t(lo), C.uint64_t(hi)) })
 	return r != 0, err
 }
 

@@ -19,7 +19,32 @@ typedef struct odp_fs_stats {
 	uint64_t events;       // non-pagefault events queued for Go
 	uint64_t service_ns;   // sum over faults of read-to-resolved time
 	uint64_t max_service_ns;
+	uint64_t drains;       // reads that waited for DMA in flight to drain first
+	uint64_t drain_ns;     // sum of those waits
+	uint64_t max_drain_ns;
+	uint64_t fault_reads;  // reads of waiting faults while DMA was still in flight
+	uint64_t undrained;    // events that such a read returned all the same (see doc.go)
 } odp_fs_stats;
+
+// The DMA gate: the kernel's order between the application's mapping changes and the
+// emulated NIC's DMA. The kernel releases the thread that raised a REMOVE, UNMAP or
+// REMAP event once the event is read; before every read(2) the server thread closes the
+// gate (no DMA may start) and waits until no DMA is in flight, so that no DMA overlaps
+// the change an event releases, and counts each event in events before it opens the
+// gate again, so that a DMA that starts later sees the event before it trusts a
+// translation (doc.go has the whole protocol). Both words are futex words; Go enters
+// and leaves with atomic operations on them.
+typedef struct odp_gate {
+	int32_t closed;     // 0 open; 1 closed; 2 closed with DMAs waiting (futex word)
+	int32_t inflight;   // DMAs admitted and not yet done (futex word)
+	uint64_t events;    // non-pagefault events read so far
+	uint64_t fault_seq; // sequence of the last fault served (see odp_fs_faulted_since)
+} odp_gate;
+
+// odp_gate_alloc allocates a zeroed gate; the caller frees it with odp_gate_free once
+// the server using it has stopped and nothing reads it any more.
+odp_gate *odp_gate_alloc(void);
+void odp_gate_free(odp_gate *g);
 
 typedef struct odp_fs odp_fs;
 
@@ -37,11 +62,12 @@ enum {
 	                        // belongs to the new address, where the server moves it
 };
 
-// odp_fs_start starts a server on uffd. around is the number of pages installed per
-// fault (the faulting page plus around-1 following ones, when missing). It returns NULL
-// and sets *err to an errno on failure.
-odp_fs *odp_fs_start(int uffd, unsigned around, int *err);
-// odp_fs_stop stops the thread, joins it and frees the server.
+// odp_fs_start starts a server on uffd with gate as its DMA gate. around is the number
+// of pages installed per fault (the faulting page plus around-1 following ones, when
+// missing). It returns NULL and sets *err to an errno on failure.
+odp_fs *odp_fs_start(int uffd, unsigned around, odp_gate *gate, int *err);
+// odp_fs_stop stops the thread, joins it, leaves the gate open and frees the server
+// (not the gate).
 void odp_fs_stop(odp_fs *fs);
 void odp_fs_stats_read(odp_fs *fs, odp_fs_stats *out);
 // odp_fs_event_fd is an eventfd that is readable while events are queued.
@@ -52,11 +78,12 @@ int odp_fs_pop_events(odp_fs *fs, void *out, uint64_t *times, int max);
 // odp_fs_settled_events returns the number of events queued so far, or -1 while the
 // server is between reading messages and queueing them.
 int64_t odp_fs_settled_events(odp_fs *fs);
-// odp_fs_install_seq returns the sequence number of the latest page install.
-uint64_t odp_fs_install_seq(odp_fs *fs);
-// odp_fs_installed_since reports 1 if an install after sequence since overlapped
+// odp_fs_fault_seq returns the sequence number of the latest fault served (a page a
+// thread found missing: installed, found installed meanwhile, or not mappable).
+uint64_t odp_fs_fault_seq(odp_fs *fs);
+// odp_fs_faulted_since reports 1 if a fault served after sequence since overlapped
 // [lo, hi), or if that can no longer be told; 0 otherwise.
-int odp_fs_installed_since(odp_fs *fs, uint64_t since, uint64_t lo, uint64_t hi);
+int odp_fs_faulted_since(odp_fs *fs, uint64_t since, uint64_t lo, uint64_t hi);
 // odp_fs_set_store sets the file descriptor of the store that STORED pages are read
 // from. Call before adding regions.
 int odp_fs_set_store(odp_fs *fs, int fd);

@@ -167,9 +167,9 @@ func TestCPUServerAfterStop(t *testing.T) {
 	require.ErrorIs(t, err, ErrStopped)
 	_, err = s.SettledEvents()
 	require.ErrorIs(t, err, ErrStopped)
-	_, err = s.InstallSeq()
+	_, err = s.FaultSeq()
 	require.ErrorIs(t, err, ErrStopped)
-	_, err = s.InstalledSince(0, addr(b), addr(b)+PageSize)
+	_, err = s.FaultedSince(0, addr(b), addr(b)+PageSize)
 	require.ErrorIs(t, err, ErrStopped)
 	require.ErrorIs(t, s.SetStore(0), ErrStopped)
 	_, err = s.AddRegion(addr(b), 4, addr(stash), 0)
@@ -251,7 +251,7 @@ func TestCPUServerInstallAnswers(t *testing.T) {
 	assert.ErrorIs(t, <-done, ErrStopped)
 }
 
-func TestCPUServerInstallRing(t *testing.T) {
+func TestCPUServerFaultRing(t *testing.T) {
 	const npages = 16
 	b := region(t, npages)
 	u := registered(t, b, 0)
@@ -259,16 +259,17 @@ func TestCPUServerInstallRing(t *testing.T) {
 	require.NoError(t, err)
 	defer stop(t, s)
 	since := func(mark uint64, lo, hi uintptr) bool {
-		ok, err := s.InstalledSince(mark, lo, hi)
+		ok, err := s.FaultedSince(mark, lo, hi)
 		require.NoError(t, err)
 		return ok
 	}
-	mark, err := s.InstallSeq()
+	mark, err := s.FaultSeq()
 	require.NoError(t, err)
 	b[3*PageSize] = 1
 	assert.True(t, since(mark, addr(b)+3*PageSize, addr(b)+4*PageSize))
-	assert.False(t, since(mark, addr(b), addr(b)+3*PageSize), "install of page 3 only")
-	now, err := s.InstallSeq()
+	assert.False(t, since(mark, addr(b), addr(b)+3*PageSize), "a fault on page 3 only")
+	assert.Equal(t, mark+1, s.Gate().FaultSeq(), "the gate mirrors the sequence")
+	now, err := s.FaultSeq()
 	require.NoError(t, err)
 	assert.False(t, since(now, addr(b), addr(b)+uintptr(len(b))))
 }

@@ -92,9 +92,62 @@
 // Whenever E's final CAS fails, it re-reads the state and acts on what an event or a
 // fault made of the page (putBack and settleEmpty in package invalidate).
 //
+// # The DMA gate: the kernel's order for the application's own changes
+//
+// The kernel runs an MMU notifier before a page's translation changes, and the change
+// waits for it; userfaultfd instead sends an event and lets the thread that caused it
+// go on once the event is read. The gate (Gate, shared between the server thread and
+// the NIC) turns that into the kernel's order:
+//
+//	step  who          what
+//	1     NIC (Go)     Enter: wait while the gate is closed, count itself in flight
+//	2     NIC          wait until the events read so far are applied (invalidate.Pump)
+//	3     NIC          check its translation table, copy, leave (Exit); a miss
+//	                   leaves first and takes the network page fault outside
+//	4     server (C)   before every read(2): close the gate, wait for DMAs in flight
+//	5     server       read; count each event it read in Gate.Events; open the gate
+//	6     pump (Go)    apply the events: invalidate the NIC's entries of their ranges
+//	                   (REMOVE, UNMAP and REMAP ranges stay unusable: gone)
+//
+// So no DMA overlaps the change an event releases: MADV_DONTNEED zaps its pages only
+// after its event is read (step 5), and a thread that unmapped a range cannot map new
+// memory there before its UNMAP is read. And no DMA that starts after the read trusts
+// a translation the change withdrew (step 2). Closing is fair: a closed gate admits
+// no new DMA, and a DMA is one copy of at most 256 KiB (package odp), so the reader
+// waits for one copy at most.
+//
+// Three details make it hold.
+//   - MADV_DONTNEED zaps after its event was read and the kernel says nothing when it
+//     is done, so a NIC fault right after step 6 could map a page just before it is
+//     zapped. ZapBarrier closes that: the pump runs it inside the invalidation of each
+//     batch's REMOVE ranges, while NIC faults on them are held off. It waits until
+//     UFFDIO_ZEROPAGE stops failing with EAGAIN (the woken thread has run) and then
+//     takes the mmap lock for writing (mprotect of a page of its own), which the
+//     zapping thread holds for reading.
+//   - While an event waits to be read, the kernel refuses every install (EAGAIN). A
+//     DMA in flight that faults (only possible if a zap still overlapped it) would
+//     wait for the server, and the server for the DMA. The server therefore looks at
+//     the fault count in the userfaultfd's fdinfo while it drains, reads waiting
+//     faults (read(2) returns faults before events), and if those cannot be served
+//     because an event waits, reads the event with the DMA still in flight. That is
+//     counted (CPUServerStats.Undrained); package odp then sees the copy's fault in
+//     the fault ring and makes the copy again (a torn DMA), so nothing torn reaches
+//     the wire or stays in memory.
+//   - munmap and mremap change the mapping before their event exists. A DMA that
+//     starts on such a page in between either still reaches the old page (its TLB
+//     entry is not flushed yet) or faults: an access error, never a write elsewhere,
+//     since the thread that unmapped cannot map anew before its event is read.
+//
+// What stays out of reach: another thread that maps memory into a hole the moment
+// munmap made it, before the unmapping thread's event is read, while a DMA that
+// started before the munmap still copies there; and fork, whose write-protection of
+// the parent's pages also precedes its event (the audit reports such DMAs).
+//
 // # Other shared state
 //
-// The server also keeps a ring of recent installs (for the DMA audit), a queue of
+// The server also keeps a ring of recent faults it served (for torn-DMA checks and the
+// audit), mirrored in Gate.FaultSeq so that a DMA during which nothing faulted needs
+// no cgo call to know it, a queue of
 // non-pagefault events for Go (Events, with the time each was read), and a queue of
 // install requests from Go (Install), each answered on an eventfd. Region slots are
 // added and removed under the server's region lock, which the server thread also

@@ -1,0 +1,93 @@
+package pagefault
+
+import (
+	"errors"
+	"fmt"
+	"runtime"
+	"sync/atomic"
+	"unsafe"
+
+	"golang.org/x/sys/unix"
+)
+
+// ZapBarrier waits until the MADV_DONTNEED calls whose REMOVE events have been read
+// have zapped their pages.
+//
+// The kernel sends REMOVE before it zaps: the thread in madvise waits until the event
+// is read, then takes the mmap lock and zaps, and says nothing when it is done. A NIC
+// fault in between can find an old page still present and map it just before it is
+// zapped, leaving the NIC a translation to a freed frame. Two facts close that gap:
+// while the woken thread has not yet run (the userfaultfd's mmap_changing count is
+// raised from before the event is sent until the thread wakes), every UFFDIO_ZEROPAGE
+// on the userfaultfd fails with EAGAIN; and once it has run, it holds the mmap lock
+// for reading while it zaps, so an mprotect (which takes the mmap lock for writing)
+// returns only after the zap. Wait probes the first, then does the second, on two
+// scratch pages of its own. It leaves one gap: a thread that has woken but not yet
+// taken the mmap lock (a few instructions, unless its CPU is preempted right there).
+type ZapBarrier struct {
+	u      *FD
+	probe  unsafe.Pointer // one page registered on u, kept present
+	lock   unsafe.Pointer // one private page, PROT_NONE, whose protection Wait sets
+	closed atomic.Bool
+
+	Spins atomic.Uint64 // EAGAIN answers Wait saw: it waited for threads to wake
+}
+
+// NewZapBarrier maps and registers the barrier's scratch pages on u.
+func NewZapBarrier(u *FD) (*ZapBarrier, error) {
+	mem, err := unix.MmapPtr(-1, 0, nil, 2*PageSize, unix.PROT_READ|unix.PROT_WRITE, unix.MAP_PRIVATE|unix.MAP_ANONYMOUS)
+	if err != nil {
+		return nil, fmt.Errorf("pagefault: zap barrier: %w", err)
+	}
+	b := &ZapBarrier{u: u, probe: mem, lock: unsafe.Add(mem, PageSize)}
+	if err = unix.Mprotect(unsafe.Slice((*byte)(b.lock), PageSize), unix.PROT_NONE); err == nil {
+		if _, err = u.Register(uintptr(b.probe), PageSize, ModeMissing); err == nil {
+			if _, err = u.Zeropage(uintptr(b.probe), PageSize, true); errors.Is(err, ErrAgain) || errors.Is(err, ErrExist) {
+				err = nil // an event is pending: the page is installed by the first Wait
+			}
+			if err != nil {
+				_ = u.Unregister(uintptr(b.probe), PageSize) // registered just now: cannot fail
+			}
+		}
+	}
+	if err != nil {
+		_ = unix.MunmapPtr(mem, 2*PageSize) // our own mapping
+		return nil, fmt.Errorf("pagefault: zap barrier: %w", err)
+	}
+	return b, nil
+}
+
+// Wait returns once every MADV_DONTNEED whose event was read before the call has
+// zapped its range (but for the gap in the type's comment). It must not be called by
+// the thread that reads the events, and it waits for events still unread to be read.
+func (b *ZapBarrier) Wait() error {
+	if b.closed.Load() {
+		return ErrClosed
+	}
+	for {
+		_, err := b.u.Zeropage(uintptr(b.probe), PageSize, true)
+		if err == nil || errors.Is(err, ErrExist) {
+			break
+		}
+		if !errors.Is(err, ErrAgain) {
+			return fmt.Errorf("pagefault: zap barrier probe: %w", err)
+		}
+		b.Spins.Add(1)
+		runtime.Gosched()
+	}
+	// Takes the mmap lock for writing: after the zaps that hold it for reading.
+	return unix.Mprotect(unsafe.Slice((*byte)(b.lock), PageSize), unix.PROT_NONE)
+}
+
+// Close unregisters and unmaps the scratch pages (unregistered first, so that the
+// unmap raises no event).
+func (b *ZapBarrier) Close() error {
+	if b.closed.Swap(true) {
+		return ErrClosed
+	}
+	err := b.u.Unregister(uintptr(b.probe), PageSize)
+	if errors.Is(err, ErrClosed) {
+		err = nil // the userfaultfd went first: its registrations went with it
+	}
+	return errors.Join(err, unix.MunmapPtr(b.probe, 2*PageSize))
+}
