@@ -36,7 +36,8 @@ type stressResult struct {
 
 // runStress drives NIC traffic (WRITE, READ, SEND) on the even pages of an ODP region
 // from one goroutine and application reads, writes, discards and migrations on the odd
-// pages from another, with discards (through odpemu and by direct madvise), explicit
+// pages from another, with discards (through odpemu and by direct madvise, from both
+// goroutines, the application's at any moment during the NIC's traffic), explicit
 // invalidations, migrations, eviction under a budget of a quarter of the registered
 // size, and munmap and mremap of a second MR's pages mixed in. A shadow copy of every
 // page's expected content checks every byte the NIC or the application reads.
@@ -111,8 +112,14 @@ func runStress(t *testing.T, seed uint64, steps int, cfg Config) stressResult {
 					}
 					continue
 				}
-				if err := b.dev.Discard(page); err != nil {
-					mismatch("discard: %v", err)
+				if rng.IntN(2) == 0 {
+					if err := b.dev.Discard(page); err != nil {
+						mismatch("discard: %v", err)
+					}
+				} else if err := unix.Madvise(page, unix.MADV_DONTNEED); err != nil {
+					// Behind odpemu's back, with no SyncEvents: the NIC's fault-around
+					// maps these pages while its traffic runs next door.
+					mismatch("madvise: %v", err)
 				}
 				clear(shadow[p*ps : (p+1)*ps])
 			}
