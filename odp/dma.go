@@ -190,21 +190,22 @@ func (r dmaRef) bytes() []byte { return r.mr.mem[r.off : r.off+r.n] }
 // release ends the DMA and reports whether its copy was torn and must be made again.
 //
 // On an ODP MR it first asks whether a thread found a page of the range missing while
-// the copy ran (a fault the server served). With the gate no change the application
-// makes overlaps a DMA, but MADV_DONTNEED zaps its pages after its event was read,
-// and the kernel says nothing when it is done: a NIC fault right after the event can
-// still find the old page present and map it just before the zap. A copy running
-// then faults on the zapped page and goes on in the page installed for it, so it
-// may hold half old and half new content. Then release invalidates the range (the
-// next fault maps the new page) and reports true: the caller copies again, as if
-// the DMA had come after the invalidation, and nothing of the torn copy reaches the
-// wire or stays in memory that the repeated copy does not overwrite. Otherwise, if
-// the copy completed, it audits the DMA when auditing is on. A copy that faulted on
-// unmapped memory moved nothing through the page it faulted on (munmap removes a page
-// before its event exists, so a DMA can start on it): it is reported as an access
-// error and counted in DMAFaults, not audited. A DMA that an invalidation of its range
-// completed under (the invalidation did not wait for it) is stale whatever else the
-// audit finds: it copied through withdrawn translations.
+// the copy ran (a fault the server served): a copy that faults goes on in the page
+// installed for it, so it may hold half old and half new content. The gate and the
+// zap barrier keep every change off the DMAs in flight, so this happens only where
+// they cannot: when the server had to read an event with the DMA in flight (a DMA
+// that faulted while an event waited, see pagefault's doc), or when a zap's thread
+// woke but had not taken the mmap lock yet as the barrier passed. Then release
+// invalidates the range (the next fault maps the pages anew) and reports true: the
+// caller copies again, as if the DMA had come after the invalidation, so nothing of
+// the torn copy reaches the wire or stays in memory that the repeated copy does not
+// overwrite. TornDMAs counts these. Otherwise, if the copy completed, it audits the
+// DMA when auditing is on. A copy that faulted on unmapped memory moved nothing
+// through the page it faulted on (munmap removes a page before its event exists, so
+// a DMA can start on it): it is reported as an access error and counted in
+// DMAFaults, not audited. A DMA that an invalidation of its range completed under
+// (the invalidation did not wait for it) is stale whatever else the audit finds: it
+// copied through withdrawn translations.
 func (r dmaRef) release(copied bool) (torn bool) {
 	mr, d := r.mr, r.mr.dev
 	first, count := mr.pageSpan(r.off, r.n)

@@ -25,6 +25,18 @@ func until(t *testing.T, what string, cond func() bool) {
 	}
 }
 
+// served maps npages, registers them with feats on a new userfaultfd and starts a
+// fault server on it; all of it is undone when the test ends.
+func served(t *testing.T, npages int, feats Feature) ([]byte, *FD, *CPUServer) {
+	t.Helper()
+	b := region(t, npages)
+	u := registered(t, b, feats)
+	s, err := StartCPUServer(u, 1)
+	require.NoError(t, err)
+	t.Cleanup(func() { stop(t, s) })
+	return b, u, s
+}
+
 func present(t *testing.T, pm *Pagemap, a uintptr) bool {
 	t.Helper()
 	var e [1]PagemapEntry
@@ -40,11 +52,7 @@ func TestGateHoldsChangesWhileDMAInFlight(t *testing.T) {
 	for _, call := range []string{"madvise", "munmap"} {
 		t.Run(call, func(t *testing.T) {
 			const npages = 8
-			b := region(t, npages)
-			u := registered(t, b, FeatureEventRemove|FeatureEventUnmap)
-			s, err := StartCPUServer(u, 1)
-			require.NoError(t, err)
-			defer stop(t, s)
+			b, _, s := served(t, npages, FeatureEventRemove|FeatureEventUnmap)
 			pm, err := OpenPagemap()
 			require.NoError(t, err)
 			defer func() { require.NoError(t, pm.Close()) }()
@@ -102,11 +110,7 @@ func TestGateServesFaultsOfDMAInFlight(t *testing.T) {
 		t.Run(fmt.Sprintf("GOMAXPROCS=%d", procs), func(t *testing.T) {
 			defer runtime.GOMAXPROCS(runtime.GOMAXPROCS(procs))
 			const npages = 8
-			b := region(t, npages)
-			u := registered(t, b, FeatureEventRemove)
-			s, err := StartCPUServer(u, 1)
-			require.NoError(t, err)
-			defer stop(t, s)
+			b, _, s := served(t, npages, FeatureEventRemove)
 			b[0] = 1
 			g := s.Gate()
 
@@ -133,11 +137,7 @@ func TestGateServesFaultsOfDMAInFlight(t *testing.T) {
 // Enter blocks while the gate is closed and every waiter is let in when it opens.
 func TestGateWaitsWhileClosed(t *testing.T) {
 	const npages = 4
-	b := region(t, npages)
-	u := registered(t, b, FeatureEventRemove)
-	s, err := StartCPUServer(u, 1)
-	require.NoError(t, err)
-	defer stop(t, s)
+	b, _, s := served(t, npages, FeatureEventRemove)
 	b[0] = 1
 	g := s.Gate()
 	g.Enter() // holds the server in its drain once an event is raised
@@ -173,11 +173,7 @@ func TestGateWaitsWhileClosed(t *testing.T) {
 // returned before the zap (or skipped the mmap lock) would leave pages present.
 func TestZapBarrierWaitsForTheZap(t *testing.T) {
 	const npages = 16384
-	b := region(t, npages)
-	u := registered(t, b, FeatureEventRemove)
-	s, err := StartCPUServer(u, 1)
-	require.NoError(t, err)
-	defer stop(t, s)
+	b, u, s := served(t, npages, FeatureEventRemove)
 	zb, err := NewZapBarrier(u)
 	require.NoError(t, err)
 	pm, err := OpenPagemap()
