@@ -61,7 +61,10 @@
 //
 //	actor  from        to          how
 //	E      NONE        EVICTING    CAS, after UFFDIO_ZEROPAGE answered EEXIST (the page
-//	                               is present and ours, not someone's new mapping)
+//	                               is present and ours, not someone's new mapping); a
+//	                               batch claims all its pages, then waits at the zap
+//	                               barrier (see the DMA gate below) before it moves
+//	                               any: a REMOVE read before a claim has then zapped
 //	E      EVICTING    STORED      UFFDIO_MOVE page->bounce, copy bounce to a buffer,
 //	                               write it to the store, then CAS
 //	E      EVICTING    NONE        CAS, when the move moved nothing (page was missing)
