@@ -30,8 +30,7 @@ type Pager struct {
 	pm       *pagefault.Pagemap
 	store    *Store
 	eligible func(start, end uintptr) bool
-	barrier  func() error // waits for the zaps of REMOVE events read so far; may be nil
-	budget   int64        // pages; 0 means none
+	budget   int64 // pages; 0 means none
 
 	rmu     sync.RWMutex // protects regions and nextOff
 	regions []*Region    // sorted by base
@@ -63,12 +62,6 @@ type PagerConfig struct {
 	// Eligible says whether pages in [start, end) may be evicted or migrated: they
 	// must be registered with the userfaultfd, or a later access would not fault.
 	Eligible func(start, end uintptr) bool
-	// ZapBarrier returns once every MADV_DONTNEED whose REMOVE event has been read
-	// has zapped its pages (pagefault.ZapBarrier.Wait). Without it an application's
-	// own madvise can lose its discard to an eviction: the REMOVE is read while the
-	// page is still NONE, the evictor claims and stores the old content before the
-	// zap, and the next fault restores what was discarded.
-	ZapBarrier func() error
 }
 
 // ErrNotPaged is returned for addresses outside every paged region.
@@ -77,8 +70,7 @@ var ErrNotPaged = errors.New("invalidate: address not in a paged region")
 // NewPager returns a pager over uffd's server with store as its backing store.
 func NewPager(uffd *pagefault.FD, srv *pagefault.CPUServer, reg *Registry, pm *pagefault.Pagemap, store *Store, cfg PagerConfig) *Pager {
 	p := &Pager{uffd: uffd, srv: srv, reg: reg, pm: pm, store: store, eligible: cfg.Eligible,
-		barrier: cfg.ZapBarrier, budget: cfg.Budget / int64(pagefault.PageSize),
-		scratch: make([]byte, pagefault.PageSize)}
+		budget: cfg.Budget / int64(pagefault.PageSize), scratch: make([]byte, pagefault.PageSize)}
 	if p.eligible == nil {
 		p.eligible = func(uintptr, uintptr) bool { return true }
 	}
@@ -454,27 +446,10 @@ func (p *Pager) evictChunk(r *Region, first int, entries []pagefault.PagemapEntr
 // change applies op to pages of r inside one invalidation of [lo, hi) (the NIC's
 // entries cleared, its DMA drained, its faults held off), then frees the bounce pages,
 // and returns for how many pages op reported success.
-//
-// It first claims the pages (NONE to EVICTING, for present pages of ours), so that a
-// REMOVE read from then on makes them DISCARDED; then it waits at the zap barrier, so
-// that a REMOVE read before a claim, which found the page NONE, has zapped it; only
-// then does op move content, which is therefore never content the application has
-// already discarded. op is called for claimed pages only.
 func (p *Pager) change(r *Region, lo, hi uintptr, why Reason, pages []int, op func(*Region, int) bool) int {
 	done := 0
 	_, _ = p.reg.Invalidate(Range{lo, hi}, why, func() error { // the change reports nothing
-		claimed := pages[:0:0]
 		for _, i := range pages {
-			if p.ours(r, i) && r.pr.CompareAndSwap(i, pagefault.PageNone, pagefault.PageEvicting) {
-				claimed = append(claimed, i)
-			} // else gone, or claimed by an install in progress: skip it
-		}
-		if p.barrier != nil && len(claimed) > 0 {
-			// Fails only when the device is closing; the moves then find the pages
-			// as the zaps left them, and every outcome below is settled by state.
-			_ = p.barrier()
-		}
-		for _, i := range claimed {
 			if op(r, i) {
 				done++
 			}
@@ -485,14 +460,17 @@ func (p *Pager) change(r *Region, lo, hi uintptr, why Reason, pages []int, op fu
 	return done
 }
 
-// evictLocked moves page i, which change claimed (EVICTING), to the store. Called with
-// reclaimMu held, inside an invalidation of the page's range. Faults on the page meanwhile are served by
+// evictLocked moves page i to the store. Called with reclaimMu held, inside an
+// invalidation of the page's range. Faults on the page meanwhile are served by
 // the CPU fault server from the bounce page; then the eviction is abandoned. Events
 // the server reads meanwhile change the state under it: a REMOVE makes the page
 // DISCARDED (its old content must never come back), an UNMAP makes it GONE, a REMAP
 // makes it REMAPPED (the server moves the bounce content to the new address).
 func (p *Pager) evictLocked(r *Region, i int) bool {
 	ps := pagefault.PageSize
+	if !p.ours(r, i) || !r.pr.CompareAndSwap(i, pagefault.PageNone, pagefault.PageEvicting) {
+		return false // gone, or claimed by an install in progress: skip it
+	}
 	moved, err := again(func() (uintptr, error) { return p.uffd.Move(r.bounce(i), r.page(i), ps, false) })
 	if moved == 0 || err != nil {
 		// Missing after all, or not movable (shared, pinned): nothing to evict, and
@@ -663,10 +641,13 @@ func (p *Pager) Migrate(start, end uintptr) (int, error) {
 	})
 }
 
-// migrateLocked moves page i, which change claimed (EVICTING), to a new frame. Called
-// with reclaimMu held, inside an invalidation of the page's range.
+// migrateLocked moves page i to a new frame. Called with reclaimMu held, inside an
+// invalidation of the page's range.
 func (p *Pager) migrateLocked(r *Region, i int) bool {
 	ps := pagefault.PageSize
+	if !p.ours(r, i) || !r.pr.CompareAndSwap(i, pagefault.PageNone, pagefault.PageEvicting) {
+		return false
+	}
 	if moved, err := again(func() (uintptr, error) { return p.uffd.Move(r.bounce(i), r.page(i), ps, false) }); moved == 0 || err != nil {
 		p.settleEmpty(r, i) // a fault found it missing: zero was right
 		return false

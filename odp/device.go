@@ -186,7 +186,7 @@ func Open(cfg Config) (*Device, error) {
 					}
 					if err == nil {
 						d.pager = invalidate.NewPager(d.uffd, d.server, d.registry, d.pagemap, d.store,
-							invalidate.PagerConfig{Budget: cfg.ResidentBudget, Eligible: d.evictable, ZapBarrier: d.barrier.Wait})
+							invalidate.PagerConfig{Budget: cfg.ResidentBudget, Eligible: d.evictable})
 					}
 				}
 				if err == nil {

@@ -146,7 +146,8 @@ func TestFileStore(t *testing.T) {
 // the discard must win. The REMOVE event is read before the zap, and the zap of a
 // large range reaches its last pages a while later; an evictor that claimed one of
 // them in between could store its old content, which the next fault would restore.
-// The zap barrier in every eviction batch prevents it.
+// The fault server marks such pages REMOVING when it reads the event, and the evictor
+// never claims them.
 func TestDirectDiscardRacingEviction(t *testing.T) {
 	const pages, tail = 4096, 16 // 16 MiB discarded at once; its last pages evicted
 	n := newNode(t, Config{Paging: true})

@@ -330,6 +330,10 @@ static int resolve(odp_fs *fs, uint64_t addr, uint64_t flags, uint64_t t0) {
 	}
 	uint64_t end = page + (uint64_t)fs->ps;
 	add(&fs->st.pages, 1);
+	if (r) { // installed: a pending zap of a REMOVE has passed this page
+		uint32_t want = ODP_PAGE_REMOVING;
+		__atomic_compare_exchange_n(&r->state[idx], &want, ODP_PAGE_NONE, 0, __ATOMIC_ACQ_REL, __ATOMIC_ACQUIRE);
+	}
 	uint64_t around = fs->around;
 	for (uint64_t k = 1; r && k < around; k++) // never zero-fill over evicted content
 		if (idx + k >= r->npages || __atomic_load_n(&r->state[idx + k], __ATOMIC_ACQUIRE) != ODP_PAGE_NONE)
@@ -376,11 +380,14 @@ static void forget(odp_fs *fs, uint64_t start, uint64_t end, int gone) {
 				       !__atomic_compare_exchange_n(st, &prev, ODP_PAGE_GONE, 0, __ATOMIC_ACQ_REL, __ATOMIC_ACQUIRE));
 			} else {
 				// Discarded: a stored copy is dropped; a page on its way to the store
-				// (or back from it) must never come back with its old content.
+				// (or back from it) must never come back with its old content; a page
+				// in place is zapped only after this read, so until a fault or an
+				// install finds it missing it must not be evicted (REMOVING).
 				for (;;) {
 					prev = __atomic_load_n(st, __ATOMIC_ACQUIRE);
 					uint32_t next = prev == ODP_PAGE_STORED ? ODP_PAGE_NONE
 					              : (prev == ODP_PAGE_EVICTING || prev == ODP_PAGE_RECLAIMED) ? ODP_PAGE_DISCARDED
+					              : prev == ODP_PAGE_NONE ? ODP_PAGE_REMOVING
 					              : prev;
 					if (next == prev || __atomic_compare_exchange_n(st, &prev, next, 0, __ATOMIC_ACQ_REL, __ATOMIC_ACQUIRE))
 						break;
@@ -503,14 +510,19 @@ static int install_one(odp_fs *fs, uint64_t page) {
 			claim = &r->state[idx];
 		else if (want == ODP_PAGE_GONE || want == ODP_PAGE_REMAPPED)
 			return ENOENT; // not mapped here any more
-		else if (want != ODP_PAGE_DISCARDED)
+		else if (want != ODP_PAGE_DISCARDED && want != ODP_PAGE_REMOVING)
 			return EAGAIN; // evicting meanwhile: again
-		// DISCARDED: reads as zero; no eviction starts on it, so no claim is needed.
+		// DISCARDED, REMOVING: reads as zero; no eviction starts on it, so no claim
+		// is needed.
 	}
 	struct uffdio_copy c = {.dst = page, .src = (uint64_t)fs->zero, .len = (uint64_t)fs->ps};
 	int e = 0;
 	if (ioctl(fs->uffd, UFFDIO_COPY, &c) == 0) {
 		add(&fs->st.pages, 1); // counted like a fault's install: the pager's estimate
+		if (r) { // it was missing: a pending zap of a REMOVE has passed it
+			uint32_t want = ODP_PAGE_REMOVING;
+			__atomic_compare_exchange_n(&r->state[idx], &want, ODP_PAGE_NONE, 0, __ATOMIC_ACQ_REL, __ATOMIC_ACQUIRE);
+		}
 	} else if (errno == EAGAIN) {
 		e = EAGAIN;
 	} else if (errno != EEXIST) {

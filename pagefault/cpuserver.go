@@ -200,6 +200,7 @@ const (
 	PageInstalling = C.ODP_PAGE_INSTALLING // claimed by the server thread's install
 	PageDiscarded  = C.ODP_PAGE_DISCARDED  // discarded while evicting: reads as zero
 	PageRemapped   = C.ODP_PAGE_REMAPPED   // mremapped while evicting: the server moves it on
+	PageRemoving   = C.ODP_PAGE_REMOVING   // discarded in place, its zap maybe pending: never evicted
 )
 
 // SetStore gives the server the store file that stored pages are read from.

@@ -60,6 +60,9 @@ enum {
 	                        // bounce page may hold stale content for the evictor to drop
 	ODP_PAGE_REMAPPED = 7,  // mremapped away while evicting: its bounce page's content
 	                        // belongs to the new address, where the server moves it
+	ODP_PAGE_REMOVING = 8,  // a REMOVE (madvise DONTNEED) was read while it was NONE:
+	                        // its zap may still be pending, so its content (if still
+	                        // present) is discarded content that must never be evicted
 };
 
 // odp_fs_start starts a server on uffd with gate as its DMA gate. around is the number

@@ -56,15 +56,15 @@
 //	REMAPPED     a REMAP (mremap) hit an EVICTING/RECLAIMED page: its bounce content
 //	             belongs to the new address; S moves it there, then marks it GONE
 //	GONE         unmapped (UNMAP): the address may be someone else's memory now
+//	REMOVING     a REMOVE was read while the page was NONE: the kernel zaps it only
+//	             after the read, so what is in place may be discarded content; E
+//	             never claims it
 //
 // The transitions, by actor and mechanism:
 //
 //	actor  from        to          how
 //	E      NONE        EVICTING    CAS, after UFFDIO_ZEROPAGE answered EEXIST (the page
-//	                               is present and ours, not someone's new mapping); a
-//	                               batch claims all its pages, then waits at the zap
-//	                               barrier (see the DMA gate below) before it moves
-//	                               any: a REMOVE read before a claim has then zapped
+//	                               is present and ours, not someone's new mapping)
 //	E      EVICTING    STORED      UFFDIO_MOVE page->bounce, copy bounce to a buffer,
 //	                               write it to the store, then CAS
 //	E      EVICTING    NONE        CAS, when the move moved nothing (page was missing)
@@ -77,6 +77,11 @@
 //	S      NONE        INSTALLING  CAS before a zero-fill for an install request;
 //	                               back to NONE after the UFFDIO_COPY
 //	S      STORED      NONE        on REMOVE (the content is discarded): CAS, punch
+//	S      NONE        REMOVING    on REMOVE: CAS (the zap follows the read; an evictor
+//	                               that claimed the page first could store content the
+//	                               application discarded, which a fault would restore)
+//	S      REMOVING    NONE        CAS after a fault or an install found the page
+//	                               missing and filled it: the zap has passed it
 //	S      EVICTING,   DISCARDED   on REMOVE: CAS (the old content must not return)
 //	       RECLAIMED
 //	S      any but     GONE        on UNMAP: CAS loop; a STORED copy is punched
