@@ -76,7 +76,10 @@ func runDirect(t *testing.T, mode string, seed uint64, steps int, cfg Config) di
 	cfg.Audit = true
 	a, b := pair(t, cfg)
 	src, smr := a.region(t, pages*ps, AccessLocalWrite)
-	back, bmr := a.region(t, pages*ps, AccessLocalWrite)
+	// Each READ of a batch lands in a slot of its own: two READs of a batch may read
+	// the same page, and one's check must not see the other's scatter in progress.
+	const maxBatch = 8
+	back, bmr := a.region(t, maxBatch*pages*ps, AccessLocalWrite)
 	dst, dmr := b.region(t, pages*ps, rw|AccessOnDemand)
 	base := addrOf(dst)
 	// Destinations for mremap, reserved up front so that nothing else lands there.
@@ -196,7 +199,7 @@ func runDirect(t *testing.T, mode string, seed uint64, steps int, cfg Config) di
 	for step := 0; step < steps && !t.Failed(); step++ {
 		// A batch of WRs in flight at once, so that the responder's DMAs follow each
 		// other closely while the application changes mappings.
-		ops := make([]op, rng.IntN(8)+1)
+		ops := make([]op, rng.IntN(maxBatch)+1)
 		victim := -1
 		if mode != "madvise" && step%(steps/maxGone) == 0 && goneCount() < maxGone {
 			// The application unmaps a page (or moves it away) while this batch's
@@ -232,7 +235,7 @@ func runDirect(t *testing.T, mode string, seed uint64, steps int, cfg Config) di
 		for i, o := range ops {
 			wr := write(smr, o.p*ps, o.k*ps, dmr, uint64(o.p*ps))
 			if o.isRead {
-				wr = read(bmr, o.p*ps, o.k*ps, dmr, uint64(o.p*ps))
+				wr = read(bmr, (i*pages+o.p)*ps, o.k*ps, dmr, uint64(o.p*ps))
 			}
 			wr.WRID = uint64(i)
 			require.NoError(t, a.qp.PostSend(wr))
@@ -254,7 +257,8 @@ func runDirect(t *testing.T, mode string, seed uint64, steps int, cfg Config) di
 			switch {
 			case wc.Status == WCSuccess && o.isRead:
 				for q := o.p; q < o.p+o.k; q++ {
-					pg := back[q*ps : (q+1)*ps]
+					at := (int(wc.WRID)*pages + q) * ps
+					pg := back[at : at+ps]
 					if !uniform(pg) {
 						t.Errorf("step %d: READ of page %d returned a torn page (byte 0: %#x, differs at %d)", step, q, pg[0], firstDiff(pg, make([]byte, ps)))
 					} else if pg[0] == sentinel {
