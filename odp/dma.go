@@ -209,13 +209,15 @@ func (r dmaRef) bytes() []byte { return r.mr.mem[r.off : r.off+r.n] }
 func (r dmaRef) release(copied bool) (torn bool) {
 	mr, d := r.mr, r.mr.dev
 	first, count := mr.pageSpan(r.off, r.n)
-	if mr.odp && !d.cfg.NoInvalidate && count > 0 && d.gate.FaultSeq() != r.mark {
+	faulted := false // a page of the range was found missing during the copy
+	if mr.odp && count > 0 && d.gate.FaultSeq() != r.mark && (r.audit || !d.cfg.NoInvalidate) {
 		lo := mr.base + uintptr(first)*pagefault.PageSize
 		// A stopped server (the device closing) is no evidence of a fault.
-		torn, _ = d.server.FaultedSince(r.mark, lo, lo+uintptr(count)*pagefault.PageSize)
+		faulted, _ = d.server.FaultedSince(r.mark, lo, lo+uintptr(count)*pagefault.PageSize)
 	}
+	torn = faulted && !d.cfg.NoInvalidate // with the ablation nothing is made again
 	if !torn && r.audit && copied {
-		r.check()
+		r.check(faulted)
 	}
 	overtaken := mr.endDMA(r.d)
 	if torn {
@@ -265,19 +267,13 @@ func (r dmaRef) framesStale() bool {
 
 // check is the rest of the DMA audit, after the copy: it counts the DMA stale if its
 // translations were stale when it began, or if a thread found a page of its range
-// missing while it ran (a CPU fault, immune to frame reuse), unless an invalidation
-// of the MR ran meanwhile (then the NIC was told).
-func (r dmaRef) check() {
+// missing while it ran (faulted, which release asked the fault ring: a CPU fault is
+// immune to frame reuse), unless an invalidation of the MR ran meanwhile (then the
+// NIC was told).
+func (r dmaRef) check(faulted bool) {
 	mr, d := r.mr, r.mr.dev
 	d.stats.audited.Add(1)
-	first, count := mr.pageSpan(r.off, r.n)
-	stale := r.stale
-	if !stale && mr.odp && count > 0 {
-		lo := mr.base + uintptr(first)*pagefault.PageSize
-		// A stopped server (the device closed under the DMA) leaves nothing to audit.
-		stale, _ = d.server.FaultedSince(r.mark, lo, lo+uintptr(count)*pagefault.PageSize)
-	}
-	if stale && mr.table.Sequence() == r.d.Seq() {
+	if (r.stale || faulted) && mr.table.Sequence() == r.d.Seq() {
 		d.stats.stale.Add(1)
 		mr.stats.stale.Add(1)
 	}
