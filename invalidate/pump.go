@@ -41,14 +41,13 @@ type Pump struct {
 	stop     int // eventfd
 	done     chan struct{}
 
-	mu       sync.Mutex
-	cond     sync.Cond           // on mu: signalled after each batch is applied
-	applied  uint64              // events applied (or ignored), protected by mu
-	appliedN atomic.Uint64       // applied, readable without mu
-	stats    PumpStats           // protected by mu
-	err      error               // protected by mu
-	hook     func(pagefault.Msg) // protected by mu
-	barrier  func() error        // protected by mu
+	mu      sync.Mutex
+	cond    sync.Cond           // on mu: signalled after each batch is applied
+	applied atomic.Uint64       // events applied (or ignored); written under mu
+	stats   PumpStats           // protected by mu
+	err     error               // protected by mu
+	hook    func(pagefault.Msg) // protected by mu
+	barrier func() error        // protected by mu
 }
 
 // SetHook sets a function called with every event before it is applied, also when
@@ -173,8 +172,7 @@ func (p *Pump) apply(msgs []pagefault.Msg) {
 		}
 	}
 	p.mu.Lock()
-	p.applied += st.Events
-	p.appliedN.Store(p.applied)
+	p.applied.Add(st.Events)
 	s := &p.stats
 	s.Events += st.Events
 	s.Removes += st.Removes
@@ -199,10 +197,16 @@ func (p *Pump) Sync() error {
 	}
 	p.mu.Lock()
 	defer p.mu.Unlock()
-	for p.applied < queued && p.err == nil {
+	p.waitLocked(queued)
+	return p.err
+}
+
+// waitLocked waits until at least n events have been applied or the pump failed or
+// stopped. Called with Pump.mu held.
+func (p *Pump) waitLocked(n uint64) {
+	for p.applied.Load() < n && p.err == nil {
 		p.cond.Wait()
 	}
-	return p.err
 }
 
 // note adds one event's invalidation latency.
@@ -212,17 +216,15 @@ func (s *PumpStats) note(lat time.Duration) {
 }
 
 // Applied returns how many events have been applied (or ignored, when disabled).
-func (p *Pump) Applied() uint64 { return p.appliedN.Load() }
+func (p *Pump) Applied() uint64 { return p.applied.Load() }
 
 // WaitApplied waits until at least n events have been applied, or the pump failed or
 // stopped (then it returns why).
 func (p *Pump) WaitApplied(n uint64) error {
 	p.mu.Lock()
 	defer p.mu.Unlock()
-	for p.applied < n && p.err == nil {
-		p.cond.Wait()
-	}
-	if p.applied >= n {
+	p.waitLocked(n)
+	if p.applied.Load() >= n {
 		return nil
 	}
 	return p.err

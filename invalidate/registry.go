@@ -23,7 +23,7 @@
 //	Pump.mu           the pump's counters; a leaf
 //
 // Subscribers' locks (an MR's table lock) come after Registry.mu. Functions named
-// ...Locked need reclaimMu.
+// ...Locked need reclaimMu, but for the Pump's waitLocked, which needs Pump.mu.
 package invalidate
 
 import (
