@@ -163,7 +163,7 @@ static void queue_event(odp_fs *fs, const struct uffd_msg *m, uint64_t t) {
 	uint64_t one = 1;
 	ssize_t w = write(fs->evfd, &one, sizeof one);
 	(void)w;
-	add(&fs->st.events, 1);
+	__atomic_fetch_add(&fs->gate->events, 1, __ATOMIC_SEQ_CST); // before the gate opens
 }
 
 int odp_fs_pop_events(odp_fs *fs, void *out, uint64_t *times, int max) {
@@ -222,12 +222,15 @@ static void wake(odp_fs *fs, uint64_t page) {
 	ioctl(fs->uffd, UFFDIO_WAKE, &r);
 }
 
-static void account(odp_fs *fs, uint64_t t0) {
-	uint64_t d = now_ns() - t0;
-	add(&fs->st.service_ns, d);
-	if (d > __atomic_load_n(&fs->st.max_service_ns, __ATOMIC_RELAXED))
-		__atomic_store_n(&fs->st.max_service_ns, d, __ATOMIC_RELAXED);
+// note_time adds d to a sum of durations and raises their maximum to d if lower.
+// Only the server thread writes either.
+static void note_time(uint64_t *sum, uint64_t *maxd, uint64_t d) {
+	add(sum, d);
+	if (d > __atomic_load_n(maxd, __ATOMIC_RELAXED))
+		__atomic_store_n(maxd, d, __ATOMIC_RELAXED);
 }
+
+static void account(odp_fs *fs, uint64_t t0) { note_time(&fs->st.service_ns, &fs->st.max_service_ns, now_ns() - t0); }
 
 // find returns the region holding page and its index, or NULL. Regions are only
 // removed after their memory is unregistered, so no fault can be in them then.
@@ -288,6 +291,14 @@ static int restore(odp_fs *fs, region *r, uint64_t i, uint64_t page) {
 	return 0;
 }
 
+// zap_passed ends REMOVING for page idx of r (if r): the page was found missing and
+// filled, so the zap of the REMOVE that marked it has passed it.
+static void zap_passed(region *r, uint64_t idx) {
+	uint32_t want = ODP_PAGE_REMOVING;
+	if (r)
+		__atomic_compare_exchange_n(&r->state[idx], &want, ODP_PAGE_NONE, 0, __ATOMIC_ACQ_REL, __ATOMIC_ACQUIRE);
+}
+
 // resolve returns 0 when the fault is served, EAGAIN when it must be retried. Counters
 // are updated before the faulting thread is woken, so they are exact once it runs.
 static int resolve(odp_fs *fs, uint64_t addr, uint64_t flags, uint64_t t0) {
@@ -330,10 +341,7 @@ static int resolve(odp_fs *fs, uint64_t addr, uint64_t flags, uint64_t t0) {
 	}
 	uint64_t end = page + (uint64_t)fs->ps;
 	add(&fs->st.pages, 1);
-	if (r) { // installed: a pending zap of a REMOVE has passed this page
-		uint32_t want = ODP_PAGE_REMOVING;
-		__atomic_compare_exchange_n(&r->state[idx], &want, ODP_PAGE_NONE, 0, __ATOMIC_ACQ_REL, __ATOMIC_ACQUIRE);
-	}
+	zap_passed(r, idx);
 	uint64_t around = fs->around;
 	for (uint64_t k = 1; r && k < around; k++) // never zero-fill over evicted content
 		if (idx + k >= r->npages || __atomic_load_n(&r->state[idx + k], __ATOMIC_ACQUIRE) != ODP_PAGE_NONE)
@@ -519,10 +527,7 @@ static int install_one(odp_fs *fs, uint64_t page) {
 	int e = 0;
 	if (ioctl(fs->uffd, UFFDIO_COPY, &c) == 0) {
 		add(&fs->st.pages, 1); // counted like a fault's install: the pager's estimate
-		if (r) { // it was missing: a pending zap of a REMOVE has passed it
-			uint32_t want = ODP_PAGE_REMOVING;
-			__atomic_compare_exchange_n(&r->state[idx], &want, ODP_PAGE_NONE, 0, __ATOMIC_ACQ_REL, __ATOMIC_ACQUIRE);
-		}
+		zap_passed(r, idx);
 	} else if (errno == EAGAIN) {
 		e = EAGAIN;
 	} else if (errno != EEXIST) {
@@ -637,11 +642,8 @@ static long gate_drain(odp_fs *fs, int npend) {
 		}
 		v = __atomic_load_n(&g->inflight, __ATOMIC_SEQ_CST);
 	}
-	uint64_t d = now_ns() - t0;
 	add(&fs->st.drains, 1);
-	add(&fs->st.drain_ns, d);
-	if (d > __atomic_load_n(&fs->st.max_drain_ns, __ATOMIC_RELAXED))
-		__atomic_store_n(&fs->st.max_drain_ns, d, __ATOMIC_RELAXED);
+	note_time(&fs->st.drain_ns, &fs->st.max_drain_ns, now_ns() - t0);
 	return 0;
 }
 
@@ -707,7 +709,6 @@ static void *loop(void *arg) {
 					else if (m->event == UFFD_EVENT_FORK)
 						close((int)m->arg.fork.ufd); // nobody serves the child: its ranges unregister
 					queue_event(fs, m, t0);
-					__atomic_fetch_add(&fs->gate->events, 1, __ATOMIC_SEQ_CST);
 				}
 			}
 			__atomic_store_n(&fs->reading, 0, __ATOMIC_SEQ_CST);
@@ -858,6 +859,7 @@ void odp_fs_stats_read(odp_fs *fs, odp_fs_stats *out) {
 	uint64_t *src = (uint64_t *)&fs->st, *dst = (uint64_t *)out;
 	for (size_t i = 0; i < sizeof(*out) / sizeof(uint64_t); i++)
 		dst[i] = __atomic_load_n(&src[i], __ATOMIC_RELAXED);
+	out->events = __atomic_load_n(&fs->gate->events, __ATOMIC_RELAXED); // counted in the gate
 }
 
 int odp_fs_event_fd(odp_fs *fs) { return fs->evfd; }
@@ -867,5 +869,5 @@ uint64_t odp_fs_now_ns(void) { return now_ns(); }
 int64_t odp_fs_settled_events(odp_fs *fs) {
 	if (__atomic_load_n(&fs->reading, __ATOMIC_SEQ_CST))
 		return -1;
-	return (int64_t)__atomic_load_n(&fs->st.events, __ATOMIC_SEQ_CST);
+	return (int64_t)__atomic_load_n(&fs->gate->events, __ATOMIC_SEQ_CST);
 }

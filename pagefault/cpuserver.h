@@ -16,7 +16,7 @@ typedef struct odp_fs_stats {
 	uint64_t exist;        // faults found already resolved (EEXIST), woken
 	uint64_t retries;      // EAGAIN retries (event pending)
 	uint64_t errors;       // faults that could not be resolved (range gone), woken
-	uint64_t events;       // non-pagefault events queued for Go
+	uint64_t events;       // non-pagefault events queued for Go (odp_gate.events)
 	uint64_t service_ns;   // sum over faults of read-to-resolved time
 	uint64_t max_service_ns;
 	uint64_t drains;       // reads that waited for DMA in flight to drain first
