@@ -26,17 +26,17 @@
 //	                         and CQ.Destroy take it under Device.mu)
 //
 // Device.mu and QP.mu are never held together, nor is Device.mu held while a table
-// lock is taken.
+// lock is taken. Leaf locks, under which nothing else is taken: pagefault.CPUServer's,
+// invalidate.Pump's, the work queues' (internal/fifo). No lock is held across a DMA
+// copy, and no goroutine holds a lock while it waits for the C fault server except
+// through ioctls that return EAGAIN. Functions named ...Locked say which lock they need.
 //
 // The DMA gate (pagefault.Gate) is held like a shared lock from a DMA's table check
 // to its end (enterDMA, endDMA): the fault server's reader waits for it before it
 // reads an event. A goroutine takes it holding no lock and, while it holds it, takes
-// only a table lock and the CPUServer's lock (audit), and never waits for the pump,
-// a network page fault or an install: those happen outside it (beginDMA leaves the
-// gate before it faults). Leaf locks, under which nothing else is taken: pagefault.CPUServer's,
-// invalidate.Pump's, the work queues' (internal/fifo). No lock is held across a DMA
-// copy, and no goroutine holds a lock while it waits for the C fault server except
-// through ioctls that return EAGAIN. Functions named ...Locked say which lock they need.
+// only a table lock, the pager's region lock (access bits) and the CPUServer's lock
+// (the fault ring), and never waits for the pump, a network page fault or an
+// install: those happen outside it (beginDMA leaves the gate before it faults).
 package odp
 
 import (
