@@ -5,6 +5,14 @@
 //
 // It is pure state: no syscalls. Callers fault pages in elsewhere and report frames.
 //
+// The table is sparse, as the kernel's page tables and mlx5's implicit-MR children
+// are: entries live in leaves of LeafPages pages, each page's valid and writable bits
+// packed with its frame in one word (as hmm_pfns packs them); a leaf is allocated when
+// a page of it is first mapped and freed when its last valid entry is invalidated.
+// A table of any span costs nothing until pages are mapped, then about
+// Footprint()/mapped pages (8 bytes per page of a full leaf plus a small constant
+// per leaf), so one table can span a whole address space (an implicit MR).
+//
 // The protocol, as in mlx5's pagefault_real_mr:
 //
 //	seq := t.ReadBegin()         // waits out invalidations in progress
@@ -33,16 +41,18 @@ package mmu
 
 import (
 	"fmt"
-	"math/bits"
 	"sync"
 )
 
-// Entry is one page's translation.
+// Entry is one page's translation, unpacked.
 type Entry struct {
 	Valid    bool
 	Writable bool
 	PFN      uint64 // frame recorded at map time; 0 when frames are not readable
-	Gen      uint32 // bumped whenever the entry is mapped or invalidated
+	// Gen counts the entry's changes (mapped to a new frame, or invalidated) modulo
+	// 2^14. A leaf whose pages are all invalid is freed, and its entries' counts
+	// start again from zero when it is created anew.
+	Gen uint32
 }
 
 // DMA is a handle on an in-flight DMA, from BeginDMA to EndDMA.
@@ -85,10 +95,7 @@ type Table struct {
 
 	// Protected by mu.
 	npages       int
-	valid        []uint64 // bitmap
-	writable     []uint64 // bitmap
-	pfn          []uint64
-	gen          []uint32
+	entries      entries // sparse: nothing for pages never mapped
 	seq          uint64 // notifier sequence: bumped when an invalidation starts
 	invalidating int    // invalidations in progress
 	nextDMA      uint64
@@ -99,17 +106,14 @@ type Table struct {
 	readWaitHook func() // tests: called, lock held, before ReadBegin waits
 }
 
-// New returns a table of npages invalid entries.
+// New returns a table of npages invalid entries. It allocates nothing per page: the
+// table grows with the pages mapped, so that a table spanning a whole address space
+// (an implicit MR's) costs what its mapped pages cost.
 func New(npages int) *Table {
-	words := (npages + 63) / 64
-	t := &Table{
-		npages:   npages,
-		valid:    make([]uint64, words),
-		writable: make([]uint64, words),
-		pfn:      make([]uint64, npages),
-		gen:      make([]uint32, npages),
-		inflight: make(map[uint64]*dmaState),
+	if npages < 0 {
+		panic(fmt.Sprintf("mmu: table of %d pages", npages))
 	}
+	t := &Table{npages: npages, entries: newEntries(), inflight: make(map[uint64]*dmaState)}
 	t.cond.L = &t.mu
 	return t
 }
@@ -163,56 +167,17 @@ func (t *Table) MapLocked(first int, pfns []uint64, writable bool) {
 	t.check(first, len(pfns))
 	t.stats.Maps++
 	for i, f := range pfns {
-		p := first + i
-		w, b := p/64, uint64(1)<<(p%64)
-		wasValid := t.valid[w]&b != 0
-		if !wasValid {
+		if t.entries.mapPage(first+i, f, writable) {
 			t.stats.PagesMapped++
 		}
-		keepWrite := wasValid && t.writable[w]&b != 0 && t.pfn[p] == f
-		t.valid[w] |= b
-		if writable || keepWrite {
-			t.writable[w] |= b
-		} else {
-			t.writable[w] &^= b
-		}
-		if !wasValid || t.pfn[p] != f {
-			t.gen[p]++
-		}
-		t.pfn[p] = f
 	}
-}
-
-// firstClear returns the index of the first page in [first, first+n) whose bit is
-// clear in any of the bitmaps, or -1.
-func firstClear(first, n int, bms ...[]uint64) int {
-	for p := first; p < first+n; {
-		w := p / 64
-		word := ^uint64(0)
-		for _, bm := range bms {
-			word &= bm[w]
-		}
-		lo := uint(p % 64)
-		mask := ^uint64(0) << lo
-		if end := first + n; end < (w+1)*64 {
-			mask &= ^uint64(0) >> (64 - uint(end-w*64))
-		}
-		if missing := ^word & mask; missing != 0 {
-			return w*64 + bits.TrailingZeros64(missing)
-		}
-		p = (w + 1) * 64
-	}
-	return -1
 }
 
 // MissingLocked returns the first page in [first, first+n) that is invalid, or not
 // writable when write is set, or -1 when every entry allows the access.
 func (t *Table) MissingLocked(first, n int, write bool) int {
 	t.check(first, n)
-	if write {
-		return firstClear(first, n, t.valid, t.writable)
-	}
-	return firstClear(first, n, t.valid)
+	return t.entries.missing(first, n, write)
 }
 
 // BeginDMA starts a DMA over pages [first, first+n) if every entry allows it, and
@@ -293,16 +258,7 @@ func (t *Table) InvalidateBegin(first, n int) InvalidateResult {
 	t.invalidating++
 	t.seq++
 	t.stats.Invalidations++
-	var r InvalidateResult
-	for p := first; p < first+n; p++ {
-		w, b := p/64, uint64(1)<<(p%64)
-		if t.valid[w]&b != 0 {
-			r.Pages++
-			t.gen[p]++
-		}
-		t.valid[w] &^= b
-		t.writable[w] &^= b
-	}
+	r := InvalidateResult{Pages: t.entries.invalidate(first, n)}
 	t.stats.PagesInvalidated += uint64(r.Pages)
 	horizon := t.nextDMA // DMAs with a larger id began after the entries were cleared
 	overlapping := func() int {
@@ -345,19 +301,33 @@ func (t *Table) Entry(p int) Entry {
 // EntryLocked returns page p's entry.
 func (t *Table) EntryLocked(p int) Entry {
 	t.check(p, 1)
-	w, b := p/64, uint64(1)<<(p%64)
-	return Entry{Valid: t.valid[w]&b != 0, Writable: t.writable[w]&b != 0, PFN: t.pfn[p], Gen: t.gen[p]}
+	return unpack(t.entries.word(p))
 }
 
 // ValidPages counts valid entries.
 func (t *Table) ValidPages() int {
 	t.mu.Lock()
 	defer t.mu.Unlock()
-	c := 0
-	for _, w := range t.valid {
-		c += bits.OnesCount64(w)
-	}
-	return c
+	return t.entries.valid
+}
+
+// Leaves returns the number of leaves allocated: groups of LeafPages consecutive
+// entries of which at least one is valid.
+func (t *Table) Leaves() int {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	return len(t.entries.leaves)
+}
+
+// LeafPages is the number of consecutive pages a leaf of the table holds.
+const LeafPages = leafPages
+
+// Footprint estimates the bytes the table's entries occupy: its leaves and their
+// slots in the leaf index. It grows with the pages mapped, whatever the table spans.
+func (t *Table) Footprint() int {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	return len(t.entries.leaves) * leafBytes
 }
 
 // InFlight returns the number of DMAs in flight.

@@ -25,7 +25,7 @@ type MR struct {
 	key    uint32
 	odp    bool
 	base   uintptr    // start rounded down to a page
-	table  *mmu.Table // one entry per page from base
+	table  *mmu.Table // the NIC's entries for the pages from base (sparse)
 	reg    RegTiming
 
 	// dead is set under the table lock when deregistration starts; a fault that
@@ -68,6 +68,7 @@ type MRStats struct {
 	PagesInvalidated uint64
 	StaleDMAs        uint64 // audit violations on this MR
 	ValidPages       int    // entries valid now
+	TableBytes       int    // memory the NIC's table of the MR takes (mmu.Table.Footprint)
 }
 
 // RegMR registers buf for NIC access. With AccessOnDemand buf must come from
@@ -137,7 +138,7 @@ func (mr *MR) Stats() MRStats {
 	return MRStats{PageFaults: c.faults.Load(), PagesFaulted: c.pagesFaulted.Load(), FaultRetries: c.faultRetries.Load(),
 		FaultTime: time.Duration(c.faultNanos.Load()), Prefetches: c.prefetches.Load(), PagesPrefetched: c.pagesPrefetched.Load(),
 		Invalidations: ts.Invalidations, PagesInvalidated: ts.PagesInvalidated, StaleDMAs: c.stale.Load(),
-		ValidPages: mr.table.ValidPages()}
+		ValidPages: mr.table.ValidPages(), TableBytes: mr.table.Footprint()}
 }
 
 // Dereg deregisters the MR. It waits for DMA in flight on the region; work requests

@@ -47,7 +47,7 @@ func (mr *MR) registerODP(end uintptr, npages int) error {
 
 	if !d.cfg.NoSnapshot {
 		t1 := time.Now()
-		mr.snapshot()
+		mr.snapshot(end)
 		mr.reg.Snapshot = time.Since(t1)
 	}
 	return nil
@@ -56,21 +56,23 @@ func (mr *MR) registerODP(end uintptr, npages int) error {
 // snapshot maps the pages already present, without faulting, as mlx5 does when an ODP
 // MR is created. Pages that are not exclusively mapped (the shared zero page, pages
 // shared with a fork child) are mapped read-only: a NIC write must fault them first.
-func (mr *MR) snapshot() {
-	const chunk = 4096
-	entries := make([]pagefault.PagemapEntry, min(chunk, mr.table.Pages()))
-	for first := 0; first < mr.table.Pages(); first += chunk {
-		n := min(chunk, mr.table.Pages()-first)
-		if err := mr.dev.pagemap.Read(mr.base+uintptr(first)*pagefault.PageSize, entries[:n]); err != nil {
-			return // a snapshot is an optimisation: pages fault later instead
-		}
+// Runs of absent pages are skipped without reading their entries (ReadPresent), so a
+// large untouched region costs no more than a small one.
+func (mr *MR) snapshot(end uintptr) {
+	// A snapshot is an optimisation: pages it cannot read fault later instead.
+	_ = mr.dev.pagemap.ReadPresent(mr.base, end, 4096, func(addr uintptr, entries []pagefault.PagemapEntry) error {
+		first := int((addr - mr.base) / pagefault.PageSize)
 		seq := mr.table.ReadBegin()
 		mr.table.Lock()
-		if !mr.dead && !mr.table.ReadRetryLocked(seq) {
-			mr.mapPresentLocked(first, entries[:n], mr.access.writable())
+		defer mr.table.Unlock()
+		if mr.dead {
+			return errDeregistered
 		}
-		mr.table.Unlock()
-	}
+		if !mr.table.ReadRetryLocked(seq) { // else invalidated meanwhile: these fault later
+			mr.mapPresentLocked(first, entries, mr.access.writable())
+		}
+		return nil
+	})
 }
 
 // mapPresentLocked maps the present pages among entries (page first onward) and

@@ -2,6 +2,7 @@ package pagefault
 
 import (
 	"encoding/binary"
+	"errors"
 	"fmt"
 	"os"
 	"sync"
@@ -124,4 +125,52 @@ func pagemapScanWorks(b []byte) bool {
 	var out [4]PageRegion
 	n, _, err := pm.ScanPresent(addrOf(b), addrOf(b)+uintptr(len(b)), out[:])
 	return err == nil && n >= 1
+}
+
+// ReadPresent calls fn with the pagemap entries of pages in [start, end) (page
+// aligned) in chunks of at most maxChunk pages: every present page of the range is in
+// some chunk, and the chunks skip runs of absent pages when PAGEMAP_SCAN can find them
+// (Linux 6.7), so that reading a large, mostly untouched range costs what its present
+// pages cost (the buffer too is sized by them). Without PAGEMAP_SCAN the chunks cover
+// the whole range. A chunk may still hold absent pages (a page can be dropped between
+// the scan and the read): fn checks Present. fn must not keep entries. It stops at the
+// first error, fn's or its own.
+func (p *Pagemap) ReadPresent(start, end uintptr, maxChunk int, fn func(addr uintptr, entries []PagemapEntry) error) error {
+	var buf []PagemapEntry
+	read := func(lo, hi uintptr) error {
+		for at := lo; at < hi; {
+			n := min(maxChunk, int((hi-at)/PageSize))
+			if len(buf) < n {
+				buf = make([]PagemapEntry, n)
+			}
+			if err := p.Read(at, buf[:n]); err != nil {
+				return err
+			}
+			if err := fn(at, buf[:n]); err != nil {
+				return err
+			}
+			at += uintptr(n) * PageSize
+		}
+		return nil
+	}
+	var runs [64]PageRegion
+	for at := start; at < end; {
+		k, next, err := p.ScanPresent(at, end, runs[:])
+		if errors.Is(err, ErrNotSupported) {
+			return read(at, end)
+		}
+		if err != nil {
+			return err
+		}
+		for _, r := range runs[:k] {
+			if err := read(uintptr(r.Start), uintptr(r.End)); err != nil {
+				return err
+			}
+		}
+		if next <= at {
+			break
+		}
+		at = next
+	}
+	return nil
 }

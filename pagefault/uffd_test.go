@@ -185,3 +185,47 @@ func TestPagemapScanPresent(t *testing.T) {
 		assert.EqualValues(t, addr(b)+uintptr(w[1])*PageSize, got[i].End, "run %d", i)
 	}
 }
+
+// ReadPresent hands every present page to its callback, in chunks no larger than
+// asked, and with PAGEMAP_SCAN visits only the runs of present pages, also when
+// there are more runs than one scan returns.
+func TestReadPresent(t *testing.T) {
+	const n = 400
+	b := region(t, n)
+	touched := []int{3, 4, 5, 40, 63}
+	for p := 100; p < n; p += 2 { // 150 runs of one page
+		touched = append(touched, p)
+	}
+	for _, p := range touched {
+		b[p*int(PageSize)] = 1
+	}
+	pm, err := OpenPagemap()
+	require.NoError(t, err)
+	defer func() { require.NoError(t, pm.Close()) }()
+	var present []int
+	visited := 0
+	err = pm.ReadPresent(addr(b), addr(b)+uintptr(len(b)), 2, func(at uintptr, entries []PagemapEntry) error {
+		assert.LessOrEqual(t, len(entries), 2)
+		visited += len(entries)
+		for i, e := range entries {
+			if e.Present() {
+				present = append(present, int((at-addr(b))/PageSize)+i)
+			}
+		}
+		return nil
+	})
+	require.NoError(t, err)
+	assert.Equal(t, touched, present)
+	if ProbeKernelBehaviour().PagemapScan {
+		assert.Equal(t, len(touched), visited, "only present runs are read")
+	} else {
+		assert.Equal(t, n, visited, "without PAGEMAP_SCAN every page is read")
+	}
+
+	// The callback's error stops the walk.
+	stop := errors.New("stop")
+	calls := 0
+	err = pm.ReadPresent(addr(b), addr(b)+uintptr(len(b)), 2, func(uintptr, []PagemapEntry) error { calls++; return stop })
+	assert.ErrorIs(t, err, stop)
+	assert.Equal(t, 1, calls)
+}

@@ -5,6 +5,7 @@ import (
 	"io"
 	"math"
 	"runtime"
+	"slices"
 	"sort"
 	"time"
 
@@ -39,9 +40,14 @@ type Row struct {
 
 // RegRow compares registration times for one region size.
 type RegRow struct {
-	Bytes        int
-	Pinned, ODP  time.Duration // medians
-	Speedup      float64
+	Bytes             int
+	Pinned, ODP       time.Duration // medians
+	PinnedMin, ODPMin time.Duration
+	ODPMax            time.Duration
+	Speedup           float64 // of the medians
+	// SpeedupWorst is pinned's fastest run over ODP's slowest: the speedup every run
+	// of the comparison reached.
+	SpeedupWorst float64
 	PinnedStages odp.RegTiming // of the median pinned run
 }
 
@@ -117,6 +123,10 @@ func Compare(cp *CompareParams) ([]Row, []RegRow, error) {
 }
 
 // compareRegistration times RegMR of fresh, untouched memory, pinned and on demand.
+// The garbage collector runs before each pair's allocations, not just before the
+// timed call: right after a collection the allocator's caches are empty and the
+// collector's workers still run, which made a microsecond registration take tens of
+// microseconds and compared pinning with the collector's aftermath.
 func compareRegistration(size, reps int, step func()) (RegRow, error) {
 	d, err := odp.Open(odp.Config{})
 	if err != nil {
@@ -130,12 +140,12 @@ func compareRegistration(size, reps int, step func()) (RegRow, error) {
 	var pinned, onDemand []float64
 	stages := map[float64]odp.RegTiming{}
 	for rep := 0; rep < reps; rep++ {
+		runtime.GC()
 		for _, access := range []odp.Access{odp.AccessLocalWrite, odp.AccessLocalWrite | odp.AccessOnDemand} {
 			buf, err := d.Alloc(size)
 			if err != nil {
 				return RegRow{}, err
 			}
-			runtime.GC()
 			mr, err := pd.RegMR(buf, access)
 			if err != nil {
 				return RegRow{}, err
@@ -156,8 +166,11 @@ func compareRegistration(size, reps int, step func()) (RegRow, error) {
 			step()
 		}
 	}
-	r := RegRow{Bytes: size, Pinned: time.Duration(Median(pinned)), ODP: time.Duration(Median(onDemand))}
+	r := RegRow{Bytes: size, Pinned: time.Duration(Median(pinned)), ODP: time.Duration(Median(onDemand)),
+		PinnedMin: time.Duration(slices.Min(pinned)), ODPMin: time.Duration(slices.Min(onDemand)),
+		ODPMax: time.Duration(slices.Max(onDemand))}
 	r.Speedup = float64(r.Pinned) / float64(max(r.ODP, 1))
+	r.SpeedupWorst = float64(r.PinnedMin) / float64(max(r.ODPMax, 1))
 	// The stages of the pinned run closest to the median (with an even number of runs
 	// the median is between two of them).
 	best := pinned[0]
@@ -186,10 +199,10 @@ func WriteRows(w io.Writer, cp CompareParams, rows []Row) {
 // WriteRegRows prints the registration lines.
 func WriteRegRows(w io.Writer, regs []RegRow) {
 	for _, r := range regs {
-		fmt.Fprintf(w, "registration %s: pinned %v, odp %v, speedup %.0fx (pinned stages: account %v, pin %v, mtt %v)\n",
-			HumanBytes(r.Bytes), r.Pinned.Round(time.Microsecond), r.ODP.Round(time.Microsecond), r.Speedup,
-			r.PinnedStages.Account.Round(time.Microsecond), r.PinnedStages.Pin.Round(time.Microsecond),
-			r.PinnedStages.MTT.Round(time.Microsecond))
+		us := func(d time.Duration) string { return d.Round(100 * time.Nanosecond).String() }
+		fmt.Fprintf(w, "registration %s: pinned %v (min %v), odp %v (min %v, max %v), speedup %.0fx, every run %.0fx (pinned stages: account %v, pin %v, mtt %v)\n",
+			HumanBytes(r.Bytes), us(r.Pinned), us(r.PinnedMin), us(r.ODP), us(r.ODPMin), us(r.ODPMax), r.Speedup, r.SpeedupWorst,
+			us(r.PinnedStages.Account), us(r.PinnedStages.Pin), us(r.PinnedStages.MTT))
 	}
 }
 
@@ -211,4 +224,70 @@ func b2i(b bool) int {
 		return 1
 	}
 	return 0
+}
+
+// SweepRow is the ODP registration time of untouched memory of one size.
+type SweepRow struct {
+	Bytes       int
+	Median, Min time.Duration
+}
+
+// ODPRegSweep times ODP registration of fresh, untouched memory of every size, reps
+// times each, sizes interleaved within each repetition and nothing else in between
+// (no pinned registration to empty the caches): the cost of registration alone,
+// which should not depend on the size.
+func ODPRegSweep(sizes []int, reps int) ([]SweepRow, error) {
+	d, err := odp.Open(odp.Config{})
+	if err != nil {
+		return nil, err
+	}
+	defer func() { _ = d.Close() }() // every MR and buffer is released by then: nothing to report
+	pd, err := d.AllocPD()
+	if err != nil {
+		return nil, err
+	}
+	times := make([][]float64, len(sizes))
+	for rep := 0; rep < max(reps, 1); rep++ {
+		runtime.GC()
+		// Round -1 is a warm-up after the collection, not timed.
+		for i := -1; i < len(sizes); i++ {
+			size := sizes[max(i, 0)]
+			buf, err := d.Alloc(size)
+			if err != nil {
+				return nil, err
+			}
+			mr, err := pd.RegMR(buf, odp.AccessLocalWrite|odp.AccessOnDemand)
+			if err != nil {
+				return nil, err
+			}
+			if i >= 0 {
+				times[i] = append(times[i], float64(mr.Registration().Total))
+			}
+			if err := mr.Dereg(); err != nil {
+				return nil, err
+			}
+			if err := d.Free(buf); err != nil {
+				return nil, err
+			}
+		}
+	}
+	rows := make([]SweepRow, len(sizes))
+	for i, size := range sizes {
+		rows[i] = SweepRow{Bytes: size, Median: time.Duration(Median(times[i])), Min: time.Duration(slices.Min(times[i]))}
+	}
+	return rows, nil
+}
+
+// WriteSweep prints the sweep on one line, with the largest median over the smallest.
+func WriteSweep(w io.Writer, rows []SweepRow) {
+	if len(rows) == 0 {
+		return
+	}
+	lo, hi := rows[0].Median, rows[0].Median
+	fmt.Fprintf(w, "registration odp untouched (median):")
+	for _, r := range rows {
+		fmt.Fprintf(w, " %s %v;", HumanBytes(r.Bytes), r.Median.Round(100*time.Nanosecond))
+		lo, hi = min(lo, r.Median), max(hi, r.Median)
+	}
+	fmt.Fprintf(w, " max/min %.2f\n", float64(hi)/float64(max(lo, 1)))
 }

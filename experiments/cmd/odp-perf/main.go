@@ -168,6 +168,7 @@ func compare(args []string, stdout, stderr io.Writer) error {
 	fs.Var(&minSize, "min-size", "smallest message size")
 	fs.Var(&maxSize, "max-size", "largest message size")
 	regSizes := fs.String("reg-sizes", "64M,256M,1G", "region sizes for the registration comparison")
+	sweepSizes := fs.String("sweep-sizes", "4K,1M,16M,256M,1G,4G", "region sizes for the ODP registration sweep of untouched memory")
 	mrSize := size(0)
 	fs.Var(&mrSize, "mr-size", "region the work requests stride across (default size x 128)")
 	csvPath := fs.String("csv", "", "also write the bandwidth table to this CSV file")
@@ -188,15 +189,13 @@ func compare(args []string, stdout, stderr io.Writer) error {
 	for s := int(minSize); s <= int(maxSize); s *= 2 {
 		sizes = append(sizes, s)
 	}
-	var regs []int
-	if *regSizes != "" {
-		for _, f := range strings.Split(*regSizes, ",") {
-			var s size
-			if err := s.Set(strings.TrimSpace(f)); err != nil || s == 0 {
-				return fmt.Errorf("bad --reg-sizes entry %q", f)
-			}
-			regs = append(regs, int(s))
-		}
+	regs, err := sizeList("reg-sizes", *regSizes)
+	if err != nil {
+		return err
+	}
+	sweep, err := sizeList("sweep-sizes", *sweepSizes)
+	if err != nil {
+		return err
 	}
 	cp := perf.CompareParams{Test: *test, Sizes: sizes, Iters: *iters, Reps: *reps, RegSizes: regs, MRSize: int(mrSize),
 		WarmPairs: *warmPairs, WarmIters: *warmIters}
@@ -211,10 +210,33 @@ func compare(args []string, stdout, stderr io.Writer) error {
 	}
 	perf.WriteRows(stdout, cp, rows)
 	perf.WriteRegRows(stdout, regRows)
+	if len(sweep) > 0 {
+		srows, err := perf.ODPRegSweep(sweep, *reps*3)
+		if err != nil {
+			return err
+		}
+		perf.WriteSweep(stdout, srows)
+	}
 	if *csvPath != "" {
 		return writeCSV(*csvPath, *test, rows)
 	}
 	return nil
+}
+
+// sizeList parses a comma-separated list of sizes; empty is none.
+func sizeList(flag, list string) ([]int, error) {
+	var out []int
+	if list == "" {
+		return nil, nil
+	}
+	for _, f := range strings.Split(list, ",") {
+		var s size
+		if err := s.Set(strings.TrimSpace(f)); err != nil || s == 0 {
+			return nil, fmt.Errorf("bad --%s entry %q", flag, f)
+		}
+		out = append(out, int(s))
+	}
+	return out, nil
 }
 
 func writeCSV(path, test string, rows []perf.Row) error {
