@@ -18,6 +18,7 @@ type env struct {
 	dst          *MR // b: LOCAL_WRITE | REMOTE_WRITE | REMOTE_READ
 	dstRO        *MR // b: REMOTE_READ only
 	dstWO        *MR // b: LOCAL_WRITE | REMOTE_WRITE
+	dstAtomic    *MR // b: rw | REMOTE_ATOMIC
 	otherPD      *MR // b: registered in another PD
 	deregistered *MR // b: deregistered
 	deregLocal   *MR // a: deregistered
@@ -31,6 +32,7 @@ func newEnv(t *testing.T, odp Access) *env {
 	_, e.dst = b.region(t, 64<<10, rw|odp)
 	_, e.dstRO = b.region(t, 64<<10, AccessRemoteRead|odp)
 	_, e.dstWO = b.region(t, 64<<10, AccessLocalWrite|AccessRemoteWrite|odp)
+	_, e.dstAtomic = b.region(t, 64<<10, rwa|odp)
 	pd2, err := b.dev.AllocPD()
 	require.NoError(t, err)
 	buf, err := b.dev.Alloc(64 << 10)
@@ -52,6 +54,12 @@ func write(src *MR, off, n int, dst *MR, roff uint64) SendWR {
 func read(dst *MR, off, n int, src *MR, roff uint64) SendWR {
 	wr := write(dst, off, n, src, roff)
 	wr.Opcode = OpRDMARead
+	return wr
+}
+
+func fetchAdd(dst *MR, off int, src *MR, roff uint64) SendWR {
+	wr := write(dst, off, 8, src, roff)
+	wr.Opcode, wr.CompareAdd = OpAtomicFetchAdd, 1
 	return wr
 }
 
@@ -122,6 +130,28 @@ func TestBadWorkRequests(t *testing.T) {
 		{name: "deregistered local MR", want: WCLocProtErr, wr: func(e *env) SendWR {
 			return write(e.deregLocal, 0, 64, e.dst, 0)
 		}},
+		{name: "atomic without REMOTE_ATOMIC", remote: true, want: WCRemAccessErr, detail: "lacks REMOTE_ATOMIC", wr: func(e *env) SendWR {
+			return fetchAdd(e.src, 0, e.dst, 8)
+		}},
+		{name: "misaligned atomic", remote: true, want: WCRemInvReqErr, detail: "aligned", wr: func(e *env) SendWR {
+			return fetchAdd(e.src, 0, e.dstAtomic, 4)
+		}},
+		{name: "atomic past the MR's end", remote: true, want: WCRemAccessErr, detail: "outside MR", wr: func(e *env) SendWR {
+			return fetchAdd(e.src, 0, e.dstAtomic, 64<<10)
+		}},
+		{name: "atomic result into MR without LOCAL_WRITE", want: WCLocProtErr, wr: func(e *env) SendWR {
+			return fetchAdd(e.srcRO, 0, e.dstAtomic, 0)
+		}},
+		{name: "write with immediate, wrong rkey", remote: true, want: WCRemAccessErr, wr: func(e *env) SendWR {
+			wr := write(e.src, 0, 64, e.dst, 0)
+			wr.Opcode, wr.RKey = OpRDMAWriteImm, wr.RKey^0x5a5a00
+			return wr
+		}},
+		{name: "send with immediate larger than receive", remote: true, want: WCRemInvReqErr, wantRecv: WCLocLenErr,
+			recv: func(e *env) *RecvWR { return &RecvWR{WRID: 70, SGL: sge(e.dst, 0, 100)} },
+			wr: func(e *env) SendWR {
+				return SendWR{WRID: 7, Opcode: OpSendImm, SGL: sge(e.src, 0, 101), Flags: SendSignaled, Imm: 1}
+			}},
 		{name: "send larger than receive", remote: true, want: WCRemInvReqErr, wantRecv: WCLocLenErr,
 			recv: func(e *env) *RecvWR { return &RecvWR{WRID: 70, SGL: sge(e.dst, 0, 100)} },
 			wr: func(e *env) SendWR {
@@ -265,8 +295,18 @@ func TestBadPosts(t *testing.T) {
 	assert.ErrorIs(t, ConnectLoopback(n.qp, m.qp), ErrQPState, "already connected")
 	assert.ErrorIs(t, n.qp.PostSend(SendWR{Opcode: 99}), ErrInvalidArgument)
 	bad := wr
-	bad.Flags = SendSignaled | 1<<3 // IBV_SEND_INLINE: not implemented, so refused
+	bad.Flags = SendSignaled | 1<<2 // IBV_SEND_SOLICITED: not implemented, so refused
 	assert.ErrorIs(t, n.qp.PostSend(bad), ErrInvalidArgument)
+	atomic := SendWR{Opcode: OpAtomicCmpSwap, SGL: sge(mr, 0, 4)}
+	assert.ErrorIs(t, n.qp.PostSend(atomic), ErrInvalidArgument, "an atomic needs one 8-byte SGE")
+	atomic.SGL = append(sge(mr, 0, 4), sge(mr, 4, 4)...)
+	assert.ErrorIs(t, n.qp.PostSend(atomic), ErrInvalidArgument, "an atomic needs one 8-byte SGE")
+	inline := SendWR{Opcode: OpSend, SGL: sge(mr, 0, 257), Flags: SendInline}
+	assert.ErrorIs(t, n.qp.PostSend(inline), ErrInvalidArgument, "beyond MaxInlineData")
+	inline = SendWR{Opcode: OpRDMARead, SGL: sge(mr, 0, 8), Flags: SendInline}
+	assert.ErrorIs(t, n.qp.PostSend(inline), ErrInvalidArgument, "inline READ")
+	inline = SendWR{Opcode: OpSend, SGL: []SGE{{Addr: 4096, Length: 8}}, Flags: SendInline}
+	assert.ErrorIs(t, n.qp.PostSend(inline), ErrBadAddress, "inline from an unmapped address")
 	assert.ErrorIs(t, n.qp.PostSend(SendWR{Opcode: OpSend, SGL: make([]SGE, 17)}), ErrInvalidArgument)
 	// Fill the send queue: nothing answers while m has no receive posted.
 	for i := 0; i < 256; i++ {

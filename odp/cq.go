@@ -48,16 +48,29 @@ const (
 	WCSend      WCOpcode = 0
 	WCRDMAWrite WCOpcode = 1
 	WCRDMARead  WCOpcode = 2
+	WCCompSwap  WCOpcode = 3
+	WCFetchAdd  WCOpcode = 4
 	WCRecv      WCOpcode = 128
+	// WCRecvRDMAWithImm completes a receive consumed by an RDMA WRITE with
+	// immediate: ByteLen is the bytes written, nothing is placed in the receive.
+	WCRecvRDMAWithImm WCOpcode = 129
 )
+
+// WCFlags are a completion's flags, with ibv_wc_flags' values.
+type WCFlags uint32
+
+// WCWithImm: ImmData holds the sender's immediate data.
+const WCWithImm WCFlags = 1 << 1
 
 // WC is a work completion.
 type WC struct {
 	WRID    uint64
 	Status  WCStatus
 	Opcode  WCOpcode
-	ByteLen uint32 // receive completions: bytes received
+	ByteLen uint32 // receive completions: bytes received; READ and atomics: bytes placed
 	QPNum   uint32
+	Flags   WCFlags
+	ImmData uint32 // with WCWithImm
 	// Detail says why a completion failed (the vendor syndrome's role).
 	Detail string
 }

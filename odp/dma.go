@@ -2,7 +2,9 @@ package odp
 
 import (
 	"fmt"
+	"sync/atomic"
 	"time"
+	"unsafe"
 
 	"github.com/odpemu/odpemu/mmu"
 	"github.com/odpemu/odpemu/pagefault"
@@ -155,6 +157,35 @@ func (mr *MR) dmaOnce(off uint64, buf []byte, toMR bool) error {
 		}
 	}
 	return wrap(ErrBusy, "MR %#x: DMA kept being torn by page faults", mr.key)
+}
+
+// atomic runs an 8-byte atomic at MR offset off (aligned, bounds-checked) as one DMA,
+// faulting the page in for write, and returns the value it found. The CPU's atomic
+// instructions make it atomic with respect to every other NIC atomic and to the
+// application's own atomics on the word. It is never made again: a single access
+// cannot be torn, and if a page fault during it installed a new page, it ran on that
+// page, as if it came after the change that replaced the page.
+func (mr *MR) atomic(off uint64, cmpSwap bool, compare, value uint64) (uint64, error) {
+	ref, err := mr.acquire(off, 8, true)
+	if err != nil {
+		return 0, err
+	}
+	word := (*uint64)(unsafe.Pointer(&ref.bytes()[0]))
+	var orig uint64
+	err = mr.dev.dmaRun(func() {
+		if !cmpSwap {
+			orig = atomic.AddUint64(word, value) - value
+			return
+		}
+		for {
+			orig = atomic.LoadUint64(word)
+			if orig != compare || atomic.CompareAndSwapUint64(word, orig, value) {
+				return
+			}
+		}
+	})
+	ref.release(err == nil)
+	return orig, err
 }
 
 // dmaRef is one DMA in flight on MR bytes [off, off+n), from acquire to release.

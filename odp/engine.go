@@ -15,6 +15,7 @@ package odp
 // peer, so invalidations, Dereg and the gate never wait on the network.
 
 import (
+	"encoding/binary"
 	"errors"
 	"fmt"
 	"runtime/debug"
@@ -46,8 +47,12 @@ func wcOpcode(op Opcode) WCOpcode {
 	switch op {
 	case OpRDMARead:
 		return WCRDMARead
-	case OpSend:
+	case OpSend, OpSendImm:
 		return WCSend
+	case OpAtomicCmpSwap:
+		return WCCompSwap
+	case OpAtomicFetchAdd:
+		return WCFetchAdd
 	}
 	return WCRDMAWrite
 }
@@ -62,7 +67,7 @@ func (qp *QP) retireLocked() {
 		qp.sqCount--
 		if p.status != WCSuccess || p.wr.Flags&SendSignaled != 0 || qp.cfg.SigAll {
 			wc := WC{WRID: p.wr.WRID, Status: p.status, Opcode: wcOpcode(p.wr.Opcode), QPNum: qp.qpn, Detail: p.detail}
-			if p.wr.Opcode == OpRDMARead && p.status == WCSuccess {
+			if (p.wr.Opcode == OpRDMARead || p.wr.Opcode.atomic()) && p.status == WCSuccess {
 				wc.ByteLen = uint32(sglLen(p.wr.SGL)) // as verbs reports a READ's length
 			}
 			qp.cfg.SendCQ.push(wc)
@@ -223,27 +228,44 @@ func (qp *QP) request(wr *SendWR, psn uint32) (*transport.Frame, WCStatus, strin
 	if total > maxMsg {
 		return nil, WCLocLenErr, fmt.Sprintf("message of %d bytes > %d", total, maxMsg)
 	}
-	f := &transport.Frame{PSN: psn, RKey: wr.RKey, RAddr: wr.RemoteAddr, Len: uint32(total)}
+	f := &transport.Frame{PSN: psn, RKey: wr.RKey, RAddr: wr.RemoteAddr, Len: uint32(total), Op: wireOps[wr.Opcode]}
 	switch wr.Opcode {
-	case OpRDMAWrite, OpSend:
-		f.Op = transport.OpWrite
-		if wr.Opcode == OpSend {
-			f.Op, f.RKey, f.RAddr = transport.OpSend, 0, 0
+	case OpRDMAWrite, OpRDMAWriteImm, OpSend, OpSendImm:
+		if wr.Opcode == OpSend || wr.Opcode == OpSendImm {
+			f.RKey, f.RAddr = 0, 0
+		}
+		if wr.Opcode == OpRDMAWriteImm || wr.Opcode == OpSendImm {
+			f.Imm = wr.Imm
+		}
+		if wr.Flags&SendInline != 0 {
+			f.Payload = wr.inline // copied at post time; the WR keeps it until retired
+			break
 		}
 		payload, release, status, detail := qp.gather(wr.SGL)
 		if status != WCSuccess {
 			return nil, status, detail
 		}
 		f.Payload, f.Release = payload, release
-	case OpRDMARead:
-		f.Op = transport.OpRead
+	case OpRDMARead, OpAtomicCmpSwap, OpAtomicFetchAdd:
 		for _, s := range wr.SGL { // the data lands here later: check now, fault then
 			if mr, _, why := qp.localSGE(s, true); mr == nil {
 				return nil, WCLocProtErr, why
 			}
 		}
+		if wr.Opcode == OpAtomicCmpSwap {
+			f.Swap, f.Compare = wr.Swap, wr.CompareAdd
+		} else if wr.Opcode == OpAtomicFetchAdd {
+			f.Swap = wr.CompareAdd
+		}
 	}
 	return f, WCSuccess, ""
+}
+
+// wireOps are the requests' wire operations.
+var wireOps = map[Opcode]transport.Op{
+	OpRDMAWrite: transport.OpWrite, OpRDMAWriteImm: transport.OpWriteImm, OpSend: transport.OpSend,
+	OpSendImm: transport.OpSendImm, OpRDMARead: transport.OpRead, OpAtomicCmpSwap: transport.OpCmpSwap,
+	OpAtomicFetchAdd: transport.OpFetchAdd,
 }
 
 func (qp *QP) recvLoop() {
@@ -316,7 +338,11 @@ func (qp *QP) response(f *transport.Frame) {
 		} else {
 			status, detail = qp.scatter(p.wr.SGL, f.Payload)
 		}
-	case f.Op == transport.OpAck && p.wr.Opcode != OpRDMARead:
+	case f.Op == transport.OpAtomicAck && p.wr.Opcode.atomic():
+		var orig [8]byte
+		binary.NativeEndian.PutUint64(orig[:], f.Swap)
+		status, detail = qp.scatter(p.wr.SGL, orig[:])
+	case f.Op == transport.OpAck && p.wr.Opcode != OpRDMARead && !p.wr.Opcode.atomic():
 	default:
 		status, detail = WCBadRespErr, fmt.Sprintf("%v answers %v", f.Op, p.wr.Opcode)
 	}
@@ -393,7 +419,7 @@ func (qp *QP) execute(f *transport.Frame) *transport.Frame {
 		return nak(f, transport.SynNoResponse, "responder QP in error")
 	}
 	switch f.Op {
-	case transport.OpWrite:
+	case transport.OpWrite, transport.OpWriteImm:
 		mr, off, why := qp.remoteMR(f, AccessRemoteWrite)
 		if mr == nil {
 			return nak(f, transport.SynRemoteAccess, why)
@@ -401,7 +427,23 @@ func (qp *QP) execute(f *transport.Frame) *transport.Frame {
 		if err := mr.dma(off, f.Payload, true); err != nil {
 			return nak(f, transport.SynRemoteAccess, err.Error())
 		}
+		if f.Op == transport.OpWriteImm {
+			return qp.receive(f)
+		}
 		return &transport.Frame{Op: transport.OpAck, PSN: f.PSN}
+	case transport.OpCmpSwap, transport.OpFetchAdd:
+		if f.RAddr%8 != 0 {
+			return nak(f, transport.SynInvalidReq, fmt.Sprintf("atomic at %#x is not 8-byte aligned", f.RAddr))
+		}
+		mr, off, why := qp.remoteMR(f, AccessRemoteAtomic)
+		if mr == nil {
+			return nak(f, transport.SynRemoteAccess, why)
+		}
+		orig, err := mr.atomic(off, f.Op == transport.OpCmpSwap, f.Compare, f.Swap)
+		if err != nil {
+			return nak(f, transport.SynRemoteAccess, err.Error())
+		}
+		return &transport.Frame{Op: transport.OpAtomicAck, PSN: f.PSN, Swap: orig}
 	case transport.OpRead:
 		mr, off, why := qp.remoteMR(f, AccessRemoteRead)
 		if mr == nil {
@@ -415,14 +457,15 @@ func (qp *QP) execute(f *transport.Frame) *transport.Frame {
 			return nak(f, transport.SynRemoteAccess, err.Error())
 		}
 		return &transport.Frame{Op: transport.OpReadResp, PSN: f.PSN, Len: f.Len, Payload: buf, Release: func() { bufpool.Put(buf) }}
-	case transport.OpSend:
+	case transport.OpSend, transport.OpSendImm:
 		return qp.receive(f)
 	}
 	return nak(f, transport.SynInvalidReq, fmt.Sprintf("opcode %v", f.Op))
 }
 
-// receive places a SEND into the oldest posted receive, waiting for one to be posted
-// (an RNR NAK retried forever, as with rnr_retry=7).
+// receive consumes the oldest posted receive for a SEND, whose payload it places
+// there, or for an RDMA WRITE with immediate, whose data is already written. It waits
+// for a receive to be posted (an RNR NAK retried forever, as with rnr_retry=7).
 func (qp *QP) receive(f *transport.Frame) *transport.Frame {
 	qp.mu.Lock()
 	for len(qp.rq) == 0 && qp.state != StateError && !qp.destroyed {
@@ -441,8 +484,14 @@ func (qp *QP) receive(f *transport.Frame) *transport.Frame {
 	qp.mu.Unlock()
 
 	wc := WC{WRID: wr.WRID, Opcode: WCRecv, QPNum: qp.qpn, ByteLen: uint32(len(f.Payload))}
+	if f.Op.HasImm() {
+		wc.Flags, wc.ImmData = WCWithImm, f.Imm
+	}
 	var resp *transport.Frame
-	if capacity := sglLen(wr.SGL); uint64(len(f.Payload)) > capacity {
+	if f.Op == transport.OpWriteImm {
+		wc.Opcode = WCRecvRDMAWithImm
+		resp = &transport.Frame{Op: transport.OpAck, PSN: f.PSN}
+	} else if capacity := sglLen(wr.SGL); uint64(len(f.Payload)) > capacity {
 		wc.Status, wc.Detail = WCLocLenErr, fmt.Sprintf("%d-byte SEND into a %d-byte receive", len(f.Payload), capacity)
 		resp = nak(f, transport.SynInvalidReq, wc.Detail)
 	} else if status, detail := qp.scatter(wr.SGL, f.Payload); status != WCSuccess {
@@ -467,7 +516,13 @@ var errDMAFault = errors.New("odp: DMA touched unmapped memory")
 // in-flight DMA makes the copy fault; the engine goroutines run with
 // debug.SetPanicOnFault, so that is reported as an error (an access error completion),
 // not a crash.
-func (d *Device) dmaCopy(dst, src []byte) (err error) {
+func (d *Device) dmaCopy(dst, src []byte) error {
+	return d.dmaRun(func() { copy(dst, src) })
+}
+
+// dmaRun runs one DMA access, a copy or an atomic, reporting a fault on unmapped
+// memory as dmaCopy does.
+func (d *Device) dmaRun(access func()) (err error) {
 	defer func() {
 		if r := recover(); r != nil {
 			// Memory faults under SetPanicOnFault carry the faulting address; any
@@ -480,6 +535,6 @@ func (d *Device) dmaCopy(dst, src []byte) (err error) {
 			err = fmt.Errorf("%w at %#x", errDMAFault, fault.Addr())
 		}
 	}()
-	copy(dst, src)
+	access()
 	return nil
 }

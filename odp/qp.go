@@ -12,18 +12,48 @@ type Opcode int
 
 const (
 	OpRDMAWrite Opcode = 0
-	OpSend      Opcode = 2
-	OpRDMARead  Opcode = 4
+	// OpRDMAWriteImm writes like OpRDMAWrite, then consumes a receive at the peer,
+	// whose completion carries Imm (WCRecvRDMAWithImm).
+	OpRDMAWriteImm Opcode = 1
+	OpSend         Opcode = 2
+	// OpSendImm is a SEND whose receive completion carries Imm.
+	OpSendImm  Opcode = 3
+	OpRDMARead Opcode = 4
+	// OpAtomicCmpSwap compares the 8 bytes at RemoteAddr (8-byte aligned, in an MR
+	// with AccessRemoteAtomic) with CompareAdd and, if equal, stores Swap; the
+	// original value lands in the SGL, which must be one 8-byte SGE.
+	OpAtomicCmpSwap Opcode = 5
+	// OpAtomicFetchAdd adds CompareAdd to the 8 bytes at RemoteAddr; the original
+	// value lands in the SGL.
+	OpAtomicFetchAdd Opcode = 6
 )
 
-// SendFlags are a send work request's flags.
+func (o Opcode) valid() bool { return o >= OpRDMAWrite && o <= OpAtomicFetchAdd }
+
+func (o Opcode) atomic() bool { return o == OpAtomicCmpSwap || o == OpAtomicFetchAdd }
+
+// carriesData reports whether the request carries the SGL's bytes to the peer.
+func (o Opcode) carriesData() bool {
+	return o == OpRDMAWrite || o == OpRDMAWriteImm || o == OpSend || o == OpSendImm
+}
+
+// SendFlags are a send work request's flags, with ibv_send_flags' values.
 type SendFlags uint32
 
-// SendSignaled asks for a completion on success (errors always complete). It has
-// IBV_SEND_SIGNALED's value; flags the emulated NIC does not implement are refused.
-const SendSignaled SendFlags = 1 << 1
+const (
+	// SendFence waits for earlier READ and atomic requests to complete. The emulated
+	// NIC executes a QP's requests in order, so every request is fenced already.
+	SendFence SendFlags = 1 << 0
+	// SendSignaled asks for a completion on success (errors always complete).
+	SendSignaled SendFlags = 1 << 1
+	// SendInline copies the SGL's bytes when the request is posted (their keys are
+	// not checked, and the buffers may be reused at once), up to the QP's
+	// MaxInlineData; for WRITE and SEND opcodes only.
+	SendInline SendFlags = 1 << 3
+)
 
-const sendFlagsKnown = SendSignaled
+// Flags the emulated NIC does not implement (SOLICITED, IP_CSUM) are refused.
+const sendFlagsKnown = SendFence | SendSignaled | SendInline
 
 // SGE is a scatter/gather element: Length bytes at Addr in the MR whose local key is LKey.
 type SGE struct {
@@ -38,8 +68,13 @@ type SendWR struct {
 	Opcode     Opcode
 	SGL        []SGE
 	Flags      SendFlags
-	RemoteAddr uint64 // RDMA WRITE and READ
-	RKey       uint32 // RDMA WRITE and READ
+	RemoteAddr uint64 // RDMA WRITE, READ and atomics
+	RKey       uint32 // RDMA WRITE, READ and atomics
+	Imm        uint32 // OpRDMAWriteImm, OpSendImm: the immediate data
+	CompareAdd uint64 // atomics: the compare value (CmpSwap) or the addend (FetchAdd)
+	Swap       uint64 // OpAtomicCmpSwap: the value stored if the compare matches
+
+	inline []byte // SendInline: the bytes, copied at post time
 }
 
 // RecvWR is a receive queue work request.
@@ -54,11 +89,19 @@ type QPConfig struct {
 	MaxSendWR      int  // default 128
 	MaxRecvWR      int  // default 128
 	MaxSGE         int  // default 16
+	MaxInlineData  int  // largest SendInline request; default 256, at most 1024
 	SigAll         bool // every send work request completes, as if signaled
 }
 
 // maxMsg is the largest RC message (2 GiB), as on mlx5.
 const maxMsg = 1 << 31
+
+// The QP limits QueryDevice reports.
+const (
+	maxQPWR   = 1 << 15 // work requests per queue
+	maxSGE    = 32      // SGEs per work request
+	maxInline = 1024    // bytes of inline data per work request
+)
 
 // QP is a reliable-connected queue pair. It is created in RESET and becomes usable with
 // Connect (or Modify through INIT, RTR and RTS after Connect attached a wire). Work
@@ -113,8 +156,13 @@ func (pd *PD) CreateQP(cfg QPConfig) (*QP, error) {
 	if cfg.MaxSGE == 0 {
 		cfg.MaxSGE = 16
 	}
-	if cfg.MaxSendWR < 0 || cfg.MaxSendWR > 1<<15 || cfg.MaxRecvWR < 0 || cfg.MaxRecvWR > 1<<15 || cfg.MaxSGE < 0 || cfg.MaxSGE > 32 {
-		return nil, wrap(ErrInvalidArgument, "QP capabilities %d/%d/%d out of range", cfg.MaxSendWR, cfg.MaxRecvWR, cfg.MaxSGE)
+	if cfg.MaxInlineData == 0 {
+		cfg.MaxInlineData = 256
+	}
+	if cfg.MaxSendWR < 0 || cfg.MaxSendWR > maxQPWR || cfg.MaxRecvWR < 0 || cfg.MaxRecvWR > maxQPWR || cfg.MaxSGE < 0 ||
+		cfg.MaxSGE > maxSGE || cfg.MaxInlineData < 0 || cfg.MaxInlineData > maxInline {
+		return nil, wrap(ErrInvalidArgument, "QP capabilities %d/%d/%d/%d out of range", cfg.MaxSendWR, cfg.MaxRecvWR,
+			cfg.MaxSGE, cfg.MaxInlineData)
 	}
 	d := pd.dev
 	for _, cq := range []*CQ{cfg.SendCQ, cfg.RecvCQ} {
@@ -233,13 +281,14 @@ func ConnectLoopback(a, b *QP) error {
 // QP cannot accept work or the request is malformed; everything the NIC checks later
 // (keys, bounds, access) is reported as an error completion instead.
 func (qp *QP) PostSend(wr SendWR) error {
-	switch wr.Opcode {
-	case OpRDMAWrite, OpRDMARead, OpSend:
-	default:
+	if !wr.Opcode.valid() {
 		return wrap(ErrInvalidArgument, "send opcode %d", wr.Opcode)
 	}
 	if f := wr.Flags &^ sendFlagsKnown; f != 0 {
 		return wrap(ErrInvalidArgument, "send flags %#x not supported", uint32(f))
+	}
+	if wr.Opcode.atomic() && (len(wr.SGL) != 1 || wr.SGL[0].Length != 8) {
+		return wrap(ErrInvalidArgument, "an atomic's SGL must be one 8-byte SGE")
 	}
 	sgl, err := qp.copySGL(wr.SGL)
 	if err != nil {
@@ -247,6 +296,17 @@ func (qp *QP) PostSend(wr SendWR) error {
 	}
 	w := wr
 	w.SGL = sgl
+	if w.Flags&SendInline != 0 {
+		if !w.Opcode.carriesData() {
+			return wrap(ErrInvalidArgument, "inline %d request", w.Opcode)
+		}
+		if n := sglLen(sgl); n > uint64(qp.cfg.MaxInlineData) {
+			return wrap(ErrInvalidArgument, "%d inline bytes > max %d", n, qp.cfg.MaxInlineData)
+		}
+		if w.inline, err = copyInline(sgl); err != nil {
+			return err
+		}
+	}
 	qp.mu.Lock()
 	defer qp.mu.Unlock()
 	if err := qp.admitLocked("send", canPostSend); err != nil {

@@ -42,6 +42,12 @@ func TestHeaderRoundTrip(t *testing.T) {
 		{Op: OpRead, PSN: 8, RKey: 5, RAddr: 4096, Len: 1 << 20},
 		{Op: OpNak, PSN: 9, Syndrome: SynRemoteAccess},
 		{Op: OpReadResp, PSN: 10, Len: 2, Payload: []byte{9, 9}},
+		{Op: OpWriteImm, PSN: 11, RKey: 5, RAddr: 64, Len: 1, Payload: []byte{1}, Imm: 0xdeadbeef},
+		{Op: OpSendImm, PSN: 12, Imm: 7},
+		{Op: OpCmpSwap, PSN: 13, RKey: 5, RAddr: 8, Len: 8, Swap: 1 << 63, Compare: 42},
+		{Op: OpFetchAdd, PSN: 14, RKey: 5, RAddr: 16, Len: 8, Swap: 3},
+		{Op: OpAtomicAck, PSN: 15, Swap: 99},
+		{Op: OpNak, PSN: 16, Syndrome: SynRNR, Timer: 14},
 	} {
 		h := AppendHeader(nil, &f)
 		require.Len(t, h, HeaderSize)
@@ -57,13 +63,19 @@ func TestDecodeRejectsMalformed(t *testing.T) {
 	good := AppendHeader(nil, &Frame{Op: OpWrite, Len: 4, Payload: make([]byte, 4)})
 	mut := func(off int, v byte) []byte { h := append([]byte(nil), good...); h[off] = v; return h }
 	cases := map[string][]byte{
-		"short":             good[:31],
+		"short":             good[:HeaderSize-1],
 		"op zero":           mut(0, 0),
 		"op unknown":        mut(0, 99),
 		"syndrome unknown":  mut(1, 200),
 		"syndrome on write": mut(1, byte(SynRemoteAccess)),
-		"reserved":          mut(2, 1),
-		"reserved tail":     mut(29, 1),
+		"reserved":          mut(3, 1),
+		"timer on write":    mut(2, 1),
+		"imm on write":      mut(29, 1),
+		"swap on write":     mut(33, 1),
+		"compare on add":    AppendHeader(nil, &Frame{Op: OpFetchAdd, Len: 8, Compare: 1}),
+		"atomic of 4 bytes": AppendHeader(nil, &Frame{Op: OpCmpSwap, Len: 4}),
+		"atomic payload":    AppendHeader(nil, &Frame{Op: OpCmpSwap, Len: 8, Payload: make([]byte, 8)}),
+		"rnr timer > 31":    AppendHeader(nil, &Frame{Op: OpNak, Syndrome: SynRNR, Timer: 32}),
 		"len mismatch":      mut(12, 5),
 		"payload too large": mut(27, 0x80),
 		"nak no syndrome":   AppendHeader(nil, &Frame{Op: OpNak}),
@@ -78,6 +90,8 @@ func TestDecodeRejectsMalformed(t *testing.T) {
 func FuzzDecodeHeader(f *testing.F) {
 	f.Add(AppendHeader(nil, &Frame{Op: OpWrite, Len: 4, Payload: make([]byte, 4)}))
 	f.Add(AppendHeader(nil, &Frame{Op: OpNak, Syndrome: SynRemoteOp}))
+	f.Add(AppendHeader(nil, &Frame{Op: OpCmpSwap, Len: 8, Swap: 1, Compare: 2}))
+	f.Add(AppendHeader(nil, &Frame{Op: OpNak, Syndrome: SynRNR, Timer: 3}))
 	f.Fuzz(func(t *testing.T, h []byte) {
 		fr, plen, err := DecodeHeader(h)
 		if err != nil {
