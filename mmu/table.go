@@ -96,8 +96,8 @@ type Table struct {
 	// Protected by mu.
 	npages       int
 	entries      entries // sparse: nothing for pages never mapped
-	seq          uint64 // notifier sequence: bumped when an invalidation starts
-	invalidating int    // invalidations in progress
+	seq          uint64  // notifier sequence: bumped when an invalidation starts
+	invalidating int     // invalidations in progress
 	nextDMA      uint64
 	inflight     map[uint64]*dmaState
 	stats        Stats

@@ -1,46 +1,145 @@
 package odp
 
+import "errors"
+
 // Advice is ibv_advise_mr's advice.
 type Advice int
 
-// Advise maps [addr, addr+length) into the NIC's table ahead of use, synchronously
-// (ibv_advise_mr with IB_UVERBS_ADVISE_MR_FLAG_FLUSH). It is for ODP MRs only.
-func (mr *MR) Advise(advice Advice, addr, length uint64) error {
-	if !mr.odp {
-		return wrap(ErrNotSupported, "advise on pinned MR %#x", mr.key)
+// AdviseFlags are ibv_advise_mr's flags.
+type AdviseFlags uint32
+
+// AdviseFlush makes AdviseMR synchronous: it returns once the pages are mapped
+// (IBV_ADVISE_MR_FLAG_FLUSH). Without it AdviseMR checks its arguments, returns, and
+// the NIC maps the pages in the background (Stats counts them as they land).
+const AdviseFlush AdviseFlags = 1 << 0
+
+// AdviseMR advises the NIC about the ranges of an SGL, as ibv_advise_mr does: every
+// SGE must lie in an ODP MR of the PD. PREFETCH maps the ranges for reading,
+// faulting missing pages in; PREFETCH_WRITE maps them writable (the MR must allow
+// writes); PREFETCH_NO_FAULT maps only pages already present. Bad arguments fail
+// before any work starts; a background prefetch that fails (the MR deregistered
+// meanwhile, its memory unmapped) is counted in PrefetchErrors.
+func (pd *PD) AdviseMR(advice Advice, flags AdviseFlags, sgl []SGE) error {
+	if pd == nil || pd.dead.Load() {
+		return wrap(ErrInvalidArgument, "AdviseMR on a deallocated PD")
 	}
 	if advice < AdvisePrefetch || advice > AdvisePrefetchNoFault {
 		return wrap(ErrInvalidArgument, "advice %d", advice)
 	}
+	if flags&^AdviseFlush != 0 {
+		return wrap(ErrInvalidArgument, "advise flags %#x", uint32(flags))
+	}
+	if len(sgl) == 0 {
+		return wrap(ErrInvalidArgument, "AdviseMR of no SGE")
+	}
+	type job struct {
+		mr           *MR
+		first, count int
+	}
+	jobs := make([]job, 0, len(sgl))
+	for _, s := range sgl {
+		mr := pd.dev.lookupMR(s.LKey)
+		if mr == nil || mr.pd != pd {
+			return wrap(ErrInvalidArgument, "lkey %#x is not an MR of the PD", s.LKey)
+		}
+		first, count, err := mr.adviseRange(advice, s.Addr, uint64(s.Length))
+		if err != nil {
+			return err
+		}
+		jobs = append(jobs, job{mr, first, count})
+	}
+	run := func() error {
+		var errs []error
+		for _, j := range jobs {
+			errs = append(errs, j.mr.prefetch(advice, j.first, j.count))
+		}
+		return errors.Join(errs...)
+	}
+	if flags&AdviseFlush != 0 {
+		return run()
+	}
+	d := pd.dev
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	if d.closed {
+		return ErrClosed
+	}
+	d.background.Add(1) // Close waits for it
+	d.stats.asyncPrefetches.Add(1)
+	go func() {
+		defer d.background.Done()
+		if run() != nil {
+			d.stats.prefetchErrors.Add(1)
+		}
+	}()
+	return nil
+}
+
+// Advise is AdviseMR of one range of the MR, synchronous (with AdviseFlush).
+func (mr *MR) Advise(advice Advice, addr, length uint64) error {
+	if advice < AdvisePrefetch || advice > AdvisePrefetchNoFault {
+		return wrap(ErrInvalidArgument, "advice %d", advice)
+	}
+	first, count, err := mr.adviseRange(advice, addr, length)
+	if err != nil {
+		return err
+	}
+	return mr.prefetch(advice, first, count)
+}
+
+// adviseRange checks an advice for [addr, addr+length) of the MR and returns the
+// table pages it covers.
+func (mr *MR) adviseRange(advice Advice, addr, length uint64) (int, int, error) {
+	if !mr.odp {
+		return 0, 0, wrap(ErrNotSupported, "advise on pinned MR %#x", mr.key)
+	}
 	off, ok := mr.offset(addr, length)
 	if !ok || length == 0 {
-		return wrap(ErrInvalidArgument, "[%#x, +%d) outside MR %#x", addr, length, mr.key)
+		return 0, 0, wrap(ErrInvalidArgument, "[%#x, +%d) outside MR %#x", addr, length, mr.key)
 	}
-	write := advice == AdvisePrefetchWrite
-	if write && !mr.access.writable() {
-		return wrap(ErrPermission, "PREFETCH_WRITE on MR %#x without write access", mr.key)
+	if advice == AdvisePrefetchWrite && !mr.access.writable() {
+		return 0, 0, wrap(ErrPermission, "PREFETCH_WRITE on MR %#x without write access", mr.key)
 	}
 	first, count := mr.pageSpan(off, length)
+	return first, count, nil
+}
+
+// prefetch maps table pages [first, first+count) for the advice, counted.
+func (mr *MR) prefetch(advice Advice, first, count int) error {
+	pages, err := mr.mapRange(first, count, advice == AdvisePrefetchWrite, advice == AdvisePrefetchNoFault, false)
+	mr.stats.prefetches.Add(1)
+	mr.stats.pagesPrefetched.Add(uint64(pages))
+	mr.dev.stats.prefetches.Add(1)
+	mr.dev.stats.pagesPrefetched.Add(uint64(pages))
+	return err
+}
+
+// mapRange maps table pages [first, first+count) for the access, taking faults until
+// no entry is missing, and returns the entries it mapped. With presentOnly it makes
+// one pass that maps only pages already present. counted counts the faults as network
+// page faults (prefetch counts its own).
+func (mr *MR) mapRange(first, count int, write, presentOnly, counted bool) (int, error) {
 	pages := 0
 	for round := 0; ; round++ {
 		mr.table.Lock()
 		miss := mr.table.MissingLocked(first, count, write)
 		mr.table.Unlock()
-		if miss < 0 || (advice == AdvisePrefetchNoFault && round > 0) {
-			break
+		if miss < 0 || (presentOnly && round > 0) {
+			return pages, nil
 		}
 		if round == maxFaultRounds {
-			return wrap(ErrBusy, "MR %#x: range kept being invalidated", mr.key)
+			return pages, wrap(ErrBusy, "MR %#x: range kept being invalidated", mr.key)
 		}
-		mapped, err := mr.fault(miss, first+count, write, advice == AdvisePrefetchNoFault)
+		var mapped int
+		var err error
+		if counted {
+			mapped, err = mr.networkFault(miss, first+count, write)
+		} else {
+			mapped, err = mr.fault(miss, first+count, write, presentOnly)
+		}
 		if err != nil {
-			return err
+			return pages, err
 		}
 		pages += mapped
 	}
-	mr.stats.prefetches.Add(1)
-	mr.stats.pagesPrefetched.Add(uint64(pages))
-	mr.dev.stats.prefetches.Add(1)
-	mr.dev.stats.pagesPrefetched.Add(uint64(pages))
-	return nil
 }

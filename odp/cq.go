@@ -91,7 +91,7 @@ type CQ struct {
 
 // CreateCQ creates a completion queue holding up to depth completions.
 func (d *Device) CreateCQ(depth int) (*CQ, error) {
-	if depth < 1 || depth > 1<<22 {
+	if depth < 1 || depth > maxCQE {
 		return nil, wrap(ErrInvalidArgument, "CQ depth %d", depth)
 	}
 	d.mu.Lock()

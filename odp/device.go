@@ -15,6 +15,9 @@
 //
 // A goroutine that holds one of these locks takes only locks further down the list:
 //
+//	QP.sendMu                what a QP puts on the wire: a request built and sent, or
+//	                         a go-back-N retransmission (it builds requests, which
+//	                         take network page faults and the locks below)
 //	Device.regMu             ODP userfaultfd registration changes (registerODP, Dereg)
 //	invalidate.Pager.reclaimMu  one evictor at a time; Discard, Evict, Migrate, Restore
 //	invalidate.Registry.mu   held for reading while notifiers run
@@ -86,6 +89,10 @@ type Config struct {
 	// StorePath puts the backing store in a new file at this path instead of in
 	// memory (a memfd, which is outside the process's RSS).
 	StorePath string
+	// ResponderFaults is what a responder does when a request finds its ODP pages
+	// missing: answer RNR NAK and resolve the fault meanwhile (FaultRNR, mlx5's
+	// behaviour and the default) or resolve it before answering (FaultStall).
+	ResponderFaults FaultPolicy
 	// Audit checks every DMA after the copy: a copy during which a page of an ODP
 	// range was installed anew (a CPU fault found it missing) or whose recorded frame
 	// is no longer the page's frame, with no invalidation observed meanwhile, is a
@@ -109,7 +116,10 @@ type Device struct {
 	store    *invalidate.Store
 	barrier  *pagefault.ZapBarrier
 	regMu    sync.Mutex // serialises ODP userfaultfd registration changes
-	limit    int64      // pinned byte limit, <0 unlimited
+	// background counts asynchronous prefetches in flight; Close waits for them.
+	// Added to under mu, while not closed.
+	background sync.WaitGroup
+	limit      int64 // pinned byte limit, <0 unlimited
 
 	mu      sync.RWMutex // protects everything below; read-locked for key lookups
 	closed  bool
@@ -145,6 +155,9 @@ func Open(cfg Config) (*Device, error) {
 		qps: map[*QP]struct{}{}, limit: cfg.MemlockLimit}
 	if d.limit == 0 {
 		d.limit = memlockLimit()
+	}
+	if cfg.ResponderFaults != FaultRNR && cfg.ResponderFaults != FaultStall {
+		return nil, wrap(ErrInvalidArgument, "ResponderFaults %v", cfg.ResponderFaults)
 	}
 	if cfg.ResidentBudget < 0 {
 		return nil, wrap(ErrInvalidArgument, "ResidentBudget %d", cfg.ResidentBudget)
@@ -293,6 +306,7 @@ func (d *Device) Close() error {
 			errs = append(errs, err)
 		}
 	}
+	d.background.Wait()      // background prefetches end: their MRs are gone
 	syncErr := d.pump.Sync() // holes the application made are recorded before buffers are unmapped
 	d.mu.Lock()
 	bufs := d.buffers

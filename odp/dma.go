@@ -99,20 +99,28 @@ func (mr *MR) beginDMA(off, n uint64, write bool) (mmu.DMA, error) {
 		if !mr.odp {
 			return dma, mr.missErr(first, count) // a pinned table is only cleared by Dereg and munmap
 		}
-		t0 := time.Now()
-		mapped, err := mr.fault(miss, first+count, write, false)
-		if err != nil {
+		if _, err := mr.networkFault(miss, first+count, write); err != nil {
 			return dma, err
 		}
-		ns := uint64(time.Since(t0))
-		mr.stats.faults.Add(1)
-		mr.stats.pagesFaulted.Add(uint64(mapped))
-		mr.stats.faultNanos.Add(ns)
-		mr.dev.stats.faults.Add(1)
-		mr.dev.stats.pagesFaulted.Add(uint64(mapped))
-		mr.dev.stats.faultNanos.Add(ns)
 	}
 	return mmu.DMA{}, wrap(ErrBusy, "MR %#x: range kept being invalidated", mr.key)
+}
+
+// networkFault is a network page fault from page miss to end: fault, counted.
+func (mr *MR) networkFault(miss, end int, write bool) (int, error) {
+	t0 := time.Now()
+	mapped, err := mr.fault(miss, end, write, false)
+	if err != nil {
+		return 0, err
+	}
+	ns := uint64(time.Since(t0))
+	mr.stats.faults.Add(1)
+	mr.stats.pagesFaulted.Add(uint64(mapped))
+	mr.stats.faultNanos.Add(ns)
+	mr.dev.stats.faults.Add(1)
+	mr.dev.stats.pagesFaulted.Add(uint64(mapped))
+	mr.dev.stats.faultNanos.Add(ns)
+	return mapped, nil
 }
 
 // endDMA ends a DMA, leaves the gate and reports whether an invalidation completed

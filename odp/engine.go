@@ -7,6 +7,13 @@ package odp
 //     requests are queued for the responder;
 //   - respLoop executes the peer's requests in order against this device's MRs,
 //     taking network page faults as needed, and answers with ACK, data or NAK.
+//
+// RC retries as on hardware: a responder whose request finds ODP pages missing (or
+// no receive posted) answers RNR NAK, resolves the fault after sending it, and drops
+// the requests behind it until the NAKed PSN comes again; the requester waits the
+// RNR timer and retransmits from that request on, up to RNRRetry times (rnr.go).
+// Config.ResponderFaults = FaultStall resolves first and answers after instead.
+//
 // No goroutine ever copies to or from an MR page whose NIC entry is invalid: DMA runs
 // between mmu.Table BeginDMA and EndDMA, after any fault has been resolved, and inside
 // the device's DMA gate (pagefault.Gate), which orders it against the application's
@@ -185,38 +192,51 @@ func (qp *QP) sendLoop() {
 			return
 		}
 		qp.mu.Lock()
-		p := &pending{wr: wr, psn: qp.nextPSN}
-		qp.nextPSN++
-		qp.pending = append(qp.pending, p)
-		if qp.state == StateError {
-			qp.finishLocked(p, WCWRFlushErr, "")
-			qp.mu.Unlock()
-			continue
+		for (qp.state == StateSQD || qp.state == StateSQE) && !qp.destroyed {
+			qp.cond.Wait() // drained: later requests wait for RTS
 		}
-		conn := qp.conn
 		qp.mu.Unlock()
+		qp.sendMu.Lock()
+		qp.send(wr)
+		qp.sendMu.Unlock()
+	}
+}
 
-		f, status, detail := qp.request(wr, p.psn)
-		qp.mu.Lock()
-		if p.done { // finished meanwhile: the peer is gone
-			qp.mu.Unlock()
-			if f != nil {
-				f.Done()
-			}
-			continue
-		}
-		if status != WCSuccess {
-			qp.finishLocked(p, status, detail)
-			qp.mu.Unlock()
-			continue
-		}
-		p.sent = true
+// send processes one work request: it builds its request and puts it on the wire.
+// Called with QP.sendMu held.
+func (qp *QP) send(wr *SendWR) {
+	qp.mu.Lock()
+	p := &pending{wr: wr, psn: qp.nextPSN}
+	qp.nextPSN++
+	qp.pending = append(qp.pending, p)
+	if qp.state == StateError {
+		qp.finishLocked(p, WCWRFlushErr, "")
 		qp.mu.Unlock()
-		if err := conn.Send(f); err != nil {
-			qp.mu.Lock()
-			qp.finishLocked(p, WCRetryExcErr, "peer unreachable: "+err.Error())
-			qp.mu.Unlock()
+		return
+	}
+	conn := qp.conn
+	qp.mu.Unlock()
+
+	f, status, detail := qp.request(wr, p.psn)
+	qp.mu.Lock()
+	if p.done { // finished meanwhile: the peer is gone
+		qp.mu.Unlock()
+		if f != nil {
+			f.Done()
 		}
+		return
+	}
+	if status != WCSuccess {
+		qp.finishLocked(p, status, detail)
+		qp.mu.Unlock()
+		return
+	}
+	p.sent = true
+	qp.mu.Unlock()
+	if err := conn.Send(f); err != nil {
+		qp.mu.Lock()
+		qp.finishLocked(p, WCRetryExcErr, "peer unreachable: "+err.Error())
+		qp.mu.Unlock()
 	}
 }
 
@@ -284,7 +304,9 @@ func (qp *QP) recvLoop() {
 			}
 			continue
 		}
-		qp.response(f)
+		if !qp.response(f) {
+			return
+		}
 	}
 }
 
@@ -301,8 +323,10 @@ func (qp *QP) peerGone(err error) {
 	qp.toErrorLocked()
 }
 
-// response completes the oldest sent request with the peer's answer.
-func (qp *QP) response(f *transport.Frame) {
+// response completes the oldest sent request with the peer's answer, or, for an RNR
+// NAK, retransmits it after the RNR timer. It returns false if the QP was destroyed
+// while it waited.
+func (qp *QP) response(f *transport.Frame) bool {
 	defer f.Done()
 	qp.mu.Lock()
 	var p *pending
@@ -318,10 +342,13 @@ func (qp *QP) response(f *transport.Frame) {
 		}
 		qp.toErrorLocked()
 		qp.mu.Unlock()
-		return
+		return true
 	}
 	inError := qp.state == StateError
 	qp.mu.Unlock()
+	if f.Op == transport.OpNak && f.Syndrome == transport.SynRNR && !inError {
+		return qp.rnrRetry(p, f.Timer)
+	}
 
 	status, detail := WCSuccess, ""
 	switch {
@@ -349,6 +376,7 @@ func (qp *QP) response(f *transport.Frame) {
 	qp.mu.Lock()
 	qp.finishLocked(p, status, detail)
 	qp.mu.Unlock()
+	return true
 }
 
 func nakStatus(s transport.Syndrome) WCStatus {
@@ -374,18 +402,49 @@ func (qp *QP) respLoop() {
 		if !ok {
 			return
 		}
-		resp := qp.execute(f)
+		if !qp.inSequence(f) {
+			f.Done() // dropped after an RNR NAK: the requester sends it again
+			continue
+		}
+		resp, resolve := qp.execute(f)
 		f.Done()
 		if resp == nil {
 			return // destroyed while waiting for a receive
 		}
-		if resp.Op == transport.OpNak && resp.Syndrome != transport.SynNoResponse {
+		if resp.Op == transport.OpNak && resp.Syndrome != transport.SynNoResponse && resp.Syndrome != transport.SynRNR {
 			qp.toError() // RC responder errors of class B and C end the connection
 		}
 		if err := conn.Send(resp); err != nil {
 			return
 		}
+		if resolve != nil {
+			// The page fault behind an RNR NAK, while the requester waits. If it
+			// fails (the MR was deregistered, its memory unmapped), the request runs
+			// without RNR when it comes again, and its DMA reports the error.
+			if err := resolve(); err != nil {
+				qp.mu.Lock()
+				qp.rnrFailed, qp.rnrFailedPSN = true, resp.PSN
+				qp.mu.Unlock()
+			}
+		}
 	}
+}
+
+// inSequence reports whether the responder executes f: after an RNR NAK it drops
+// every request until the NAKed one comes again. Executed requests advance the
+// expected PSN.
+func (qp *QP) inSequence(f *transport.Frame) bool {
+	qp.mu.Lock()
+	defer qp.mu.Unlock()
+	if qp.rnrWait && f.PSN != qp.respPSN {
+		return false
+	}
+	if qp.rnrFailed && f.PSN != qp.rnrFailedPSN {
+		qp.rnrFailed = false
+	}
+	qp.rnrWait = false
+	qp.respPSN = f.PSN + 1
+	return true
 }
 
 // nak answers f with a NAK; reason says why, for the requester's completion detail.
@@ -413,74 +472,122 @@ func (qp *QP) remoteMR(f *transport.Frame, need Access) (*MR, uint64, string) {
 }
 
 // execute runs one request as the responder and returns the response, or nil if the
-// QP was destroyed while the request waited.
-func (qp *QP) execute(f *transport.Frame) *transport.Frame {
+// QP was destroyed while the request waited. With an RNR NAK it may return the page
+// fault to resolve once the NAK is sent (FaultRNR).
+func (qp *QP) execute(f *transport.Frame) (*transport.Frame, func() error) {
 	if qp.inError() {
-		return nak(f, transport.SynNoResponse, "responder QP in error")
+		return nak(f, transport.SynNoResponse, "responder QP in error"), nil
 	}
 	switch f.Op {
 	case transport.OpWrite, transport.OpWriteImm:
 		mr, off, why := qp.remoteMR(f, AccessRemoteWrite)
 		if mr == nil {
-			return nak(f, transport.SynRemoteAccess, why)
+			return nak(f, transport.SynRemoteAccess, why), nil
+		}
+		if resolve := qp.rnrFault(mr, off, uint64(len(f.Payload)), true); resolve != nil {
+			return qp.rnrNak(f, "page fault"), resolve
 		}
 		if err := mr.dma(off, f.Payload, true); err != nil {
-			return nak(f, transport.SynRemoteAccess, err.Error())
+			return nak(f, transport.SynRemoteAccess, err.Error()), nil
 		}
 		if f.Op == transport.OpWriteImm {
 			return qp.receive(f)
 		}
-		return &transport.Frame{Op: transport.OpAck, PSN: f.PSN}
+		return &transport.Frame{Op: transport.OpAck, PSN: f.PSN}, nil
 	case transport.OpCmpSwap, transport.OpFetchAdd:
 		if f.RAddr%8 != 0 {
-			return nak(f, transport.SynInvalidReq, fmt.Sprintf("atomic at %#x is not 8-byte aligned", f.RAddr))
+			return nak(f, transport.SynInvalidReq, fmt.Sprintf("atomic at %#x is not 8-byte aligned", f.RAddr)), nil
 		}
 		mr, off, why := qp.remoteMR(f, AccessRemoteAtomic)
 		if mr == nil {
-			return nak(f, transport.SynRemoteAccess, why)
+			return nak(f, transport.SynRemoteAccess, why), nil
+		}
+		if resolve := qp.rnrFault(mr, off, 8, true); resolve != nil {
+			return qp.rnrNak(f, "page fault"), resolve
 		}
 		orig, err := mr.atomic(off, f.Op == transport.OpCmpSwap, f.Compare, f.Swap)
 		if err != nil {
-			return nak(f, transport.SynRemoteAccess, err.Error())
+			return nak(f, transport.SynRemoteAccess, err.Error()), nil
 		}
-		return &transport.Frame{Op: transport.OpAtomicAck, PSN: f.PSN, Swap: orig}
+		return &transport.Frame{Op: transport.OpAtomicAck, PSN: f.PSN, Swap: orig}, nil
 	case transport.OpRead:
 		mr, off, why := qp.remoteMR(f, AccessRemoteRead)
 		if mr == nil {
-			return nak(f, transport.SynRemoteAccess, why)
+			return nak(f, transport.SynRemoteAccess, why), nil
+		}
+		if resolve := qp.rnrFault(mr, off, uint64(f.Len), false); resolve != nil {
+			return qp.rnrNak(f, "page fault"), resolve
 		}
 		// Copied into the response, so the DMA ends now, not when the requester has
 		// consumed the data.
 		buf := bufpool.Get(int(f.Len))
 		if err := mr.dma(off, buf, false); err != nil {
 			bufpool.Put(buf)
-			return nak(f, transport.SynRemoteAccess, err.Error())
+			return nak(f, transport.SynRemoteAccess, err.Error()), nil
 		}
-		return &transport.Frame{Op: transport.OpReadResp, PSN: f.PSN, Len: f.Len, Payload: buf, Release: func() { bufpool.Put(buf) }}
+		return &transport.Frame{Op: transport.OpReadResp, PSN: f.PSN, Len: f.Len, Payload: buf, Release: func() { bufpool.Put(buf) }}, nil
 	case transport.OpSend, transport.OpSendImm:
 		return qp.receive(f)
 	}
-	return nak(f, transport.SynInvalidReq, fmt.Sprintf("opcode %v", f.Op))
+	return nak(f, transport.SynInvalidReq, fmt.Sprintf("opcode %v", f.Op)), nil
+}
+
+// rnrFault reports, under FaultRNR, whether ODP pages of MR bytes [off, off+n) lack
+// an entry for the access, and then returns the network page fault to resolve after
+// the RNR NAK. It returns nil when the request can run now, or when resolving its
+// fault failed last time (then its DMA faults and reports why).
+func (qp *QP) rnrFault(mr *MR, off, n uint64, write bool) func() error {
+	if qp.dev.cfg.ResponderFaults != FaultRNR || !mr.odp || n == 0 || qp.rnrFailed {
+		return nil
+	}
+	first, count := mr.pageSpan(off, n)
+	mr.table.Lock()
+	miss := mr.table.MissingLocked(first, count, write)
+	mr.table.Unlock()
+	if miss < 0 {
+		return nil
+	}
+	return func() error {
+		_, err := mr.mapRange(first, count, write, false, true)
+		return err
+	}
 }
 
 // receive consumes the oldest posted receive for a SEND, whose payload it places
-// there, or for an RDMA WRITE with immediate, whose data is already written. It waits
-// for a receive to be posted (an RNR NAK retried forever, as with rnr_retry=7).
-func (qp *QP) receive(f *transport.Frame) *transport.Frame {
+// there, or for an RDMA WRITE with immediate, whose data is already written. With no
+// receive posted, or with ODP pages of the receive's buffers missing, it answers RNR
+// NAK under FaultRNR; under FaultStall it waits for a receive and faults the pages.
+func (qp *QP) receive(f *transport.Frame) (*transport.Frame, func() error) {
+	rnr := qp.dev.cfg.ResponderFaults == FaultRNR
 	qp.mu.Lock()
-	for len(qp.rq) == 0 && qp.state != StateError && !qp.destroyed {
+	for len(qp.rq) == 0 && qp.state != StateError && !qp.destroyed && !rnr {
 		qp.cond.Wait()
 	}
 	if qp.destroyed {
 		qp.mu.Unlock()
-		return nil
+		return nil, nil
 	}
 	if qp.state == StateError {
 		qp.mu.Unlock()
-		return nak(f, transport.SynNoResponse, "responder QP in error")
+		return nak(f, transport.SynNoResponse, "responder QP in error"), nil
+	}
+	if len(qp.rq) == 0 {
+		qp.mu.Unlock()
+		return qp.rnrNak(f, "no receive posted"), nil
 	}
 	wr := qp.rq[0]
-	qp.rq = qp.rq[1:]
+	qp.mu.Unlock()
+	if f.Op != transport.OpWriteImm {
+		if resolve := qp.recvFault(wr.SGL, uint64(len(f.Payload))); resolve != nil {
+			return qp.rnrNak(f, "page fault"), resolve
+		}
+	}
+	qp.mu.Lock()
+	if len(qp.rq) == 0 { // flushed meanwhile: the QP went to ERR
+		qp.mu.Unlock()
+		return nak(f, transport.SynNoResponse, "responder QP in error"), nil
+	}
+	qp.rq = qp.rq[1:] // the head is wr: only this loop takes receives
 	qp.mu.Unlock()
 
 	wc := WC{WRID: wr.WRID, Opcode: WCRecv, QPNum: qp.qpn, ByteLen: uint32(len(f.Payload))}
@@ -506,7 +613,35 @@ func (qp *QP) receive(f *transport.Frame) *transport.Frame {
 	}
 	qp.cfg.RecvCQ.push(wc)
 	qp.mu.Unlock()
-	return resp
+	return resp, nil
+}
+
+// recvFault is rnrFault for the first n bytes of a receive's buffers. Bad keys are
+// left for scatter to report.
+func (qp *QP) recvFault(sgl []SGE, n uint64) func() error {
+	var faults []func() error
+	for _, s := range sgl {
+		if n == 0 {
+			break
+		}
+		k := min(uint64(s.Length), n)
+		n -= k
+		if mr, off, _ := qp.localSGE(s, true); mr != nil {
+			if resolve := qp.rnrFault(mr, off, k, true); resolve != nil {
+				faults = append(faults, resolve)
+			}
+		}
+	}
+	if len(faults) == 0 {
+		return nil
+	}
+	return func() error {
+		var errs []error
+		for _, f := range faults {
+			errs = append(errs, f())
+		}
+		return errors.Join(errs...)
+	}
 }
 
 // errDMAFault: a copy touched memory that is not mapped any more.

@@ -164,11 +164,13 @@ func TestDMACopyFaultIsAnError(t *testing.T) {
 }
 
 // ibv_dereg_mr does not wait for the peer: a SEND whose receiver has no receive
-// posted (an RNR wait) holds no DMA on its source MR, so Dereg returns; the SEND
-// still delivers its data once the peer posts a receive. Work requests that reach
-// the NIC after the Dereg fail with a protection error.
+// posted holds no DMA on its source MR, so Dereg returns. With a responder that
+// stalls until a receive is posted, the SEND still delivers its data once the peer
+// posts one; work requests that reach the NIC after the Dereg fail with a
+// protection error. With RNR NAKs (below), the retransmission reads the source again
+// and fails.
 func TestDeregDoesNotWaitForThePeer(t *testing.T) {
-	a, b := pair(t, Config{})
+	a, b := pair(t, Config{ResponderFaults: FaultStall})
 	src, smr := a.region(t, 4*ps, AccessLocalWrite|AccessOnDemand)
 	dst, dmr := b.region(t, 4*ps, rw)
 	for i := range src {
@@ -201,4 +203,27 @@ func TestDeregDoesNotWaitForThePeer(t *testing.T) {
 	wc = wait(t, a.scq)
 	assert.EqualValues(t, 2, wc.WRID)
 	assert.Equal(t, WCLocProtErr, wc.Status, "a WR on the deregistered MR")
+}
+
+// The same with RNR NAKs: the SEND is retransmitted after each RNR timer, and the
+// retransmission after the Dereg finds the source key gone.
+func TestDeregBeforeRNRRetransmission(t *testing.T) {
+	a, b := pair(t, Config{})
+	_, smr := a.region(t, 4*ps, AccessLocalWrite|AccessOnDemand)
+	_, dmr := b.region(t, 4*ps, rw)
+	require.NoError(t, a.qp.PostSend(SendWR{WRID: 1, Opcode: OpSend, SGL: sge(smr, 0, 2*ps), Flags: SendSignaled}))
+	for a.qp.Stats().RNRNaksReceived == 0 {
+		runtime.Gosched()
+	}
+	require.NoError(t, smr.Dereg())
+	require.NoError(t, a.qp.PostSend(SendWR{WRID: 2, Opcode: OpSend, SGL: sge(smr, 0, 8), Flags: SendSignaled}))
+	wc := wait(t, a.scq)
+	assert.EqualValues(t, 1, wc.WRID)
+	assert.Equal(t, WCLocProtErr, wc.Status, wc.Detail)
+	wc = wait(t, a.scq)
+	assert.EqualValues(t, 2, wc.WRID)
+	// Its own key check or the QP's error, whichever comes first.
+	assert.Contains(t, []WCStatus{WCLocProtErr, WCWRFlushErr}, wc.Status)
+	require.NoError(t, b.qp.PostRecv(RecvWR{WRID: 9, SGL: sge(dmr, 0, 4*ps)}))
+	assert.Positive(t, b.qp.Stats().RNRNaksSent)
 }

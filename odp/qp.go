@@ -116,17 +116,34 @@ type QP struct {
 	sq    *fifo.Queue[*SendWR]          // posted, not yet processed
 	respQ *fifo.Queue[*transport.Frame] // requests from the peer, in order
 	wg    sync.WaitGroup                // the three engine goroutines
+	done  chan struct{}                 // closed by Destroy: ends RNR waits
+	stats qpCounters
 
-	mu        sync.Mutex // protects everything below
-	cond      sync.Cond  // on mu: signalled when a receive is posted or the state changes
-	state     QPState
-	conn      transport.Conn
-	started   bool
-	destroyed bool
-	sqCount   int        // send WRs posted and not yet retired
-	pending   []*pending // send WRs processed, in order, awaiting retirement
-	rq        []RecvWR   // posted receives
-	nextPSN   uint32
+	// sendMu orders what goes on the wire: held while a request is built and sent,
+	// and while requests are retransmitted, so that nothing new overtakes them.
+	// Taken before QP.mu.
+	sendMu sync.Mutex
+
+	mu    sync.Mutex // protects everything below
+	cond  sync.Cond  // on mu: signalled when a receive is posted or the state changes
+	state QPState
+	attr  QPAttr
+	conn  transport.Conn
+	// The responder's side: the PSN it executes next, and whether it answered an
+	// RNR NAK and drops requests until that PSN comes again.
+	respPSN uint32
+	rnrWait bool
+	// rnrFailed: resolving the fault behind the RNR NAK for rnrFailedPSN failed;
+	// that request runs without RNR. Written by the responder's loop; rnrFault reads
+	// it there too.
+	rnrFailed    bool
+	rnrFailedPSN uint32
+	started      bool
+	destroyed    bool
+	sqCount      int        // send WRs posted and not yet retired
+	pending      []*pending // send WRs processed, in order, awaiting retirement
+	rq           []RecvWR   // posted receives
+	nextPSN      uint32
 }
 
 // pending is a processed send WR awaiting its response (or already done).
@@ -137,6 +154,8 @@ type pending struct {
 	done   bool
 	status WCStatus
 	detail string
+	// rnrTries counts the RNR NAKs answered to this request.
+	rnrTries int
 }
 
 // CreateQP creates an RC QP in RESET.
@@ -190,7 +209,8 @@ func (pd *PD) CreateQP(cfg QPConfig) (*QP, error) {
 		}
 	}
 	d.nextQPN++
-	qp := &QP{pd: pd, dev: d, qpn: d.nextQPN, cfg: cfg, sq: fifo.New[*SendWR](), respQ: fifo.New[*transport.Frame]()}
+	qp := &QP{pd: pd, dev: d, qpn: d.nextQPN, cfg: cfg, sq: fifo.New[*SendWR](), respQ: fifo.New[*transport.Frame](),
+		attr: DefaultQPAttr, done: make(chan struct{})}
 	qp.cond.L = &qp.mu
 	d.qps[qp] = struct{}{}
 	return qp, nil
@@ -257,6 +277,7 @@ func (qp *QP) Modify(to QPState) error {
 		return nil
 	}
 	qp.state = to
+	qp.cond.Broadcast() // the send loop waits in SQD and SQE
 	return nil
 }
 
@@ -403,6 +424,7 @@ func (qp *QP) Destroy() error {
 	qp.state = StateError
 	conn := qp.conn
 	qp.cond.Broadcast()
+	close(qp.done)
 	qp.mu.Unlock()
 
 	qp.sq.Close()

@@ -13,6 +13,9 @@ type deviceCounters struct {
 	mrsPinned, mrsODP                              atomic.Uint64
 	audited, stale, dmaFaults, dmaWaits            atomic.Uint64
 	overtaken, tornDMAs                            atomic.Uint64
+	rnrSent, rnrReceived, retransmissions          atomic.Uint64
+	rnrWaitNanos                                   atomic.Uint64
+	asyncPrefetches, prefetchErrors                atomic.Uint64
 }
 
 // Stats are a device's counters, named after mlx5's ODP counters.
@@ -23,8 +26,10 @@ type Stats struct {
 	FaultTime            time.Duration // time spent resolving network page faults
 	Invalidations        uint64
 	PagesInvalidated     uint64
-	Prefetches           uint64
-	PagesPrefetched      uint64
+	Prefetches           uint64 // ranges prefetched (ibv_advise_mr SGEs, Advise calls)
+	PagesPrefetched      uint64 // entries they mapped (page_prefetch)
+	AsyncPrefetches      uint64 // AdviseMR calls without AdviseFlush
+	PrefetchErrors       uint64 // of which failed in the background
 	PinnedBytes          int64
 	CPUFaults            uint64 // faults taken by application threads, served in C
 	CPUFaultPages        uint64
@@ -55,6 +60,12 @@ type Stats struct {
 	GateFaultReads uint64
 	GateUndrained  uint64
 
+	// RC retries over all QPs (QP.Stats has them per QP).
+	RNRNaksSent     uint64
+	RNRNaksReceived uint64
+	Retransmissions uint64
+	RNRWait         time.Duration
+
 	Evictions        uint64 // pages written to the backing store and dropped
 	BytesWrittenBack uint64
 	EvictionAborts   uint64 // evictions abandoned because the page was touched meanwhile
@@ -75,8 +86,9 @@ func (d *Device) Stats() Stats {
 		PageFaults: c.faults.Load(), PagesFaulted: c.pagesFaulted.Load(), FaultRetries: c.faultRetries.Load(),
 		FaultTime: time.Duration(c.faultNanos.Load()), Invalidations: c.invalidations.Load(),
 		PagesInvalidated: c.pagesInvalidated.Load(), Prefetches: c.prefetches.Load(),
-		PagesPrefetched: c.pagesPrefetched.Load(), PinnedBytes: pinned,
-		CPUFaults: s.Faults, CPUFaultPages: s.Pages, CPUFaultTime: s.ServiceTime, CPUFaultMax: s.MaxServiceTime,
+		PagesPrefetched: c.pagesPrefetched.Load(), PinnedBytes: pinned, AsyncPrefetches: c.asyncPrefetches.Load(),
+		PrefetchErrors: c.prefetchErrors.Load(),
+		CPUFaults:      s.Faults, CPUFaultPages: s.Pages, CPUFaultTime: s.ServiceTime, CPUFaultMax: s.MaxServiceTime,
 		CPUFaultsFoundMapped: s.Exist,
 		Events:               ps.Events, EventsIgnored: ps.Ignored, InvalidationLatency: ps.Latency, InvalidationMax: ps.MaxLat,
 		Forks: ps.Forks, DMAWaits: c.dmaWaits.Load(),
@@ -84,6 +96,8 @@ func (d *Device) Stats() Stats {
 		TornDMAs:   c.tornDMAs.Load(),
 		GateDrains: s.Drains, GateDrainTime: s.DrainTime, GateDrainMax: s.MaxDrainTime, GateFaultReads: s.FaultReads,
 		GateUndrained: s.Undrained,
+		RNRNaksSent:   c.rnrSent.Load(), RNRNaksReceived: c.rnrReceived.Load(), Retransmissions: c.retransmissions.Load(),
+		RNRWait: time.Duration(c.rnrWaitNanos.Load()),
 	}
 	if d.pager != nil {
 		pg := d.pager.Stats()

@@ -32,6 +32,8 @@ type stressResult struct {
 	events                uint64
 	evictions, migrations uint64
 	dmaWaits              uint64
+	rnrNaks               uint64
+	retransmissions       uint64
 }
 
 // runStress drives NIC traffic (WRITE, READ, SEND) on the even pages of an ODP region
@@ -49,6 +51,9 @@ func runStress(t *testing.T, seed uint64, steps int, cfg Config) stressResult {
 	cfg.ResidentBudget = int64((pages + tailPages) * ps / 4) // a quarter of what is registered
 	a, b := newNode(t, Config{}), newNode(t, cfg)            // the budget is the responder's
 	require.NoError(t, ConnectLoopback(a.qp, b.qp))
+	// The responder's ODP faults are answered with RNR NAKs; the smallest timer keeps
+	// the requester's waits short under the budget's constant eviction.
+	require.NoError(t, b.qp.ModifyAttr(QPAttr{MinRNRTimer: 1}, AttrMinRNRTimer))
 	src, smr := a.region(t, pages*ps, AccessLocalWrite)
 	back, bmr := a.region(t, pages*ps, AccessLocalWrite)
 	dst, dmr := b.region(t, pages*ps, rw|AccessOnDemand)
@@ -234,6 +239,7 @@ func runStress(t *testing.T, seed uint64, steps int, cfg Config) stressResult {
 	st := b.dev.Stats()
 	res.stale, res.audited, res.events = st.StaleDMAs, st.AuditedDMAs, st.Events
 	res.evictions, res.migrations, res.dmaWaits = st.Evictions, st.Migrations, st.DMAWaits
+	res.rnrNaks, res.retransmissions = a.qp.Stats().RNRNaksReceived, a.qp.Stats().Retransmissions
 	return res
 }
 
@@ -252,13 +258,24 @@ func firstDiff(a, b []byte) int {
 
 func TestStressInvalidation(t *testing.T) {
 	seed := stressSeed(t)
-	for _, procs := range []int{1, 2} {
+	// Responder faults are answered with RNR NAKs and retransmitted, but for the long
+	// runs at GOMAXPROCS=1: there every RNR timer waits for the scheduler to preempt
+	// the application's goroutine (about 10 ms), which makes 1500 steps take minutes.
+	// A shorter run keeps RNR there too.
+	for _, v := range []struct {
+		procs  int
+		policy FaultPolicy
+		steps  int
+	}{{1, FaultStall, 1500}, {1, FaultRNR, 300}, {2, FaultRNR, 1500}} {
 		for _, ablate := range []bool{false, true} {
-			t.Run(fmt.Sprintf("GOMAXPROCS=%d/ablation=%v", procs, ablate), func(t *testing.T) {
-				defer runtime.GOMAXPROCS(runtime.GOMAXPROCS(procs))
-				r := runStress(t, seed, 1500, Config{FaultAround: 4, NoInvalidate: ablate})
-				t.Logf("seed %d: audited %d DMAs, stale %d, events %d, evictions %d, migrations %d, invalidations that waited for DMA %d, mismatches %d",
-					seed, r.audited, r.stale, r.events, r.evictions, r.migrations, r.dmaWaits, r.mismatches)
+			t.Run(fmt.Sprintf("GOMAXPROCS=%d/%v/ablation=%v", v.procs, v.policy, ablate), func(t *testing.T) {
+				defer runtime.GOMAXPROCS(runtime.GOMAXPROCS(v.procs))
+				r := runStress(t, seed, v.steps, Config{FaultAround: 4, NoInvalidate: ablate, ResponderFaults: v.policy})
+				t.Logf("seed %d: audited %d DMAs, stale %d, events %d, evictions %d, migrations %d, invalidations that waited for DMA %d, RNR NAKs %d, retransmissions %d, mismatches %d",
+					seed, r.audited, r.stale, r.events, r.evictions, r.migrations, r.dmaWaits, r.rnrNaks, r.retransmissions, r.mismatches)
+				if v.policy == FaultRNR {
+					assert.NotZero(t, r.rnrNaks, "responder faults were answered with RNR NAKs")
+				}
 				assert.NotZero(t, r.audited)
 				assert.NotZero(t, r.evictions, "the budget forced evictions")
 				assert.NotZero(t, r.migrations)

@@ -1,0 +1,79 @@
+package odp
+
+// ODPGeneralCaps are ibv_odp_general_caps' bits.
+type ODPGeneralCaps uint64
+
+const (
+	// ODPSupport: AccessOnDemand registrations work.
+	ODPSupport ODPGeneralCaps = 1 << 0
+	// ODPSupportImplicit: an MR can cover the whole address space (RegImplicitMR).
+	ODPSupportImplicit ODPGeneralCaps = 1 << 1
+)
+
+// ODPTransportCaps are ibv_odp_transport_cap_bits: which operations of a transport
+// may use ODP memory.
+type ODPTransportCaps uint32
+
+const (
+	ODPSend    ODPTransportCaps = 1 << 0
+	ODPRecv    ODPTransportCaps = 1 << 1
+	ODPWrite   ODPTransportCaps = 1 << 2
+	ODPRead    ODPTransportCaps = 1 << 3
+	ODPAtomic  ODPTransportCaps = 1 << 4
+	ODPSRQRecv ODPTransportCaps = 1 << 5
+)
+
+// ODPCaps is ibv_odp_caps: what the device's ODP supports. Only RC exists here.
+type ODPCaps struct {
+	General ODPGeneralCaps
+	RC      ODPTransportCaps
+	UC, UD  ODPTransportCaps
+}
+
+// AtomicCap is ibv_atomic_cap.
+type AtomicCap int
+
+const (
+	AtomicNone AtomicCap = 0
+	AtomicHCA  AtomicCap = 1 // atomic among the device's own atomics
+	AtomicGlob AtomicCap = 2 // atomic with the CPU's atomics too
+)
+
+// DeviceAttr is what QueryDevice reports, after ibv_query_device_ex.
+type DeviceAttr struct {
+	Name          string
+	PageSize      int    // the size of the pages the NIC's tables map
+	MaxMRSize     uint64 // the largest MR
+	MaxMsgSize    uint64 // the largest RC message
+	MaxQPWR       int    // work requests per queue
+	MaxSGE        int    // SGEs per work request
+	MaxInlineData int    // inline bytes per work request
+	MaxCQE        int    // completions per CQ
+	AtomicCap     AtomicCap
+	ODP           ODPCaps
+	// ResponderFaults is how a responder answers a request whose ODP pages are
+	// missing (the device's Config).
+	ResponderFaults FaultPolicy
+}
+
+// maxCQE bounds a CQ's depth.
+const maxCQE = 1 << 22
+
+// maxMRSize is the largest MR: the user half of x86-64's 47-bit address space.
+const maxMRSize = 1 << 47
+
+// QueryDevice reports the device's limits and capabilities. The NIC's atomics are
+// the CPU's atomic instructions on the registered memory, so they are atomic with
+// the application's atomics too (AtomicGlob). Every RC operation works on ODP memory;
+// there is no SRQ.
+func (d *Device) QueryDevice() DeviceAttr {
+	return DeviceAttr{
+		Name: d.cfg.Name, PageSize: PageSize, MaxMRSize: maxMRSize, MaxMsgSize: maxMsg, MaxQPWR: maxQPWR,
+		MaxSGE: maxSGE, MaxInlineData: maxInline, MaxCQE: maxCQE, AtomicCap: AtomicGlob,
+		ODP: ODPCaps{
+			General: ODPSupport,
+			RC:      ODPSend | ODPRecv | ODPWrite | ODPRead | ODPAtomic,
+		},
+		ResponderFaults: d.cfg.ResponderFaults,
+	}
+}
