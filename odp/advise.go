@@ -104,9 +104,13 @@ func (mr *MR) adviseRange(advice Advice, addr, length uint64) (int, int, error) 
 	return first, count, nil
 }
 
-// prefetch maps table pages [first, first+count) for the advice, counted.
+// prefetch maps table pages [first, first+count) for the advice, counted. As in
+// mlx5, PREFETCH maps for reading only, PREFETCH_WRITE for writing, and NO_FAULT
+// snapshots the present pages with the write permission the MR allows (granted to
+// pages mapped exclusively, as at registration).
 func (mr *MR) prefetch(advice Advice, first, count int) error {
-	pages, err := mr.mapRange(first, count, advice == AdvisePrefetchWrite, advice == AdvisePrefetchNoFault, false)
+	write := advice == AdvisePrefetchWrite || (advice == AdvisePrefetchNoFault && mr.access.writable())
+	pages, err := mr.mapRange(first, count, write, advice == AdvisePrefetchNoFault, false)
 	mr.stats.prefetches.Add(1)
 	mr.stats.pagesPrefetched.Add(uint64(pages))
 	mr.dev.stats.prefetches.Add(1)

@@ -302,7 +302,7 @@ func TestAdvise(t *testing.T) {
 	buf[15*ps] = 3 // present before any prefetch (after the snapshot)
 	require.NoError(t, mr.Advise(AdvisePrefetchNoFault, mr.Addr(), 64<<10))
 	assert.Equal(t, 1, mr.Stats().ValidPages, "only the present page")
-	assert.False(t, mr.Entry(15).Writable)
+	assert.True(t, mr.Entry(15).Writable, "NO_FAULT maps a present, exclusive page with the write permission the MR allows")
 
 	require.NoError(t, mr.Advise(AdvisePrefetch, mr.Addr()+up, 3*up))
 	assert.Equal(t, 4, mr.Stats().ValidPages)
