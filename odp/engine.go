@@ -95,6 +95,7 @@ func (qp *QP) finishLocked(p *pending, status WCStatus, detail string) {
 	}
 	p.done, p.status, p.detail = true, status, detail
 	qp.retireLocked()
+	qp.cond.Broadcast() // a fenced request may wait for this one
 }
 
 // localSGE checks one SGE against this device's MRs as the NIC does for a local key.
@@ -192,8 +193,8 @@ func (qp *QP) sendLoop() {
 			return
 		}
 		qp.mu.Lock()
-		for (qp.state == StateSQD || qp.state == StateSQE) && !qp.destroyed {
-			qp.cond.Wait() // drained: later requests wait for RTS
+		for qp.mustWaitLocked(wr) {
+			qp.cond.Wait()
 		}
 		qp.mu.Unlock()
 		qp.sendMu.Lock()
@@ -238,6 +239,27 @@ func (qp *QP) send(wr *SendWR) {
 		qp.finishLocked(p, WCRetryExcErr, "peer unreachable: "+err.Error())
 		qp.mu.Unlock()
 	}
+}
+
+// mustWaitLocked reports whether the send loop holds wr back: the QP is draining
+// (SQD, SQE), or wr is fenced and a READ or atomic before it still waits for its
+// response. It waits without the send lock, which an RNR retransmission of that READ
+// needs. Called with QP.mu held.
+func (qp *QP) mustWaitLocked(wr *SendWR) bool {
+	if qp.destroyed || qp.state == StateError {
+		return false
+	}
+	if qp.state == StateSQD || qp.state == StateSQE {
+		return true
+	}
+	if wr.Flags&SendFence != 0 {
+		for _, c := range qp.pending {
+			if !c.done && (c.wr.Opcode == OpRDMARead || c.wr.Opcode.atomic()) {
+				return true
+			}
+		}
+	}
+	return false
 }
 
 // request builds the wire request for wr, after the local checks the NIC makes. A

@@ -41,8 +41,11 @@ func (o Opcode) carriesData() bool {
 type SendFlags uint32
 
 const (
-	// SendFence waits for earlier READ and atomic requests to complete. The emulated
-	// NIC executes a QP's requests in order, so every request is fenced already.
+	// SendFence holds the request until every earlier READ and atomic of the QP has
+	// completed, so that it reads local memory their responses wrote. (The peer
+	// executes a QP's requests in order anyway; what a fence orders is this side's
+	// reading of its memory against responses still on the way. A retransmission
+	// after an RNR NAK reads the memory again, too.)
 	SendFence SendFlags = 1 << 0
 	// SendSignaled asks for a completion on success (errors always complete).
 	SendSignaled SendFlags = 1 << 1
