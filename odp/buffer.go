@@ -16,6 +16,7 @@ type buffer struct {
 	mem        []byte
 	paged      *invalidate.Region // nil unless paging
 	holes      []interval.Range   // parts the application unmapped itself
+	owner      *Device            // whose Close unmaps it (nil: the space's last device)
 }
 
 // unmap unmaps the parts of b the device still owns: an address the application
@@ -34,14 +35,14 @@ func (b *buffer) unmap(u *pagefault.FD) {
 }
 
 // noteEvent is the pump hook: it records UNMAP events in the buffers they hit.
-func (d *Device) noteEvent(m pagefault.Msg) {
+func (s *space) noteEvent(m pagefault.Msg) {
 	if m.Event != pagefault.EventUnmap {
 		return
 	}
-	d.mu.Lock()
-	defer d.mu.Unlock()
-	for i := range d.buffers {
-		b := &d.buffers[i]
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	for i := range s.buffers {
+		b := &s.buffers[i]
 		if lo, hi := max(b.start, uintptr(m.Start)), min(b.end, uintptr(m.End)); lo < hi {
 			b.holes = append(b.holes, interval.Range{Start: lo, End: hi})
 		}
@@ -51,8 +52,9 @@ func (d *Device) noteEvent(m pagefault.Msg) {
 // PageSize is the size of the pages that the NIC's translation tables map.
 var PageSize = int(pagefault.PageSize)
 
-// Alloc maps n bytes (rounded up to pages) of anonymous memory, the only memory ODP
-// regions accept. Pages are not touched: their first use faults.
+// Alloc maps n bytes (rounded up to pages) of anonymous memory in the device's address
+// space, the only memory ODP regions accept; every device sharing the space can
+// register it. Pages are not touched: their first use faults.
 func (d *Device) Alloc(n int) ([]byte, error) {
 	if n <= 0 {
 		return nil, wrap(ErrInvalidArgument, "alloc %d bytes", n)
@@ -66,37 +68,40 @@ func (d *Device) Alloc(n int) ([]byte, error) {
 	// userfaultfd installs 4 KiB pages; opting out of THP keeps pinned and ODP
 	// buffers alike whatever the system's THP mode (EINVAL: a kernel without THP).
 	_ = unix.Madvise(mem, unix.MADV_NOHUGEPAGE)
-	d.mu.Lock()
-	defer d.mu.Unlock()
+	d.mu.RLock() // Close sweeps the device's buffers after it set closed
+	defer d.mu.RUnlock()
 	if d.closed {
 		_ = unix.MunmapPtr(p, size) // our own fresh mapping
 		return nil, ErrClosed
 	}
-	b := buffer{start: addrOf(mem), end: addrOf(mem) + size, mem: mem}
+	s := d.as
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	b := buffer{start: addrOf(mem), end: addrOf(mem) + size, mem: mem, owner: d}
 	// Registered for events from the start (write-protect mode, nothing protected:
 	// faults are the kernel's as usual), so that what the application unmaps or
 	// moves away is known, registered as an MR or not, and Free never unmaps it.
-	if _, err := d.uffd.Register(b.start, size, pagefault.ModeWP); err != nil {
+	if _, err := s.uffd.Register(b.start, size, s.bufferModeLocked()); err != nil {
 		_ = unix.MunmapPtr(p, size) // our own fresh mapping
 		return nil, fmt.Errorf("odp: register buffer for events: %w", err)
 	}
-	if d.pager != nil {
-		r, err := d.pager.AddRegion(mem)
+	if s.pager != nil {
+		r, err := s.pager.AddRegion(mem)
 		if err != nil {
 			_ = unix.MunmapPtr(p, size) // our own fresh mapping
 			return nil, fmt.Errorf("odp: page buffer: %w", err)
 		}
 		b.paged = r
 	}
-	i := sort.Search(len(d.buffers), func(i int) bool { return d.buffers[i].start > b.start })
-	d.buffers = append(d.buffers, buffer{})
-	copy(d.buffers[i+1:], d.buffers[i:])
-	d.buffers[i] = b
+	i := sort.Search(len(s.buffers), func(i int) bool { return s.buffers[i].start > b.start })
+	s.buffers = append(s.buffers, buffer{})
+	copy(s.buffers[i+1:], s.buffers[i:])
+	s.buffers[i] = b
 	return mem[:n:n], nil
 }
 
-// Free unmaps a buffer from Alloc. It fails with ErrBusy while a memory region covers
-// it. Parts the application unmapped or moved away itself are left alone: whatever is
+// Free unmaps a buffer from Alloc (of any device sharing the address space). It fails
+// with ErrBusy while a memory region of any of them covers it. Parts the application unmapped or moved away itself are left alone: whatever is
 // mapped there now is not the buffer's.
 func (d *Device) Free(buf []byte) error {
 	if len(buf) == 0 {
@@ -104,43 +109,52 @@ func (d *Device) Free(buf []byte) error {
 	}
 	// Every UNMAP and REMAP the kernel delivered before this call is recorded in the
 	// buffer's holes before they are consulted.
-	if err := d.pump.Sync(); err != nil {
+	if err := d.as.pump.Sync(); err != nil {
 		return fmt.Errorf("odp: free: %w", err)
 	}
-	d.mu.Lock()
+	s := d.as
+	s.mu.Lock()
 	start := addrOf(buf)
-	i := sort.Search(len(d.buffers), func(i int) bool { return d.buffers[i].start >= start })
-	if i == len(d.buffers) || d.buffers[i].start != start {
-		d.mu.Unlock()
+	i := sort.Search(len(s.buffers), func(i int) bool { return s.buffers[i].start >= start })
+	if i == len(s.buffers) || s.buffers[i].start != start {
+		s.mu.Unlock()
 		return wrap(ErrInvalidArgument, "%#x is not a buffer from Alloc", start)
 	}
-	b := d.buffers[i]
-	for _, mr := range d.mrs {
-		if mr.start < b.end && b.start < mr.start+uintptr(mr.length) {
-			d.mu.Unlock()
-			return wrap(ErrBusy, "buffer %#x is registered as MR %#x", start, mr.key)
-		}
+	b := s.buffers[i]
+	if s.coveredLocked(interval.Range{Start: b.start, End: b.end}) {
+		s.mu.Unlock()
+		return wrap(ErrBusy, "buffer %#x is registered as an MR", start)
 	}
-	d.buffers = append(d.buffers[:i], d.buffers[i+1:]...)
-	d.mu.Unlock()
-	// Retired without d.mu, as Close does: Region.Remove takes the pager's reclaim
-	// lock, and reclaim takes d.mu (evictable) while holding it.
+	s.buffers = append(s.buffers[:i], s.buffers[i+1:]...)
+	s.mu.Unlock()
+	// Retired without space.mu, as Close does: Region.Remove takes the pager's
+	// reclaim lock, and reclaim takes space.mu (evictable) while holding it.
 	var err error
 	if b.paged != nil {
 		err = b.paged.Remove()
 	}
-	b.unmap(d.uffd)
+	b.unmap(d.as.uffd)
 	return err
 }
 
 // bufferLocked returns the Alloc buffer holding [start, start+n), if any. Called with
-// Device.mu held (read or write).
-func (d *Device) bufferLocked(start, n uintptr) (buffer, bool) {
-	i := sort.Search(len(d.buffers), func(i int) bool { return d.buffers[i].start > start }) - 1
-	if i < 0 || start+n > d.buffers[i].end || start+n < start {
+// space.mu held (read or write).
+func (s *space) bufferLocked(start, n uintptr) (buffer, bool) {
+	i := sort.Search(len(s.buffers), func(i int) bool { return s.buffers[i].start > start }) - 1
+	if i < 0 || start+n > s.buffers[i].end || start+n < start {
 		return buffer{}, false
 	}
-	return d.buffers[i], true
+	return s.buffers[i], true
+}
+
+// bufferModeLocked is how a new buffer is registered with the userfaultfd: for events
+// only (write-protect mode, with nothing write-protected), or, while an implicit ODP
+// MR covers every buffer, for faults too. Called with space.mu held.
+func (s *space) bufferModeLocked() pagefault.RegisterMode {
+	if s.implicit > 0 {
+		return pagefault.ModeMissing | pagefault.ModeWP
+	}
+	return pagefault.ModeWP
 }
 
 func addrOf(b []byte) uintptr { return uintptr(unsafe.Pointer(unsafe.SliceData(b))) }
@@ -158,7 +172,7 @@ func (d *Device) ResidentBytes(b []byte) int64 {
 	var resident int64
 	for first := 0; first < n; first += chunk {
 		k := min(chunk, n-first)
-		if d.pagemap.Read(start+uintptr(first)*pagefault.PageSize, entries[:k]) != nil {
+		if d.as.pagemap.Read(start+uintptr(first)*pagefault.PageSize, entries[:k]) != nil {
 			return -1
 		}
 		for _, e := range entries[:k] {

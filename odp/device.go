@@ -18,18 +18,23 @@
 //	QP.sendMu                what a QP puts on the wire: a request built and sent, or
 //	                         a go-back-N retransmission (it builds requests, which
 //	                         take network page faults and the locks below)
-//	Device.regMu             ODP userfaultfd registration changes (registerODP, Dereg)
+//	space.regMu              ODP userfaultfd registration changes (registerODP, Dereg,
+//	                         RegImplicitMR) in the address space
 //	invalidate.Pager.reclaimMu  one evictor at a time; Discard, Evict, Migrate, Restore
 //	invalidate.Registry.mu   held for reading while notifiers run
 //	mmu.Table.mu             an MR's table lock (umem_mutex); notifiers take it
-//	Device.mu                buffers, MRs, keys, PDs, CQs, QPs, pinned accounting
-//	invalidate.Pager.rmu     the pager's region list (Alloc adds a region under Device.mu)
+//	Device.mu                a device's MRs, keys, PDs, CQs, QPs, pinned accounting
+//	space.mu                 the address space's buffers, ODP and locked ranges
+//	invalidate.Pager.rmu     the pager's region list (Alloc adds a region under space.mu)
 //	QP.mu                    a QP's state, queues and pending WRs
 //	CQ.mu                    a CQ's ring (completions are pushed under QP.mu; CreateQP
 //	                         and CQ.Destroy take it under Device.mu)
 //
-// Device.mu and QP.mu are never held together, nor is Device.mu held while a table
-// lock is taken. Leaf locks, under which nothing else is taken: pagefault.CPUServer's,
+// The address space (space) is shared by the devices opened with the same settings;
+// its locks are taken by any of them. spacesMu, the list of address spaces, is taken
+// by Open and Close holding no other lock; a space's release takes space.mu under it.
+// Device.mu and QP.mu are never held together, nor is Device.mu or space.mu held
+// while a table lock is taken. Leaf locks, under which nothing else is taken: pagefault.CPUServer's,
 // invalidate.Pump's, the work queues' (internal/fifo). No lock is held across a DMA
 // copy, and no goroutine holds a lock while it waits for the C fault server except
 // through ioctls that return EAGAIN. Functions named ...Locked say which lock they need.
@@ -49,8 +54,6 @@ import (
 	"fmt"
 	"sync"
 
-	"github.com/odpemu/odpemu/internal/interval"
-	"github.com/odpemu/odpemu/invalidate"
 	"github.com/odpemu/odpemu/pagefault"
 	"golang.org/x/sys/unix"
 )
@@ -101,34 +104,24 @@ type Config struct {
 	Audit bool
 }
 
-// Device is an emulated RDMA NIC. It owns a userfaultfd for its ODP regions, the CPU
-// fault server and the key table. Methods are safe for concurrent use.
+// Device is an emulated RDMA NIC: its keys, protection domains, MRs, CQs, QPs and
+// counters. The address space it works in (the userfaultfd, the CPU fault server, the
+// event pump, the notifier registry, the pager and the buffers from Alloc) is the
+// process's, shared with every device opened with the same address-space settings
+// (see Config). Methods are safe for concurrent use.
 type Device struct {
-	cfg      Config
-	uffd     *pagefault.FD
-	server   *pagefault.CPUServer
-	gate     *pagefault.Gate // the server's DMA gate
-	pagemap  *pagefault.Pagemap
-	resolver *pagefault.Resolver
-	registry *invalidate.Registry
-	pump     *invalidate.Pump
-	pager    *invalidate.Pager // nil unless paging
-	store    *invalidate.Store
-	barrier  *pagefault.ZapBarrier
-	regMu    sync.Mutex // serialises ODP userfaultfd registration changes
+	cfg   Config
+	as    *space
+	limit int64 // pinned byte limit, <0 unlimited
 	// background counts asynchronous prefetches in flight; Close waits for them.
 	// Added to under mu, while not closed.
 	background sync.WaitGroup
-	limit      int64 // pinned byte limit, <0 unlimited
 
 	mu      sync.RWMutex // protects everything below; read-locked for key lookups
 	closed  bool
-	buffers []buffer       // sorted by start
 	mrs     map[uint32]*MR // by key index
 	keys    keyAllocator
-	pinned  int64            // bytes accounted as pinned (pinned_vm)
-	odpRegs []interval.Range // userfaultfd-registered ranges, one per ODP MR
-	locked  []interval.Range // mlocked ranges, one per pinned MR
+	pinned  int64 // bytes accounted as pinned (pinned_vm)
 	pds     map[*PD]struct{}
 	cqs     map[*CQ]struct{}
 	qps     map[*QP]struct{}
@@ -137,7 +130,10 @@ type Device struct {
 	stats deviceCounters
 }
 
-// Open opens an emulated device.
+// Open opens an emulated device. Devices whose address-space settings agree
+// (UserModeOnly, NoInvalidate, Paging, ResidentBudget, StorePath, CPUFaultAround)
+// share the process's address space: memory from one's Alloc can be registered on the
+// others.
 func Open(cfg Config) (*Device, error) {
 	if cfg.Name == "" {
 		cfg.Name = "odpemu0"
@@ -169,47 +165,7 @@ func Open(cfg Config) (*Device, error) {
 		return nil, fmt.Errorf("odp: open %s: %w", cfg.Name, err)
 	}
 	var err error
-	feats := pagefault.FeatureEventRemove | pagefault.FeatureEventUnmap | pagefault.FeatureEventRemap
-	if p := pagefault.ProbeKernel(); p.Err == nil && p.Mode == pagefault.ModeKernel && !cfg.UserModeOnly {
-		feats |= pagefault.FeatureEventFork // needs CAP_SYS_PTRACE
-	}
-	if d.uffd, err = pagefault.Open(pagefault.Options{Features: feats, UserModeOnly: cfg.UserModeOnly}); err != nil && feats&pagefault.FeatureEventFork != 0 {
-		feats &^= pagefault.FeatureEventFork
-		d.uffd, err = pagefault.Open(pagefault.Options{Features: feats, UserModeOnly: cfg.UserModeOnly})
-	}
-	if err != nil {
-		return nil, fmt.Errorf("odp: open %s: %w", cfg.Name, err)
-	}
-	if d.pagemap, err = pagefault.OpenPagemap(); err == nil {
-		if d.server, err = pagefault.StartCPUServer(d.uffd, cfg.CPUFaultAround); err == nil {
-			d.gate = d.server.Gate()
-			d.registry = invalidate.NewRegistry()
-			d.registry.SetDisabled(cfg.NoInvalidate)
-			if d.barrier, err = pagefault.NewZapBarrier(d.uffd); err == nil {
-				d.pump, err = invalidate.StartPump(d.server, d.registry, cfg.NoInvalidate)
-			}
-			if err == nil {
-				d.pump.SetHook(d.noteEvent)
-				d.pump.SetBarrier(d.barrier.Wait)
-				if cfg.Paging || cfg.ResidentBudget > 0 {
-					if cfg.StorePath != "" {
-						d.store, err = invalidate.NewFileStore(cfg.StorePath)
-					} else {
-						d.store, err = invalidate.NewMemStore()
-					}
-					if err == nil {
-						d.pager = invalidate.NewPager(d.uffd, d.server, d.registry, d.pagemap, d.store,
-							invalidate.PagerConfig{Budget: cfg.ResidentBudget, Eligible: d.evictable})
-					}
-				}
-				if err == nil {
-					d.resolver, err = pagefault.NewResolver(d.uffd, d.pagemap, pagefault.ZeroSource{})
-				}
-			}
-		}
-	}
-	if err != nil {
-		_ = d.release() // the error that made Open fail is the one to report
+	if d.as, err = acquireSpace(cfg.space()); err != nil {
 		return nil, fmt.Errorf("odp: open %s: %w", cfg.Name, err)
 	}
 	var seed [4]byte
@@ -269,19 +225,20 @@ func (d *Device) Name() string { return d.cfg.Name }
 // FaultMode reports which userfaultfd mode serves CPU faults: kernel+user, or
 // user-mode-only (then kernel-mode accesses such as read(2) into a missing page of an
 // ODP region fail with EFAULT).
-func (d *Device) FaultMode() pagefault.Mode { return d.uffd.Mode() }
+func (d *Device) FaultMode() pagefault.Mode { return d.as.uffd.Mode() }
 
 // PFNsReadable reports whether translations record real page frame numbers.
-func (d *Device) PFNsReadable() bool { return d.pagemap.PFNsReadable() }
+func (d *Device) PFNsReadable() bool { return d.as.pagemap.PFNsReadable() }
 
-// Close destroys every QP, CQ, MR and PD of the device, stops the fault server and
-// unmaps every buffer from Alloc.
+// Close destroys every QP, CQ, MR and PD of the device and unmaps the buffers it
+// allocated with Alloc, but for those another device's MR still covers (they stay
+// mapped until the last device of the address space closes).
 //
-// Buffers from Alloc are unmapped by Close: a slice of one must not be used after
-// Close returns (a read or write then faults like any access to unmapped memory).
-// Parts of them the application unmapped itself are left alone. Close returns the
-// errors of the teardown; if the events that tell which parts those are cannot be
-// read, it leaves the buffers mapped rather than risk unmapping foreign memory.
+// A slice of an unmapped buffer must not be used after Close returns (a read or write
+// then faults like any access to unmapped memory). Parts the application unmapped
+// itself are left alone. Close returns the errors of the teardown; if the events that
+// tell which parts those are cannot be read, it leaves the buffers mapped rather than
+// risk unmapping foreign memory.
 func (d *Device) Close() error {
 	d.mu.Lock()
 	if d.closed {
@@ -306,11 +263,8 @@ func (d *Device) Close() error {
 			errs = append(errs, err)
 		}
 	}
-	d.background.Wait()      // background prefetches end: their MRs are gone
-	syncErr := d.pump.Sync() // holes the application made are recorded before buffers are unmapped
+	d.background.Wait() // background prefetches end: their MRs are gone
 	d.mu.Lock()
-	bufs := d.buffers
-	d.buffers = nil
 	for cq := range d.cqs {
 		cq.killLocked()
 	}
@@ -320,53 +274,7 @@ func (d *Device) Close() error {
 	clear(d.cqs)
 	clear(d.pds)
 	d.mu.Unlock()
-	if d.pager != nil {
-		d.pager.Close()
-	}
-	for _, b := range bufs {
-		if b.paged != nil {
-			errs = append(errs, b.paged.Remove())
-		}
-	}
-	errs = append(errs, d.release())
-	if syncErr != nil {
-		errs = append(errs, fmt.Errorf("odp: close %s: buffers left mapped, events unknown: %w", d.cfg.Name, syncErr))
-		return errors.Join(errs...)
-	}
-	for i := range bufs {
-		bufs[i].unmap(nil) // the userfaultfd is closed: its registrations went with it
-	}
-	return errors.Join(errs...)
-}
-
-// release stops and closes what Open started, in reverse order, and returns what
-// failed. Parts that were never started are skipped.
-func (d *Device) release() error {
-	var errs []error
-	if d.pager != nil {
-		d.pager.Close()
-	}
-	if d.pump != nil {
-		d.pump.Stop()
-	}
-	if d.server != nil {
-		errs = append(errs, d.server.Stop())
-	}
-	if d.barrier != nil {
-		errs = append(errs, d.barrier.Close())
-	}
-	if d.resolver != nil {
-		errs = append(errs, d.resolver.Close())
-	}
-	if d.pagemap != nil {
-		errs = append(errs, d.pagemap.Close())
-	}
-	if d.uffd != nil {
-		errs = append(errs, d.uffd.Close())
-	}
-	if d.store != nil {
-		errs = append(errs, d.store.Close())
-	}
+	errs = append(errs, d.as.release(d))
 	return errors.Join(errs...)
 }
 

@@ -48,13 +48,13 @@ func (d *Device) enterDMA() error {
 		return nil
 	}
 	for {
-		d.gate.Enter()
-		ev := d.gate.Events()
-		if ev <= d.pump.Applied() {
+		d.as.gate.Enter()
+		ev := d.as.gate.Events()
+		if ev <= d.as.pump.Applied() {
 			return nil
 		}
-		d.gate.Exit()
-		if err := d.pump.WaitApplied(ev); err != nil {
+		d.as.gate.Exit()
+		if err := d.as.pump.WaitApplied(ev); err != nil {
 			return fmt.Errorf("%w: %s: events not applied: %w", ErrClosed, d.cfg.Name, err)
 		}
 	}
@@ -63,7 +63,7 @@ func (d *Device) enterDMA() error {
 // exitDMA ends a DMA that enterDMA admitted.
 func (d *Device) exitDMA() {
 	if !d.cfg.NoInvalidate {
-		d.gate.Exit()
+		d.as.gate.Exit()
 	}
 }
 
@@ -213,11 +213,11 @@ func (mr *MR) acquire(off, n uint64, write bool) (dmaRef, error) {
 		return dmaRef{}, err
 	}
 	r := dmaRef{mr: mr, off: off, n: n, d: d, audit: mr.dev.cfg.Audit}
-	if p := mr.dev.pager; p != nil && mr.odp {
+	if p := mr.dev.as.pager; p != nil && mr.odp {
 		first, count := mr.pageSpan(off, n)
 		p.Touch(mr.base+uintptr(first)*pagefault.PageSize, count) // the NIC's access bits
 	}
-	r.mark = mr.dev.gate.FaultSeq()
+	r.mark = mr.dev.as.gate.FaultSeq()
 	if r.audit {
 		r.stale = r.framesStale()
 	}
@@ -249,10 +249,10 @@ func (r dmaRef) release(copied bool) (torn bool) {
 	mr, d := r.mr, r.mr.dev
 	first, count := mr.pageSpan(r.off, r.n)
 	faulted := false // a page of the range was found missing during the copy
-	if mr.odp && count > 0 && d.gate.FaultSeq() != r.mark && (r.audit || !d.cfg.NoInvalidate) {
+	if mr.odp && count > 0 && d.as.gate.FaultSeq() != r.mark && (r.audit || !d.cfg.NoInvalidate) {
 		lo := mr.base + uintptr(first)*pagefault.PageSize
 		// A stopped server (the device closing) is no evidence of a fault.
-		faulted, _ = d.server.FaultedSince(r.mark, lo, lo+uintptr(count)*pagefault.PageSize)
+		faulted, _ = d.as.server.FaultedSince(r.mark, lo, lo+uintptr(count)*pagefault.PageSize)
 	}
 	torn = faulted && !d.cfg.NoInvalidate // with the ablation nothing is made again
 	if !torn && r.audit && copied {
@@ -286,11 +286,11 @@ func (r dmaRef) release(copied bool) (torn bool) {
 func (r dmaRef) framesStale() bool {
 	mr, d := r.mr, r.mr.dev
 	first, count := mr.pageSpan(r.off, r.n)
-	if count == 0 || !d.pagemap.PFNsReadable() {
+	if count == 0 || !d.as.pagemap.PFNsReadable() {
 		return false
 	}
 	entries := make([]pagefault.PagemapEntry, count)
-	if d.pagemap.Read(mr.base+uintptr(first)*pagefault.PageSize, entries) != nil {
+	if d.as.pagemap.Read(mr.base+uintptr(first)*pagefault.PageSize, entries) != nil {
 		return false // unmapped under us: the copy will fault and report it
 	}
 	mr.table.Lock()

@@ -38,22 +38,22 @@ func (mr *MR) faultWindow(lo, hi int, write, presentOnly bool) (int, error) {
 	entries := make([]pagefault.PagemapEntry, hi-lo)
 	addr := mr.base + uintptr(lo)*pagefault.PageSize
 
-	if d.pager != nil && !presentOnly && d.pager.Over(hi-lo) {
-		d.pager.ReclaimDirect() // direct reclaim, bounded, before the fault takes its sequence
+	if d.as.pager != nil && !presentOnly && d.as.pager.Over(hi-lo) {
+		d.as.pager.ReclaimDirect() // direct reclaim, bounded, before the fault takes its sequence
 	}
 	seq := mr.table.ReadBegin()
 	var err error
 	switch {
 	case presentOnly:
-		err = d.pagemap.Read(addr, entries)
-	case d.pager != nil:
+		err = d.as.pagemap.Read(addr, entries)
+	case d.as.pager != nil:
 		// Paged memory has one installer, the CPU fault server's thread: an
 		// eviction cannot overtake the content it chose. Then only translate.
-		if err = d.server.Install(addr, hi-lo); err == nil {
-			err = d.resolver.Translate(addr, entries, write)
+		if err = d.as.server.Install(addr, hi-lo); err == nil {
+			err = d.as.resolver.Translate(addr, entries, write)
 		}
 	default:
-		_, err = d.resolver.Resolve(addr, entries, write)
+		_, err = d.as.resolver.Resolve(addr, entries, write)
 	}
 	if err != nil {
 		return 0, fmt.Errorf("odp: MR %#x: fault in %#x+%d pages: %w", mr.key, addr, hi-lo, err)

@@ -10,15 +10,16 @@ import (
 )
 
 // evictable reports whether pages [start, end) may be evicted or migrated: inside
-// ODP registrations (so that a later access faults) and in no pinned MR.
-func (d *Device) evictable(start, end uintptr) bool {
-	d.mu.RLock()
-	defer d.mu.RUnlock()
+// ODP registrations (so that a later access faults; with an implicit MR every buffer
+// is) and in no pinned MR.
+func (s *space) evictable(start, end uintptr) bool {
+	s.mu.RLock()
+	defer s.mu.RUnlock()
 	r := interval.Range{Start: start, End: end}
-	if len(interval.Uncovered(r, d.odpRegs)) > 0 {
+	if s.implicit == 0 && len(interval.Uncovered(r, s.odpRegs)) > 0 {
 		return false
 	}
-	for _, l := range d.locked {
+	for _, l := range s.locked {
 		if l.Start < end && start < l.End {
 			return false
 		}
@@ -28,7 +29,7 @@ func (d *Device) evictable(start, end uintptr) bool {
 
 // SyncEvents returns once every userfaultfd event raised before the call (by a
 // madvise, munmap or mremap that has returned) has been applied to the NIC's tables.
-func (d *Device) SyncEvents() error { return d.pump.Sync() }
+func (d *Device) SyncEvents() error { return d.as.pump.Sync() }
 
 // Invalidate invalidates the NIC's translations of [addr, addr+length) in every ODP MR
 // of the device, waiting for DMA in flight on them: the next access faults afresh.
@@ -38,7 +39,7 @@ func (d *Device) Invalidate(addr, length uint64) error {
 	if err != nil {
 		return err
 	}
-	_, err = d.registry.Invalidate(r, invalidate.ReasonExplicit, nil)
+	_, err = d.as.registry.Invalidate(r, invalidate.ReasonExplicit, nil)
 	return err
 }
 
@@ -55,9 +56,9 @@ func (d *Device) Discard(b []byte) error {
 	if err != nil {
 		return err
 	}
-	d.mu.RLock()
-	_, ok := d.bufferLocked(r.Start, r.End-r.Start)
-	d.mu.RUnlock()
+	d.as.mu.RLock()
+	_, ok := d.as.bufferLocked(r.Start, r.End-r.Start)
+	d.as.mu.RUnlock()
 	if !ok {
 		return wrap(ErrNotMmapped, "discard %#x+%d", r.Start, len(b))
 	}
@@ -67,21 +68,21 @@ func (d *Device) Discard(b []byte) error {
 		}
 		return nil
 	}
-	if d.pager != nil {
+	if d.as.pager != nil {
 		inner := zap
 		zap = func() error { // evicted copies are forgotten: a discarded page is zero
-			d.pager.DiscardedLocked(r.Start, r.End)
+			d.as.pager.DiscardedLocked(r.Start, r.End)
 			err := inner() // the CPU fault server forgets them again as it reads the event
-			d.pager.DiscardedLocked(r.Start, r.End)
+			d.as.pager.DiscardedLocked(r.Start, r.End)
 			return err
 		}
 	}
 	run := func() error {
-		_, err := d.registry.Invalidate(r, invalidate.ReasonDiscard, zap)
+		_, err := d.as.registry.Invalidate(r, invalidate.ReasonDiscard, zap)
 		return err
 	}
-	if d.pager != nil {
-		return d.pager.Exclusive(run) // no eviction between forgetting and dropping
+	if d.as.pager != nil {
+		return d.as.pager.Exclusive(run) // no eviction between forgetting and dropping
 	}
 	return run()
 }
@@ -90,28 +91,28 @@ func (d *Device) Discard(b []byte) error {
 // store and drops them, invalidating the NIC's entries first; the next access faults
 // them back with their content. Needs Config.Paging or a ResidentBudget.
 func (d *Device) Evict(addr, length uint64) (int, error) {
-	if d.pager == nil {
+	if d.as.pager == nil {
 		return 0, wrap(ErrNotSupported, "Evict without Config.Paging")
 	}
 	r, err := pageRange(addr, length)
 	if err != nil {
 		return 0, err
 	}
-	return d.pager.Evict(r.Start, r.End)
+	return d.as.pager.Evict(r.Start, r.End)
 }
 
 // Migrate moves the present pages of [addr, addr+length) in ODP memory to new page
 // frames, invalidating the NIC's entries first (compaction, NUMA balancing). Needs
 // Config.Paging or a ResidentBudget.
 func (d *Device) Migrate(addr, length uint64) (int, error) {
-	if d.pager == nil {
+	if d.as.pager == nil {
 		return 0, wrap(ErrNotSupported, "Migrate without Config.Paging")
 	}
 	r, err := pageRange(addr, length)
 	if err != nil {
 		return 0, err
 	}
-	return d.pager.Migrate(r.Start, r.End)
+	return d.as.pager.Migrate(r.Start, r.End)
 }
 
 // pageRange rounds [addr, addr+length) out to pages.

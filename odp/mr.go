@@ -10,7 +10,6 @@ import (
 	"github.com/odpemu/odpemu/invalidate"
 	"github.com/odpemu/odpemu/mmu"
 	"github.com/odpemu/odpemu/pagefault"
-	"golang.org/x/sys/unix"
 )
 
 // MR is a registered memory region. Its translation table is the NIC's view of the
@@ -24,9 +23,11 @@ type MR struct {
 	access Access
 	key    uint32
 	odp    bool
-	base   uintptr    // start rounded down to a page
-	table  *mmu.Table // the NIC's entries for the pages from base (sparse)
-	reg    RegTiming
+	// implicit: the MR covers the whole address space (RegImplicitMR).
+	implicit bool
+	base     uintptr    // start rounded down to a page
+	table    *mmu.Table // the NIC's entries for the pages from base (sparse)
+	reg      RegTiming
 
 	// dead is set under the table lock when deregistration starts; a fault that
 	// finds it set maps nothing.
@@ -162,44 +163,56 @@ func (mr *MR) Dereg() error {
 	mr.invalidate(0, mr.table.Pages()) // waits for DMA in flight
 
 	end := mr.base + uintptr(mr.table.Pages())*pagefault.PageSize
-	if mr.odp {
-		d.regMu.Lock()
-		defer d.regMu.Unlock()
-		d.mu.Lock()
-		d.odpRegs = removeRange(d.odpRegs, mr.span(end)) // not evictable from here on
-		gone := interval.Uncovered(mr.span(end), d.odpRegs)
-		closing := d.closed // Close unmaps the buffers next: their content is dropped
-		d.mu.Unlock()
-		var restoreErr error
-		for _, r := range gone {
-			if d.pager != nil && !closing {
-				// Unregistered, a stored page would read as zero. Restore fails only
-				// for memory that is not paged, which has nothing stored.
-				if err := d.pager.Restore(r.Start, r.End); err != nil && !errors.Is(err, invalidate.ErrNotPaged) {
-					restoreErr = errors.Join(restoreErr, err)
-				}
-			}
-			d.mu.Lock()
-			d.downgradeLocked(r)
-			d.mu.Unlock()
-		}
+	s := d.as
+	defer func() {
 		d.mu.Lock()
 		d.keys.release(mr.key)
 		d.mu.Unlock()
-		if restoreErr != nil {
-			return fmt.Errorf("odp: dereg %#x: restoring evicted pages: %w", mr.key, restoreErr)
-		}
+	}()
+	if !mr.odp {
+		s.mu.Lock()
+		s.locked = removeRange(s.locked, mr.span(end))
+		s.unlockUncoveredLocked(mr.span(end))
+		s.mu.Unlock()
+		d.mu.Lock()
+		d.pinned -= int64(end - mr.base)
+		d.mu.Unlock()
 		return nil
 	}
-	d.mu.Lock()
-	defer d.mu.Unlock()
-	d.locked = removeRange(d.locked, mr.span(end))
-	for _, r := range interval.Uncovered(mr.span(end), d.locked) {
-		// munlock fails only for a range the application unmapped meanwhile.
-		_, _, _ = unix.Syscall(unix.SYS_MUNLOCK, r.Start, r.End-r.Start, 0)
+	s.regMu.Lock()
+	defer s.regMu.Unlock()
+	s.mu.Lock()
+	if mr.implicit {
+		s.implicit--
+	} else {
+		s.odpRegs = removeRange(s.odpRegs, mr.span(end)) // not evictable from here on
 	}
-	d.pinned -= int64(end - mr.base)
-	d.keys.release(mr.key)
+	var gone []interval.Range
+	for _, b := range s.buffers {
+		if lo, hi := max(b.start, mr.base), min(b.end, end); lo < hi {
+			gone = append(gone, s.uncoveredLocked(interval.Range{Start: lo, End: hi})...)
+		}
+	}
+	s.mu.Unlock()
+	d.mu.RLock()
+	closing := d.closed // Close unmaps the device's buffers next: their content is dropped
+	d.mu.RUnlock()
+	var restoreErr error
+	for _, r := range gone {
+		if s.pager != nil && !closing {
+			// Unregistered, a stored page would read as zero. Restore fails only
+			// for memory that is not paged, which has nothing stored.
+			if err := s.pager.Restore(r.Start, r.End); err != nil && !errors.Is(err, invalidate.ErrNotPaged) {
+				restoreErr = errors.Join(restoreErr, err)
+			}
+		}
+		s.mu.Lock()
+		s.downgradeLocked(r)
+		s.mu.Unlock()
+	}
+	if restoreErr != nil {
+		return fmt.Errorf("odp: dereg %#x: restoring evicted pages: %w", mr.key, restoreErr)
+	}
 	return nil
 }
 

@@ -51,7 +51,7 @@ func TestBudgetBoundsResidentODP(t *testing.T) {
 	// resident memory overshoots is a measurement (logged above, and odp-perf
 	// --budget reports it), not a bound this test can hold. What is deterministic: a
 	// reclaim pass brings resident memory, counted by the kernel, within the budget.
-	b.dev.pager.Reclaim()
+	b.dev.as.pager.Reclaim()
 	assert.LessOrEqual(t, residentPages(t, b.dev, dst), budget/ps, "resident after reclaim, by pagemap")
 
 	// Read every written page back through the NIC: evicted ones come from the store.

@@ -15,22 +15,27 @@ func (mr *MR) span(end uintptr) interval.Range { return interval.Range{Start: mr
 func (mr *MR) registerODP(end uintptr, npages int) error {
 	d := mr.dev
 	t0 := time.Now()
-	d.regMu.Lock()
-	defer d.regMu.Unlock()
+	s := d.as
+	s.regMu.Lock()
+	defer s.regMu.Unlock()
 	d.mu.Lock()
 	if d.closed {
 		d.mu.Unlock()
 		return ErrClosed
 	}
-	if _, ok := d.bufferLocked(mr.start, uintptr(mr.length)); !ok {
+	s.mu.Lock()
+	if _, ok := s.bufferLocked(mr.start, uintptr(mr.length)); !ok {
+		s.mu.Unlock()
 		d.mu.Unlock()
 		return wrap(ErrNotMmapped, "%#x+%d", mr.start, mr.length)
 	}
-	if _, err := d.uffd.Register(mr.base, end-mr.base, pagefault.ModeMissing|pagefault.ModeWP); err != nil {
+	if _, err := s.uffd.Register(mr.base, end-mr.base, pagefault.ModeMissing|pagefault.ModeWP); err != nil {
+		s.mu.Unlock()
 		d.mu.Unlock()
 		return fmt.Errorf("odp: register ODP range: %w", err)
 	}
-	d.odpRegs = append(d.odpRegs, mr.span(end))
+	s.odpRegs = append(s.odpRegs, mr.span(end))
+	s.mu.Unlock()
 	key, ok := d.keys.alloc()
 	if !ok {
 		d.mu.Unlock()
@@ -41,7 +46,7 @@ func (mr *MR) registerODP(end uintptr, npages int) error {
 	mr.table = mmu.New(npages)
 	d.mrs[key>>8] = mr
 	d.mu.Unlock()
-	mr.sub = d.registry.Insert(mr.base, end, notifier{mr})
+	mr.sub = d.as.registry.Insert(mr.base, end, notifier{mr})
 	mr.reg.Register = time.Since(t0)
 	d.stats.mrsODP.Add(1)
 
@@ -60,7 +65,7 @@ func (mr *MR) registerODP(end uintptr, npages int) error {
 // large untouched region costs no more than a small one.
 func (mr *MR) snapshot(end uintptr) {
 	// A snapshot is an optimisation: pages it cannot read fault later instead.
-	_ = mr.dev.pagemap.ReadPresent(mr.base, end, 4096, func(addr uintptr, entries []pagefault.PagemapEntry) error {
+	_ = mr.dev.as.pagemap.ReadPresent(mr.base, end, 4096, func(addr uintptr, entries []pagefault.PagemapEntry) error {
 		first := int((addr - mr.base) / pagefault.PageSize)
 		seq := mr.table.ReadBegin()
 		mr.table.Lock()
@@ -174,7 +179,7 @@ func (mr *MR) registerPinned(end uintptr, npages int) error {
 	mr.table.Lock()
 	for first := 0; first < npages; first += chunk {
 		n := min(chunk, npages-first)
-		err := d.pagemap.Read(mr.base+uintptr(first)*pagefault.PageSize, entries[:n])
+		err := d.as.pagemap.Read(mr.base+uintptr(first)*pagefault.PageSize, entries[:n])
 		if err == nil && mr.mapPresentLocked(first, entries[:n], true) != n {
 			// Only an munmap racing the registration does this: the caller freed
 			// the memory it is registering.
@@ -191,13 +196,15 @@ func (mr *MR) registerPinned(end uintptr, npages int) error {
 
 	// Subscribed before the key is published, so that no DMA can use a page the
 	// application unmaps from here on.
-	mr.sub = d.registry.Insert(mr.base, end, notifier{mr})
+	mr.sub = d.as.registry.Insert(mr.base, end, notifier{mr})
 	d.mu.Lock()
 	key, ok := d.keys.alloc()
 	if ok {
 		mr.key = key
 		d.mrs[key>>8] = mr
-		d.locked = append(d.locked, mr.span(end))
+		d.as.mu.Lock()
+		d.as.locked = append(d.as.locked, mr.span(end))
+		d.as.mu.Unlock()
 	}
 	d.mu.Unlock()
 	if !ok {
@@ -212,33 +219,50 @@ func (mr *MR) registerPinned(end uintptr, npages int) error {
 // unpin undoes a pinned registration that never got a key.
 func (mr *MR) unpin(end uintptr, bytes int64) {
 	d := mr.dev
+	d.as.mu.Lock()
+	d.as.unlockUncoveredLocked(mr.span(end))
+	d.as.mu.Unlock()
 	d.mu.Lock()
-	defer d.mu.Unlock()
-	for _, r := range interval.Uncovered(mr.span(end), d.locked) {
-		// munlock fails only for a range the application unmapped meanwhile.
-		_, _, _ = unix.Syscall(unix.SYS_MUNLOCK, r.Start, r.End-r.Start, 0)
-	}
 	d.pinned -= bytes
+	d.mu.Unlock()
+}
+
+// unlockUncoveredLocked munlocks the parts of r that no pinned MR (of any device)
+// locks any more. Called with space.mu held.
+func (s *space) unlockUncoveredLocked(r interval.Range) {
+	for _, u := range interval.Uncovered(r, s.locked) {
+		// munlock fails only for a range the application unmapped meanwhile.
+		_, _, _ = unix.Syscall(unix.SYS_MUNLOCK, u.Start, u.End-u.Start, 0)
+	}
 }
 
 // unregister undoes an ODP registration that never got a key.
 func (mr *MR) unregister(end uintptr) {
-	d := mr.dev
-	d.mu.Lock()
-	defer d.mu.Unlock()
-	d.odpRegs = removeRange(d.odpRegs, mr.span(end))
-	for _, r := range interval.Uncovered(mr.span(end), d.odpRegs) {
-		d.downgradeLocked(r)
+	s := mr.dev.as
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.odpRegs = removeRange(s.odpRegs, mr.span(end))
+	for _, r := range s.uncoveredLocked(mr.span(end)) {
+		s.downgradeLocked(r)
 	}
+}
+
+// uncoveredLocked returns the parts of r that no ODP MR registers for faults. Called
+// with space.mu held.
+func (s *space) uncoveredLocked(r interval.Range) []interval.Range {
+	if s.implicit > 0 {
+		return nil // an implicit MR covers every buffer
+	}
+	return interval.Uncovered(r, s.odpRegs)
 }
 
 // downgradeLocked ends on-demand faulting of r, which no ODP MR covers any more: the
 // range stays registered for events only (write-protect mode, with nothing
 // write-protected), so that its buffer still learns what the application unmaps.
-// Called with Device.mu held. It cannot fail for a range of a live buffer; a part the
+// Called with space.mu held. It cannot fail for a range of a live buffer; a part the
 // application unmapped meanwhile is simply not there to change.
-func (d *Device) downgradeLocked(r interval.Range) {
-	_, _ = d.uffd.Register(r.Start, r.End-r.Start, pagefault.ModeWP)
+func (s *space) downgradeLocked(r interval.Range) {
+	_, _ = s.uffd.Register(r.Start, r.End-r.Start, pagefault.ModeWP)
 }
 
 func removeRange(rs []interval.Range, r interval.Range) []interval.Range {

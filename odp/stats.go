@@ -76,8 +76,8 @@ type Stats struct {
 
 // Stats returns the device's counters.
 func (d *Device) Stats() Stats {
-	s, _ := d.server.Stats() // after Close the fault server's counters read as zero
-	ps := d.pump.Stats()
+	s, _ := d.as.server.Stats() // after Close the fault server's counters read as zero
+	ps := d.as.pump.Stats()
 	d.mu.Lock()
 	pinned := d.pinned
 	d.mu.Unlock()
@@ -99,10 +99,10 @@ func (d *Device) Stats() Stats {
 		RNRNaksSent:   c.rnrSent.Load(), RNRNaksReceived: c.rnrReceived.Load(), Retransmissions: c.retransmissions.Load(),
 		RNRWait: time.Duration(c.rnrWaitNanos.Load()),
 	}
-	if d.pager != nil {
-		pg := d.pager.Stats()
+	if d.as.pager != nil {
+		pg := d.as.pager.Stats()
 		st.Evictions, st.BytesWrittenBack, st.EvictionAborts = pg.Evictions, pg.WrittenBack, pg.Aborts
-		restored, _ := d.server.Restored() // zero after Close
+		restored, _ := d.as.server.Restored() // zero after Close
 		st.Migrations, st.Restores, st.ResidentPages = pg.Migrations, pg.Restores+restored, pg.Resident
 	}
 	return st

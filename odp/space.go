@@ -1,0 +1,231 @@
+package odp
+
+import (
+	"errors"
+	"fmt"
+	"sync"
+
+	"github.com/odpemu/odpemu/internal/interval"
+	"github.com/odpemu/odpemu/invalidate"
+	"github.com/odpemu/odpemu/pagefault"
+)
+
+// space is the process's address space as the NICs see it, the kernel's mm: one
+// userfaultfd with its CPU fault server, DMA gate and event pump, one notifier
+// registry, the pager, and the record of the buffers odpemu mapped, of the ranges ODP
+// MRs registered for faults and of the ranges pinned MRs locked. Every Device opened
+// with the same address-space settings (spaceConfig) shares one, as every NIC of a
+// process shares its mm: a buffer from one device's Alloc can be registered on any of
+// them, ODP or pinned, each device with its own tables, keys and counters, and an
+// invalidation reaches the MRs of all of them, as mlx5 and rxe subscribe interval
+// notifiers to the same mm. (The kernel allows a range to be registered with one
+// userfaultfd only: devices opened with different settings, an ablation or a paging
+// budget, get spaces of their own and cannot share buffers.)
+type space struct {
+	cfg  spaceConfig
+	refs int // devices using it; protected by spacesMu
+
+	uffd     *pagefault.FD
+	server   *pagefault.CPUServer
+	gate     *pagefault.Gate // the server's DMA gate
+	pagemap  *pagefault.Pagemap
+	resolver *pagefault.Resolver
+	registry *invalidate.Registry
+	pump     *invalidate.Pump
+	pager    *invalidate.Pager // nil unless paging
+	store    *invalidate.Store
+	barrier  *pagefault.ZapBarrier
+	regMu    sync.Mutex // serialises ODP userfaultfd registration changes
+
+	mu       sync.RWMutex     // protects the fields below; read-locked for lookups
+	buffers  []buffer         // sorted by start
+	odpRegs  []interval.Range // userfaultfd-registered ranges, one per ODP MR
+	locked   []interval.Range // mlocked ranges, one per pinned MR
+	implicit int              // implicit ODP MRs: every buffer is registered for faults
+}
+
+// spaceConfig are the settings that belong to the address space, not to a device.
+type spaceConfig struct {
+	UserModeOnly   bool
+	NoInvalidate   bool
+	Paging         bool
+	CPUFaultAround int
+	ResidentBudget int64
+	StorePath      string
+}
+
+func (c Config) space() spaceConfig {
+	return spaceConfig{UserModeOnly: c.UserModeOnly, NoInvalidate: c.NoInvalidate, Paging: c.Paging || c.ResidentBudget > 0,
+		CPUFaultAround: c.CPUFaultAround, ResidentBudget: c.ResidentBudget, StorePath: c.StorePath}
+}
+
+var (
+	spacesMu sync.Mutex
+	spaces   = map[spaceConfig]*space{}
+)
+
+// acquireSpace returns the address space for cfg, starting it if no device uses one.
+func acquireSpace(cfg spaceConfig) (*space, error) {
+	spacesMu.Lock()
+	defer spacesMu.Unlock()
+	if s := spaces[cfg]; s != nil {
+		s.refs++
+		return s, nil
+	}
+	s, err := startSpace(cfg)
+	if err != nil {
+		return nil, err
+	}
+	s.refs = 1
+	spaces[cfg] = s
+	return s, nil
+}
+
+func startSpace(cfg spaceConfig) (*space, error) {
+	s := &space{cfg: cfg}
+	var err error
+	feats := pagefault.FeatureEventRemove | pagefault.FeatureEventUnmap | pagefault.FeatureEventRemap
+	if p := pagefault.ProbeKernel(); p.Err == nil && p.Mode == pagefault.ModeKernel && !cfg.UserModeOnly {
+		feats |= pagefault.FeatureEventFork // needs CAP_SYS_PTRACE
+	}
+	if s.uffd, err = pagefault.Open(pagefault.Options{Features: feats, UserModeOnly: cfg.UserModeOnly}); err != nil && feats&pagefault.FeatureEventFork != 0 {
+		feats &^= pagefault.FeatureEventFork
+		s.uffd, err = pagefault.Open(pagefault.Options{Features: feats, UserModeOnly: cfg.UserModeOnly})
+	}
+	if err != nil {
+		return nil, err
+	}
+	if s.pagemap, err = pagefault.OpenPagemap(); err == nil {
+		if s.server, err = pagefault.StartCPUServer(s.uffd, cfg.CPUFaultAround); err == nil {
+			s.gate = s.server.Gate()
+			s.registry = invalidate.NewRegistry()
+			s.registry.SetDisabled(cfg.NoInvalidate)
+			if s.barrier, err = pagefault.NewZapBarrier(s.uffd); err == nil {
+				s.pump, err = invalidate.StartPump(s.server, s.registry, cfg.NoInvalidate)
+			}
+			if err == nil {
+				s.pump.SetHook(s.noteEvent)
+				s.pump.SetBarrier(s.barrier.Wait)
+				if cfg.Paging {
+					if cfg.StorePath != "" {
+						s.store, err = invalidate.NewFileStore(cfg.StorePath)
+					} else {
+						s.store, err = invalidate.NewMemStore()
+					}
+					if err == nil {
+						s.pager = invalidate.NewPager(s.uffd, s.server, s.registry, s.pagemap, s.store,
+							invalidate.PagerConfig{Budget: cfg.ResidentBudget, Eligible: s.evictable})
+					}
+				}
+				if err == nil {
+					s.resolver, err = pagefault.NewResolver(s.uffd, s.pagemap, pagefault.ZeroSource{})
+				}
+			}
+		}
+	}
+	if err != nil {
+		_ = s.stop() // the error that made the start fail is the one to report
+		return nil, err
+	}
+	return s, nil
+}
+
+// stop stops and closes what startSpace started, in reverse order, and returns what
+// failed. Parts that were never started are skipped.
+func (s *space) stop() error {
+	var errs []error
+	if s.pager != nil {
+		s.pager.Close()
+	}
+	if s.pump != nil {
+		s.pump.Stop()
+	}
+	if s.server != nil {
+		errs = append(errs, s.server.Stop())
+	}
+	if s.barrier != nil {
+		errs = append(errs, s.barrier.Close())
+	}
+	if s.resolver != nil {
+		errs = append(errs, s.resolver.Close())
+	}
+	if s.pagemap != nil {
+		errs = append(errs, s.pagemap.Close())
+	}
+	if s.uffd != nil {
+		errs = append(errs, s.uffd.Close())
+	}
+	if s.store != nil {
+		errs = append(errs, s.store.Close())
+	}
+	return errors.Join(errs...)
+}
+
+// release is a device's Close of the space: the buffers the device allocated that no
+// MR of another device covers are unmapped now (as a device's Close always did);
+// the last device stops the space and unmaps what remains. Buffers are left mapped if
+// the events that tell which of their parts the application unmapped could not be
+// read.
+func (s *space) release(d *Device) error {
+	syncErr := s.pump.Sync() // holes the application made are recorded before buffers are unmapped
+	spacesMu.Lock()
+	defer spacesMu.Unlock()
+	s.refs--
+	last := s.refs == 0
+	s.mu.Lock()
+	var mine, kept []buffer
+	for _, b := range s.buffers {
+		r := interval.Range{Start: b.start, End: b.end}
+		if last || (b.owner == d && !s.coveredLocked(r)) {
+			mine = append(mine, b)
+		} else {
+			if b.owner == d {
+				b.owner = nil // the space's now: another device's MR uses it
+			}
+			kept = append(kept, b)
+		}
+	}
+	s.buffers = kept
+	s.mu.Unlock()
+
+	var errs []error
+	if last {
+		delete(spaces, s.cfg)
+		if s.pager != nil {
+			s.pager.Close()
+		}
+	}
+	for _, b := range mine {
+		if b.paged != nil {
+			errs = append(errs, b.paged.Remove())
+		}
+	}
+	if last {
+		errs = append(errs, s.stop())
+	}
+	if syncErr != nil {
+		errs = append(errs, fmt.Errorf("odp: close %s: buffers left mapped, events unknown: %w", d.cfg.Name, syncErr))
+		return errors.Join(errs...)
+	}
+	for _, b := range mine {
+		if last {
+			b.unmap(nil) // the userfaultfd is closed: its registrations went with it
+		} else {
+			b.unmap(s.uffd)
+		}
+	}
+	return errors.Join(errs...)
+}
+
+// coveredLocked reports whether an MR (ODP or pinned, of any device) covers part of r.
+// Called with space.mu held.
+func (s *space) coveredLocked(r interval.Range) bool {
+	for _, rs := range [][]interval.Range{s.odpRegs, s.locked} {
+		for _, x := range rs {
+			if x.Start < r.End && r.Start < x.End {
+				return true
+			}
+		}
+	}
+	return false
+}
