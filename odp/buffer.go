@@ -60,6 +60,17 @@ func (d *Device) Alloc(n int) ([]byte, error) {
 		return nil, wrap(ErrInvalidArgument, "alloc %d bytes", n)
 	}
 	size := (uintptr(n) + pagefault.PageSize - 1) &^ (pagefault.PageSize - 1)
+	s := d.as
+	s.mu.RLock()
+	implicit := len(s.implicitMRs) > 0
+	s.mu.RUnlock()
+	if implicit {
+		// Implicit MRs mark unmapped ranges gone; the new mapping may reuse one. Its
+		// events are applied first, so that none marks the new buffer gone later.
+		if err := s.pump.Sync(); err != nil {
+			return nil, fmt.Errorf("odp: alloc: %w", err)
+		}
+	}
 	p, err := unix.MmapPtr(-1, 0, nil, size, unix.PROT_READ|unix.PROT_WRITE, unix.MAP_PRIVATE|unix.MAP_ANONYMOUS|unix.MAP_NORESERVE)
 	if err != nil {
 		return nil, wrap(ErrNoMemory, "mmap %d bytes: %v", size, err)
@@ -74,9 +85,14 @@ func (d *Device) Alloc(n int) ([]byte, error) {
 		_ = unix.MunmapPtr(p, size) // our own fresh mapping
 		return nil, ErrClosed
 	}
-	s := d.as
 	s.mu.Lock()
-	defer s.mu.Unlock()
+	defer func() {
+		implicitMRs := append([]*MR(nil), s.implicitMRs...)
+		s.mu.Unlock()
+		for _, mr := range implicitMRs { // the new buffer is theirs, whatever was there before
+			mr.remap(addrOf(mem), addrOf(mem)+size)
+		}
+	}()
 	b := buffer{start: addrOf(mem), end: addrOf(mem) + size, mem: mem, owner: d}
 	// Registered for events from the start (write-protect mode, nothing protected:
 	// faults are the kernel's as usual), so that what the application unmaps or
@@ -129,11 +145,26 @@ func (d *Device) Free(buf []byte) error {
 	s.mu.Unlock()
 	// Retired without space.mu, as Close does: Region.Remove takes the pager's
 	// reclaim lock, and reclaim takes space.mu (evictable) while holding it.
+	return s.retire(b, true)
+}
+
+// retire unmaps a buffer that was removed from the space's list: implicit MRs, which
+// cover it, are told first (an unmap odpemu makes itself raises no event), then its
+// pages leave the pager and its parts still mapped are unmapped, unregistered first
+// if the userfaultfd lives on. Called holding no lock.
+func (s *space) retire(b buffer, uffdOpen bool) error {
+	if _, err := s.registry.Invalidate(invalidate.Range{Start: b.start, End: b.end}, invalidate.ReasonUnmap, nil); err != nil {
+		return err
+	}
 	var err error
 	if b.paged != nil {
 		err = b.paged.Remove()
 	}
-	b.unmap(d.as.uffd)
+	if uffdOpen {
+		b.unmap(s.uffd)
+	} else {
+		b.unmap(nil) // the userfaultfd is closed: its registrations went with it
+	}
 	return err
 }
 
@@ -151,7 +182,7 @@ func (s *space) bufferLocked(start, n uintptr) (buffer, bool) {
 // only (write-protect mode, with nothing write-protected), or, while an implicit ODP
 // MR covers every buffer, for faults too. Called with space.mu held.
 func (s *space) bufferModeLocked() pagefault.RegisterMode {
-	if s.implicit > 0 {
+	if len(s.implicitMRs) > 0 {
 		return pagefault.ModeMissing | pagefault.ModeWP
 	}
 	return pagefault.ModeWP

@@ -64,14 +64,14 @@ const maxMRSize = 1 << 47
 
 // QueryDevice reports the device's limits and capabilities. The NIC's atomics are
 // the CPU's atomic instructions on the registered memory, so they are atomic with
-// the application's atomics too (AtomicGlob). Every RC operation works on ODP memory;
-// there is no SRQ.
+// the application's atomics too (AtomicGlob). Every RC operation works on ODP memory,
+// explicit or implicit (RegImplicitMR); there is no SRQ.
 func (d *Device) QueryDevice() DeviceAttr {
 	return DeviceAttr{
 		Name: d.cfg.Name, PageSize: PageSize, MaxMRSize: maxMRSize, MaxMsgSize: maxMsg, MaxQPWR: maxQPWR,
 		MaxSGE: maxSGE, MaxInlineData: maxInline, MaxCQE: maxCQE, AtomicCap: AtomicGlob,
 		ODP: ODPCaps{
-			General: ODPSupport,
+			General: ODPSupport | ODPSupportImplicit,
 			RC:      ODPSend | ODPRecv | ODPWrite | ODPRead | ODPAtomic,
 		},
 		ResponderFaults: d.cfg.ResponderFaults,

@@ -224,7 +224,7 @@ func (mr *MR) acquire(off, n uint64, write bool) (dmaRef, error) {
 	return r, nil
 }
 
-func (r dmaRef) bytes() []byte { return r.mr.mem[r.off : r.off+r.n] }
+func (r dmaRef) bytes() []byte { return r.mr.slice(r.off, r.n) }
 
 // release ends the DMA and reports whether its copy was torn and must be made again.
 //

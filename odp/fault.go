@@ -17,6 +17,16 @@ func (mr *MR) fault(miss, end int, write, presentOnly bool) (int, error) {
 	fa := d.cfg.FaultAround
 	lo := miss &^ (fa - 1)
 	hi := min((end+fa-1)&^(fa-1), mr.table.Pages())
+	if mr.implicit {
+		// An implicit MR's fault stays inside the buffer that holds the missing page;
+		// the caller faults again for what lies beyond it.
+		blo, bhi, ok := mr.bufferPages(miss)
+		if !ok {
+			return 0, wrap(ErrInvalidArgument, "MR %#x: %#x is not memory of the address space", mr.key,
+				uintptr(miss)*pagefault.PageSize)
+		}
+		lo, hi, end = max(lo, blo), min(hi, bhi), min(end, bhi)
+	}
 	mr.table.Lock()
 	lo, hi, ok := mr.clipGoneLocked(lo, hi, miss, end)
 	mr.table.Unlock()

@@ -16,7 +16,7 @@ func (s *space) evictable(start, end uintptr) bool {
 	s.mu.RLock()
 	defer s.mu.RUnlock()
 	r := interval.Range{Start: start, End: end}
-	if s.implicit == 0 && len(interval.Uncovered(r, s.odpRegs)) > 0 {
+	if len(s.implicitMRs) == 0 && len(interval.Uncovered(r, s.odpRegs)) > 0 {
 		return false
 	}
 	for _, l := range s.locked {

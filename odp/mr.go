@@ -183,7 +183,12 @@ func (mr *MR) Dereg() error {
 	defer s.regMu.Unlock()
 	s.mu.Lock()
 	if mr.implicit {
-		s.implicit--
+		for i, m := range s.implicitMRs {
+			if m == mr {
+				s.implicitMRs = append(s.implicitMRs[:i], s.implicitMRs[i+1:]...)
+				break
+			}
+		}
 	} else {
 		s.odpRegs = removeRange(s.odpRegs, mr.span(end)) // not evictable from here on
 	}

@@ -56,6 +56,24 @@ func (n notifier) InvalidateStart(r invalidate.Range, why invalidate.Reason) {
 	}
 }
 
+// remap is told that odpemu mapped a new buffer at [start, end): an implicit MR covers
+// it, whatever was unmapped there before, so the range is no longer gone.
+func (mr *MR) remap(start, end uintptr) {
+	lo, hi := int(start/pagefault.PageSize), int(end/pagefault.PageSize)
+	mr.table.Lock()
+	defer mr.table.Unlock()
+	var kept [][2]int
+	for _, g := range mr.gone {
+		if g[0] < lo {
+			kept = append(kept, [2]int{g[0], min(g[1], lo)})
+		}
+		if g[1] > hi {
+			kept = append(kept, [2]int{max(g[0], hi), g[1]})
+		}
+	}
+	mr.gone = kept
+}
+
 // clipGoneLocked narrows the fault window [lo, hi) around [miss, end) so that it
 // avoids unmapped pages; ok is false if [miss, end) itself touches one. Called with
 // the MR's table lock held (it protects gone).

@@ -52,7 +52,7 @@ func (mr *MR) registerODP(end uintptr, npages int) error {
 
 	if !d.cfg.NoSnapshot {
 		t1 := time.Now()
-		mr.snapshot(end)
+		mr.snapshot(mr.base, end)
 		mr.reg.Snapshot = time.Since(t1)
 	}
 	return nil
@@ -63,9 +63,9 @@ func (mr *MR) registerODP(end uintptr, npages int) error {
 // shared with a fork child) are mapped read-only: a NIC write must fault them first.
 // Runs of absent pages are skipped without reading their entries (ReadPresent), so a
 // large untouched region costs no more than a small one.
-func (mr *MR) snapshot(end uintptr) {
+func (mr *MR) snapshot(start, end uintptr) {
 	// A snapshot is an optimisation: pages it cannot read fault later instead.
-	_ = mr.dev.as.pagemap.ReadPresent(mr.base, end, 4096, func(addr uintptr, entries []pagefault.PagemapEntry) error {
+	_ = mr.dev.as.pagemap.ReadPresent(start, end, 4096, func(addr uintptr, entries []pagefault.PagemapEntry) error {
 		first := int((addr - mr.base) / pagefault.PageSize)
 		seq := mr.table.ReadBegin()
 		mr.table.Lock()
@@ -250,7 +250,7 @@ func (mr *MR) unregister(end uintptr) {
 // uncoveredLocked returns the parts of r that no ODP MR registers for faults. Called
 // with space.mu held.
 func (s *space) uncoveredLocked(r interval.Range) []interval.Range {
-	if s.implicit > 0 {
+	if len(s.implicitMRs) > 0 {
 		return nil // an implicit MR covers every buffer
 	}
 	return interval.Uncovered(r, s.odpRegs)

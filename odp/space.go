@@ -41,7 +41,9 @@ type space struct {
 	buffers  []buffer         // sorted by start
 	odpRegs  []interval.Range // userfaultfd-registered ranges, one per ODP MR
 	locked   []interval.Range // mlocked ranges, one per pinned MR
-	implicit int              // implicit ODP MRs: every buffer is registered for faults
+	// implicitMRs are the implicit ODP MRs of all devices: while there is one, every
+	// buffer is registered for faults.
+	implicitMRs []*MR
 }
 
 // spaceConfig are the settings that belong to the address space, not to a device.
@@ -189,29 +191,30 @@ func (s *space) release(d *Device) error {
 	s.mu.Unlock()
 
 	var errs []error
-	if last {
-		delete(spaces, s.cfg)
-		if s.pager != nil {
-			s.pager.Close()
+	if syncErr != nil {
+		errs = append(errs, fmt.Errorf("odp: close %s: buffers left mapped, events unknown: %w", d.cfg.Name, syncErr))
+	}
+	if !last {
+		if syncErr == nil {
+			for _, b := range mine {
+				errs = append(errs, s.retire(b, true))
+			}
 		}
+		return errors.Join(errs...)
+	}
+	delete(spaces, s.cfg)
+	if s.pager != nil {
+		s.pager.Close()
 	}
 	for _, b := range mine {
 		if b.paged != nil {
 			errs = append(errs, b.paged.Remove())
 		}
 	}
-	if last {
-		errs = append(errs, s.stop())
-	}
-	if syncErr != nil {
-		errs = append(errs, fmt.Errorf("odp: close %s: buffers left mapped, events unknown: %w", d.cfg.Name, syncErr))
-		return errors.Join(errs...)
-	}
-	for _, b := range mine {
-		if last {
+	errs = append(errs, s.stop())
+	if syncErr == nil {
+		for _, b := range mine {
 			b.unmap(nil) // the userfaultfd is closed: its registrations went with it
-		} else {
-			b.unmap(s.uffd)
 		}
 	}
 	return errors.Join(errs...)
