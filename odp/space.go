@@ -37,10 +37,10 @@ type space struct {
 	barrier  *pagefault.ZapBarrier
 	regMu    sync.Mutex // serialises ODP userfaultfd registration changes
 
-	mu       sync.RWMutex     // protects the fields below; read-locked for lookups
-	buffers  []buffer         // sorted by start
-	odpRegs  []interval.Range // userfaultfd-registered ranges, one per ODP MR
-	locked   []interval.Range // mlocked ranges, one per pinned MR
+	mu      sync.RWMutex     // protects the fields below; read-locked for lookups
+	buffers []buffer         // sorted by start
+	odpRegs []interval.Range // userfaultfd-registered ranges, one per ODP MR
+	locked  []interval.Range // mlocked ranges, one per pinned MR
 	// implicitMRs are the implicit ODP MRs of all devices: while there is one, every
 	// buffer is registered for faults.
 	implicitMRs []*MR
