@@ -8,6 +8,7 @@ import (
 	"math/rand/v2"
 	"sort"
 	"time"
+	"unsafe"
 
 	"github.com/odpemu/odpemu/odp"
 )
@@ -38,6 +39,15 @@ type Params struct {
 	Budget int64
 	// Random picks each work request's slot at random instead of striding.
 	Random bool
+	// Implicit registers each side's memory with one implicit ODP MR (the whole
+	// address space) instead of an MR of its buffer (needs ODP).
+	Implicit bool
+	// Prefetch advises each side's whole region before the timed loop, PREFETCH_WRITE
+	// synchronously ("sync") or in the background ("async"); "" does not (needs ODP).
+	Prefetch string
+	// RNRRetry is the client's rnr_retry (0..7, 7 infinite); MinRNRTimer the
+	// server's min_rnr_timer (IBTA encoding 0..31). nil: the QP's default.
+	RNRRetry, MinRNRTimer *uint8
 }
 
 func (p *Params) defaults() error {
@@ -69,6 +79,15 @@ func (p *Params) defaults() error {
 	if p.Budget < 0 {
 		return fmt.Errorf("perf: --budget must be >= 0")
 	}
+	if (p.Implicit || p.Prefetch != "") && !p.ODP {
+		return fmt.Errorf("perf: --implicit and --prefetch need --odp")
+	}
+	if p.Prefetch != "" && p.Prefetch != "sync" && p.Prefetch != "async" {
+		return fmt.Errorf("perf: --prefetch %q: want sync or async", p.Prefetch)
+	}
+	if (p.RNRRetry != nil && *p.RNRRetry > 7) || (p.MinRNRTimer != nil && *p.MinRNRTimer > 31) {
+		return fmt.Errorf("perf: --rnr-retry is 0..7 and --min-rnr-timer 0..31")
+	}
 	if p.Size < 1 || p.Size > 1<<30 || p.Iters < 1 || p.Depth < 1 || p.Depth > 4096 || p.MRSize < p.Size {
 		return fmt.Errorf("perf: bad parameters size=%d iters=%d depth=%d mr-size=%d", p.Size, p.Iters, p.Depth, p.MRSize)
 	}
@@ -91,6 +110,11 @@ type Result struct {
 	PagesFaulted uint64        `json:"pages_faulted"`
 	FaultTime    time.Duration `json:"fault_time_ns"`
 	CPUFaults    uint64        `json:"cpu_faults"`
+	// RC retries of the client's QP: RNR NAKs its server answered (ODP faults at the
+	// responder) and requests it sent again.
+	RNRNaks         uint64 `json:"rnr_naks"`
+	Retransmissions uint64 `json:"retransmissions"`
+	PagesPrefetched uint64 `json:"pages_prefetched"`
 	// Invalidations issued by --invalidate-rate during the timed loop.
 	Invalidations uint64 `json:"invalidations"`
 	// Under a budget: pages evicted and restored, and the most resident bytes of
@@ -127,6 +151,16 @@ func Run(p Params) (Result, error) {
 	if err := odp.ConnectLoopback(client.qp, server.qp); err != nil {
 		return Result{}, err
 	}
+	if p.RNRRetry != nil {
+		if err := client.qp.ModifyAttr(odp.QPAttr{RNRRetry: *p.RNRRetry}, odp.AttrRNRRetry); err != nil {
+			return Result{}, err
+		}
+	}
+	if p.MinRNRTimer != nil {
+		if err := server.qp.ModifyAttr(odp.QPAttr{MinRNRTimer: *p.MinRNRTimer}, odp.AttrMinRNRTimer); err != nil {
+			return Result{}, err
+		}
+	}
 	// perftest fills its buffers after registering them: with --odp these first
 	// touches are CPU faults. Under a budget the server's region is left untouched:
 	// filling it would only evict it again.
@@ -134,17 +168,30 @@ func Run(p Params) (Result, error) {
 	if p.Budget == 0 {
 		fill(server.buf)
 	}
+	var prefetched uint64
+	if p.Prefetch != "" {
+		flags := odp.AdviseFlags(0)
+		if p.Prefetch == "sync" {
+			flags = odp.AdviseFlush
+		}
+		for _, s := range []*side{client, server} {
+			prefetched -= s.dev.Stats().PagesPrefetched
+			if err := s.pd.AdviseMR(odp.AdvisePrefetchWrite, flags, []odp.SGE{s.sge(0, len(s.buf))}); err != nil {
+				return Result{}, fmt.Errorf("perf: prefetch: %w", err)
+			}
+		}
+	}
 	if p.Warm {
 		warm := p
 		warm.Iters = max(p.MRSize/p.Size, 1)
-		if _, err := client.loop(warm, server.mr); err != nil {
+		if _, err := client.loop(warm, server); err != nil {
 			return Result{}, fmt.Errorf("perf: warm-up: %w", err)
 		}
 	}
 	before := [2]odp.Stats{client.dev.Stats(), server.dev.Stats()}
 	stopInval := startInvalidator(server, p)
 	stopSample := sampleResident(server)
-	r, err := client.loop(p, server.mr)
+	r, err := client.loop(p, server)
 	r.Invalidations = stopInval()
 	r.MaxResident = stopSample()
 	if err != nil {
@@ -157,6 +204,11 @@ func Run(p Params) (Result, error) {
 		r.FaultTime += after[i].FaultTime - before[i].FaultTime
 		r.CPUFaults += after[i].CPUFaults - before[i].CPUFaults
 	}
+	for _, s := range []*side{client, server} {
+		prefetched += s.dev.Stats().PagesPrefetched // async prefetches may land during the run
+	}
+	qs := client.qp.Stats()
+	r.RNRNaks, r.Retransmissions, r.PagesPrefetched = qs.RNRNaksReceived, qs.Retransmissions, prefetched
 	r.Evictions = after[1].Evictions - before[1].Evictions
 	r.Restores = after[1].Restores - before[1].Restores
 	r.Test, r.ODP, r.Warm = p.Test, p.ODP, p.Warm
@@ -196,10 +248,23 @@ func newSide(cfg odp.Config, p Params) (*side, error) {
 	if p.ODP {
 		access |= odp.AccessOnDemand
 	}
-	if s.mr, err = s.pd.RegMR(s.buf, access); err != nil {
+	if p.Implicit {
+		s.mr, err = s.pd.RegImplicitMR(access)
+	} else {
+		s.mr, err = s.pd.RegMR(s.buf, access)
+	}
+	if err != nil {
 		return fail(err)
 	}
 	return s, nil
+}
+
+// addr is the address of the side's buffer at off, as its MR's SGEs name it.
+func (s *side) addr(off uint64) uint64 { return uint64(uintptr(unsafe.Pointer(unsafe.SliceData(s.buf)))) + off }
+
+// sge is an SGE of [off, off+n) of the side's buffer.
+func (s *side) sge(off, n int) odp.SGE {
+	return odp.SGE{Addr: s.addr(uint64(off)), Length: uint32(n), LKey: s.mr.LKey()}
 }
 
 // WarmPair measures steady state: it registers an ODP MR and a pinned MR over the same
@@ -226,7 +291,7 @@ func WarmPair(p Params, bursts int) (pinned, onDemand []float64, err error) {
 	}
 	warm := p
 	warm.Iters = max(p.MRSize/p.Size, 1)
-	if _, err := client.loop(warm, server.mr); err != nil {
+	if _, err := client.loop(warm, server); err != nil {
 		return nil, nil, err
 	}
 	faults := func() uint64 { return client.dev.Stats().PageFaults + server.dev.Stats().PageFaults }
@@ -248,8 +313,8 @@ func WarmPair(p Params, bursts int) (pinned, onDemand []float64, err error) {
 			if useODP {
 				mrs = odpMRs
 			}
-			client.mr = mrs[0]
-			r, err := client.loop(p, mrs[1])
+			client.mr, server.mr = mrs[0], mrs[1]
+			r, err := client.loop(p, server)
 			if err != nil {
 				return nil, nil, err
 			}
@@ -273,13 +338,14 @@ func (s *side) close() { _ = s.dev.Close() }
 // loop posts p.Iters work requests keeping p.Depth in flight, one signaled every
 // p.CQMod, and times them as perftest does: average bandwidth is bytes x iterations
 // over (last completion - first post); peak is the best completion window.
-func (s *side) loop(p Params, remote *odp.MR) (Result, error) {
+func (s *side) loop(p Params, server *side) (Result, error) {
+	remote := server.mr
 	op := odp.OpRDMAWrite
 	if p.Test == ReadBW {
 		op = odp.OpRDMARead
 	}
 	slots := max(len(s.buf)/p.Size, 1) // local slots; the remote side may be larger
-	rslots := max(int(remote.Len())/p.Size, 1)
+	rslots := max(len(server.buf)/p.Size, 1)
 	rng := rand.New(rand.NewPCG(uint64(p.Size), uint64(p.Iters)))
 	wcs := make([]odp.WC, 16)
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Minute)
@@ -296,8 +362,8 @@ func (s *side) loop(p Params, remote *odp.MR) (Result, error) {
 				roff = uint64(rng.IntN(rslots) * p.Size)
 			}
 			wr := odp.SendWR{WRID: uint64(posted), Opcode: op,
-				SGL:        []odp.SGE{{Addr: s.mr.Addr() + off, Length: uint32(p.Size), LKey: s.mr.LKey()}},
-				RemoteAddr: remote.Addr() + roff, RKey: remote.RKey()}
+				SGL:        []odp.SGE{s.sge(int(off), p.Size)},
+				RemoteAddr: server.addr(roff), RKey: remote.RKey()}
 			if (posted+1)%p.CQMod == 0 || posted == p.Iters-1 {
 				wr.Flags = odp.SendSignaled
 			}
@@ -383,7 +449,7 @@ func startInvalidator(s *side, p Params) func() uint64 {
 				return
 			case <-tick.C:
 				off := uint64(rng.IntN(slots) * p.Size)
-				if s.dev.Invalidate(s.mr.Addr()+off, uint64(p.Size)) == nil {
+				if s.dev.Invalidate(s.addr(off), uint64(p.Size)) == nil {
 					n++
 				}
 			}

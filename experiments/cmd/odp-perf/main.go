@@ -109,6 +109,10 @@ func bw(test string, args []string, stdout, stderr io.Writer) error {
 	budget := size(0)
 	fs.Var(&budget, "budget", "resident budget in bytes for the server NIC (K, M, G suffixes): ODP pages beyond it are evicted to the backing store; pinned registrations larger than it are refused")
 	random := fs.Bool("random", false, "send each work request to a random slot of the server's region")
+	implicit := fs.Bool("implicit", false, "register each side's memory with one implicit ODP MR over the address space (needs --odp)")
+	prefetch := fs.String("prefetch", "", "advise each side's whole region before traffic: sync or async (needs --odp)")
+	rnrRetry := fs.Int("rnr-retry", -1, "the client QP's rnr_retry, 0..7 (7: infinite; default 7)")
+	minRNR := fs.Int("min-rnr-timer", -1, "the server QP's min_rnr_timer, IBTA encoding 0..31 (default 12: 0.64 ms)")
 	if err := fs.Parse(args); err != nil {
 		return err
 	}
@@ -117,6 +121,21 @@ func bw(test string, args []string, stdout, stderr io.Writer) error {
 	}
 	if *iters < 1 || *depth < 1 || *cqMod < 1 || msg < 1 || *fa < 0 {
 		return fmt.Errorf("--iters, --tx-depth, --cq-mod and --size must be positive")
+	}
+	var rnr, timer *uint8
+	if *rnrRetry >= 0 {
+		if *rnrRetry > 7 {
+			return fmt.Errorf("--rnr-retry is 0..7")
+		}
+		v := uint8(*rnrRetry)
+		rnr = &v
+	}
+	if *minRNR >= 0 {
+		if *minRNR > 31 {
+			return fmt.Errorf("--min-rnr-timer is 0..31")
+		}
+		v := uint8(*minRNR)
+		timer = &v
 	}
 	sizes := []int{int(msg)}
 	if *all {
@@ -136,7 +155,8 @@ func bw(test string, args []string, stdout, stderr io.Writer) error {
 	enc := json.NewEncoder(stdout)
 	for _, s := range sizes {
 		r, err := perf.Run(perf.Params{Test: test, ODP: *odpFlag, Size: s, Iters: *iters, Depth: *depth, CQMod: *cqMod,
-			MRSize: int(mrSize), Warm: *warm, FaultAround: *fa, InvalidateRate: *invRate, Budget: int64(budget), Random: *random})
+			MRSize: int(mrSize), Warm: *warm, FaultAround: *fa, InvalidateRate: *invRate, Budget: int64(budget), Random: *random,
+			Implicit: *implicit, Prefetch: *prefetch, RNRRetry: rnr, MinRNRTimer: timer})
 		if err != nil {
 			return err
 		}
@@ -147,6 +167,10 @@ func bw(test string, args []string, stdout, stderr io.Writer) error {
 			continue
 		}
 		fmt.Fprintf(stdout, " %-10d %-12d %-18.2f %-21.2f %.6f\n", r.Bytes, r.Iters, r.PeakMiBps, r.AvgMiBps, r.MsgRateMpps)
+		if *odpFlag {
+			fmt.Fprintf(stdout, "# %d network page faults (%d pages), %d RNR NAKs, %d retransmissions, %d pages prefetched\n",
+				r.PageFaults, r.PagesFaulted, r.RNRNaks, r.Retransmissions, r.PagesPrefetched)
+		}
 		if budget > 0 {
 			fmt.Fprintf(stdout, "# budget %s: max resident %s of %s registered, %d evictions, %d restores\n",
 				perf.HumanBytes(int(budget)), perf.HumanBytes(int(r.MaxResident)), perf.HumanBytes(r.Bytes*max(int(mrSize)/r.Bytes, *depth)),

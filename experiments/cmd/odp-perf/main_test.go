@@ -27,8 +27,9 @@ func TestBWPrintsPerftestColumns(t *testing.T) {
 	require.NoError(t, err)
 	assert.Contains(t, out, "#bytes     #iterations  BW peak[MiB/sec]   BW average[MiB/sec]   MsgRate[Mpps]")
 	lines := strings.Split(strings.TrimSpace(out), "\n")
-	assert.Len(t, lines, 3)
+	require.Len(t, lines, 4, "header, columns, the row and the ODP line")
 	assert.True(t, strings.HasPrefix(strings.TrimSpace(lines[2]), "8192"))
+	assert.True(t, strings.HasPrefix(lines[3], "# "), lines[3])
 
 	out, _, err = runArgs("write_bw", "--odp", "--size", "4K", "--iters", "2000", "--mr-size", "8M", "--budget", "2M", "--random")
 	require.NoError(t, err)
@@ -40,6 +41,24 @@ func TestBWPrintsPerftestColumns(t *testing.T) {
 	require.NoError(t, json.Unmarshal([]byte(out), &r))
 	assert.Equal(t, "read_bw", r["test"])
 	assert.EqualValues(t, 4096, r["bytes"])
+}
+
+// The verbs flags perftest lacks: an implicit MR with a synchronous prefetch takes no
+// network page fault; rnr_retry 0 fails a cold ODP run on its first RNR NAK.
+func TestBWVerbsFlags(t *testing.T) {
+	out, _, err := runArgs("write_bw", "--odp", "--implicit", "--prefetch", "sync", "--size", "8K", "--iters", "200")
+	require.NoError(t, err)
+	assert.Contains(t, out, "# 0 network page faults (0 pages), 0 RNR NAKs, 0 retransmissions")
+	out, _, err = runArgs("write_bw", "--odp", "--min-rnr-timer", "1", "--size", "8K", "--iters", "200")
+	require.NoError(t, err)
+	assert.NotContains(t, out, " 0 RNR NAKs", "a cold ODP server answers RNR NAKs")
+	_, _, err = runArgs("write_bw", "--odp", "--rnr-retry", "0", "--size", "8K", "--iters", "200")
+	assert.ErrorContains(t, err, "RNR retry counter exceeded")
+	for _, bad := range [][]string{{"--implicit"}, {"--prefetch", "sync"}, {"--odp", "--prefetch", "later"},
+		{"--rnr-retry", "8"}, {"--min-rnr-timer", "32"}} {
+		_, _, err = runArgs(append([]string{"write_bw", "--iters", "10"}, bad...)...)
+		assert.Error(t, err, "%v", bad)
+	}
 }
 
 func TestCompareWritesCSV(t *testing.T) {
