@@ -260,7 +260,9 @@ func newSide(cfg odp.Config, p Params) (*side, error) {
 }
 
 // addr is the address of the side's buffer at off, as its MR's SGEs name it.
-func (s *side) addr(off uint64) uint64 { return uint64(uintptr(unsafe.Pointer(unsafe.SliceData(s.buf)))) + off }
+func (s *side) addr(off uint64) uint64 {
+	return uint64(uintptr(unsafe.Pointer(unsafe.SliceData(s.buf)))) + off
+}
 
 // sge is an SGE of [off, off+n) of the side's buffer.
 func (s *side) sge(off, n int) odp.SGE {
