@@ -49,6 +49,7 @@ const (
 
 var reasonNames = [numReasons]string{"remove", "unmap", "remap", "explicit", "discard", "fork", "evict", "migrate"}
 
+// String names the reason.
 func (r Reason) String() string {
 	if r < 0 || r >= numReasons {
 		return fmt.Sprintf("Reason(%d)", int(r))

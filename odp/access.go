@@ -5,6 +5,7 @@ import "strings"
 // Access is a memory region's access flags, with ibv_access_flags' values.
 type Access uint32
 
+// The access flags.
 const (
 	AccessLocalWrite   Access = 1 << 0
 	AccessRemoteWrite  Access = 1 << 1
@@ -17,6 +18,7 @@ const (
 	accessKnown = AccessLocalWrite | AccessRemoteWrite | AccessRemoteRead | AccessRemoteAtomic | AccessOnDemand
 )
 
+// String lists the flags as verbs names them.
 func (a Access) String() string {
 	var s []string
 	for _, f := range []struct {

@@ -14,6 +14,7 @@ const (
 // may use ODP memory.
 type ODPTransportCaps uint32
 
+// The operations ODP memory can serve.
 const (
 	ODPSend    ODPTransportCaps = 1 << 0
 	ODPRecv    ODPTransportCaps = 1 << 1
@@ -33,6 +34,7 @@ type ODPCaps struct {
 // AtomicCap is ibv_atomic_cap.
 type AtomicCap int
 
+// The atomicity guarantees.
 const (
 	AtomicNone AtomicCap = 0
 	AtomicHCA  AtomicCap = 1 // atomic among the device's own atomics

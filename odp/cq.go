@@ -9,6 +9,7 @@ import (
 // WCStatus is a work completion's status; the values are ibv_wc_status's.
 type WCStatus int
 
+// The completion statuses odpemu produces.
 const (
 	WCSuccess        WCStatus = 0
 	WCLocLenErr      WCStatus = 1
@@ -44,6 +45,7 @@ func (s WCStatus) String() string {
 // WCOpcode is what a completion completed; the values are ibv_wc_opcode's.
 type WCOpcode int
 
+// What completions complete.
 const (
 	WCSend      WCOpcode = 0
 	WCRDMAWrite WCOpcode = 1

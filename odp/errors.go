@@ -35,6 +35,7 @@ type verbsError struct {
 	errno unix.Errno
 }
 
+// Error returns the error's text.
 func (e *verbsError) Error() string { return "odp: " + e.msg }
 
 // Is makes a sentinel match its errno too.

@@ -10,6 +10,7 @@ import (
 // Opcode is a send work request's operation (ibv_wr_opcode values).
 type Opcode int
 
+// The send opcodes.
 const (
 	OpRDMAWrite Opcode = 0
 	// OpRDMAWriteImm writes like OpRDMAWrite, then consumes a receive at the peer,

@@ -5,6 +5,7 @@ import "fmt"
 // QPState is an RC queue pair's state, with ibv_qp_state's values.
 type QPState int
 
+// The QP states.
 const (
 	StateReset QPState = 0
 	StateInit  QPState = 1
@@ -20,6 +21,7 @@ const (
 	StateError QPState = 6
 )
 
+// String returns the state's verbs name.
 func (s QPState) String() string {
 	switch s {
 	case StateReset:

@@ -11,6 +11,7 @@ import (
 // FaultPolicy is what a responder does when a request finds its ODP pages missing.
 type FaultPolicy int
 
+// The responder fault policies.
 const (
 	// FaultRNR drops the request and answers RNR NAK, as mlx5 does: the page fault
 	// is resolved meanwhile, and the requester retransmits after its RNR timer, up to
@@ -23,6 +24,7 @@ const (
 	FaultStall
 )
 
+// String returns "rnr" or "stall".
 func (p FaultPolicy) String() string {
 	switch p {
 	case FaultRNR:
@@ -53,6 +55,7 @@ type QPAttr struct {
 // QPAttrMask says which QPAttr fields ModifyAttr changes (ibv_qp_attr_mask's role).
 type QPAttrMask uint32
 
+// The attributes ModifyAttr can change.
 const (
 	AttrMinRNRTimer QPAttrMask = 1 << iota
 	AttrRNRRetry

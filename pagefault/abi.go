@@ -102,6 +102,7 @@ var featureNames = [...]string{
 // RegisterMode is a UFFDIO_REGISTER_MODE_* bit.
 type RegisterMode uint64
 
+// Registration modes (UFFDIO_REGISTER_MODE_*).
 const (
 	ModeMissing RegisterMode = 1 << 0
 	ModeWP      RegisterMode = 1 << 1
@@ -120,6 +121,7 @@ const (
 // Event is the uffd_msg.event code.
 type Event uint8
 
+// The events (UFFD_EVENT_*).
 const (
 	EventPagefault Event = 0x12
 	EventFork      Event = 0x13

@@ -41,6 +41,7 @@ const (
 	ModeUserOnly
 )
 
+// String names the mode.
 func (m Mode) String() string {
 	if m == ModeUserOnly {
 		return "user-mode-only"
@@ -281,6 +282,7 @@ func DecodeMsg(b []byte) (Msg, error) {
 // Has reports whether every bit of f is in s.
 func (s Feature) Has(f Feature) bool { return s&f == f }
 
+// String lists the features by their UFFD_FEATURE_ names.
 func (s Feature) String() string {
 	var names []string
 	for i := range featureNames {

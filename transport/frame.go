@@ -27,6 +27,7 @@ const (
 	opLast      = OpAtomicAck
 )
 
+// String names the operation.
 func (o Op) String() string {
 	names := [...]string{"INVALID", "WRITE", "READ", "SEND", "WRITE_IMM", "SEND_IMM", "CMP_SWAP", "FETCH_ADD",
 		"ACK", "READ_RESP", "NAK", "ATOMIC_ACK"}
@@ -53,6 +54,7 @@ func (o Op) hasPayload() bool {
 // Syndrome is a NAK's reason, after the IB AETH NAK codes.
 type Syndrome uint8
 
+// The syndromes; SynNone is no NAK.
 const (
 	SynNone         Syndrome = iota
 	SynInvalidReq            // NAK invalid request: requester gets REM_INV_REQ_ERR

@@ -33,6 +33,7 @@ type loopEnd struct {
 	once    sync.Once
 }
 
+// Send implements Conn.
 func (e *loopEnd) Send(f *Frame) error {
 	if !e.out.Push(f) {
 		f.Done()
@@ -41,6 +42,7 @@ func (e *loopEnd) Send(f *Frame) error {
 	return nil
 }
 
+// Recv implements Conn.
 func (e *loopEnd) Recv() (*Frame, error) {
 	f, ok := e.in.Pop()
 	if !ok {
