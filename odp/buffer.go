@@ -79,32 +79,38 @@ func (d *Device) Alloc(n int) ([]byte, error) {
 	// userfaultfd installs 4 KiB pages; opting out of THP keeps pinned and ODP
 	// buffers alike whatever the system's THP mode (EINVAL: a kernel without THP).
 	_ = unix.Madvise(mem, unix.MADV_NOHUGEPAGE)
+	implicitMRs, err := d.addBuffer(mem)
+	if err != nil {
+		_ = unix.MunmapPtr(p, size) // our own fresh mapping
+		return nil, err
+	}
+	for _, mr := range implicitMRs { // the new buffer is theirs, whatever was there before
+		mr.remap(addrOf(mem), addrOf(mem)+size)
+	}
+	return mem[:n:n], nil
+}
+
+// addBuffer registers a new mapping with the userfaultfd and the pager and adds it to
+// the address space's buffers; it returns the implicit MRs, which cover it.
+func (d *Device) addBuffer(mem []byte) ([]*MR, error) {
 	d.mu.RLock() // Close sweeps the device's buffers after it set closed
 	defer d.mu.RUnlock()
 	if d.closed {
-		_ = unix.MunmapPtr(p, size) // our own fresh mapping
 		return nil, ErrClosed
 	}
+	s := d.as
 	s.mu.Lock()
-	defer func() {
-		implicitMRs := append([]*MR(nil), s.implicitMRs...)
-		s.mu.Unlock()
-		for _, mr := range implicitMRs { // the new buffer is theirs, whatever was there before
-			mr.remap(addrOf(mem), addrOf(mem)+size)
-		}
-	}()
-	b := buffer{start: addrOf(mem), end: addrOf(mem) + size, mem: mem, owner: d}
+	defer s.mu.Unlock()
+	b := buffer{start: addrOf(mem), end: addrOf(mem) + uintptr(len(mem)), mem: mem, owner: d}
 	// Registered for events from the start (write-protect mode, nothing protected:
 	// faults are the kernel's as usual), so that what the application unmaps or
 	// moves away is known, registered as an MR or not, and Free never unmaps it.
-	if _, err := s.uffd.Register(b.start, size, s.bufferModeLocked()); err != nil {
-		_ = unix.MunmapPtr(p, size) // our own fresh mapping
+	if _, err := s.uffd.Register(b.start, b.end-b.start, s.bufferModeLocked()); err != nil {
 		return nil, fmt.Errorf("odp: register buffer for events: %w", err)
 	}
 	if s.pager != nil {
 		r, err := s.pager.AddRegion(mem)
 		if err != nil {
-			_ = unix.MunmapPtr(p, size) // our own fresh mapping
 			return nil, fmt.Errorf("odp: page buffer: %w", err)
 		}
 		b.paged = r
@@ -113,12 +119,13 @@ func (d *Device) Alloc(n int) ([]byte, error) {
 	s.buffers = append(s.buffers, buffer{})
 	copy(s.buffers[i+1:], s.buffers[i:])
 	s.buffers[i] = b
-	return mem[:n:n], nil
+	return append([]*MR(nil), s.implicitMRs...), nil
 }
 
 // Free unmaps a buffer from Alloc (of any device sharing the address space). It fails
-// with ErrBusy while a memory region of any of them covers it. Parts the application unmapped or moved away itself are left alone: whatever is
-// mapped there now is not the buffer's.
+// with ErrBusy while an explicit memory region of any of them covers it; implicit MRs
+// are told first. Parts the application unmapped or moved away itself are left alone:
+// whatever is mapped there now is not the buffer's.
 func (d *Device) Free(buf []byte) error {
 	if len(buf) == 0 {
 		return wrap(ErrInvalidArgument, "free of an empty slice")
