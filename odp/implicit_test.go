@@ -81,15 +81,20 @@ func TestODPImplicitRCTraffic(t *testing.T) {
 }
 
 func TestODPImplicitPrefetchRCTraffic(t *testing.T) {
-	for _, flags := range []AdviseFlags{AdviseFlush, 0} {
-		c, s := implicitPlayers(t, 4*ps, false)
-		require.NoError(t, s.pd.AdviseMR(AdvisePrefetchWrite, flags, sgeAt(s.mr, s.buf, 0, 4*ps)))
-		for s.dev.Stats().Prefetches == 0 {
-			runtime.Gosched()
+	for _, advice := range []Advice{AdvisePrefetchWrite, AdvisePrefetchNoFault} {
+		for _, flags := range []AdviseFlags{AdviseFlush, 0} {
+			c, s := implicitPlayers(t, 4*ps, false)
+			if advice == AdvisePrefetchNoFault {
+				fill(s.buf, 1) // present: what NO_FAULT maps
+			}
+			require.NoError(t, s.pd.AdviseMR(advice, flags, sgeAt(s.mr, s.buf, 0, 4*ps)))
+			for s.dev.Stats().Prefetches == 0 {
+				runtime.Gosched()
+			}
+			assert.Equal(t, 4, validIn(s.mr, s.buf), "advice %d, flags %d", advice, flags)
+			assert.True(t, s.mr.Entry(int(addrOf(s.buf))/ps).Writable)
+			implicitTraffic(t, c, s, 10)
 		}
-		assert.EqualValues(t, 4, s.dev.Stats().PagesPrefetched)
-		assert.Equal(t, 4, validIn(s.mr, s.buf))
-		implicitTraffic(t, c, s, 10)
 	}
 }
 
