@@ -1,0 +1,421 @@
+// Package roce is the RoCEv2 wire format: the InfiniBand transport headers that RC
+// traffic carries over UDP (destination port 4791), as Soft-RoCE (rxe) and mlx5 put
+// them on Ethernet, and the invariant CRC that ends every packet.
+//
+// A Packet is one RC packet: the base transport header (BTH), the extended headers
+// its opcode implies (RETH, AETH, AtomicETH, AtomicAckETH, ImmDt), the payload and
+// its pad. Append encodes it and computes the ICRC; Decode checks every field and
+// length against the packet and against the configured Limits before it returns
+// anything, and allocates nothing: the payload it returns aliases the datagram.
+//
+// The ICRC (IBTA annex A17) covers the IP and UDP headers with their variant fields
+// (IPv4 TOS, TTL and checksum; IPv6 traffic class, flow label and hop limit; the UDP
+// checksum) set to ones, the BTH with its reserved byte set to ones, then the other
+// headers and the payload. A UDP socket neither shows nor lets one write the IP
+// header, so the emulated NIC fixes what would otherwise vary: packets are sent
+// from unconnected sockets with path MTU discovery on, for which Linux sets DF and
+// an IP identification of zero (see Endpoints).
+package roce
+
+import (
+	"encoding/binary"
+	"errors"
+	"fmt"
+	"hash/crc32"
+	"net/netip"
+)
+
+// Port is RoCEv2's UDP destination port.
+const Port = 4791
+
+// Opcode is a BTH opcode. Only the RC transport's (the top three bits zero) exist here.
+type Opcode uint8
+
+// The RC opcodes (IBTA 9.2, rxe_opcode.c).
+const (
+	SendFirst      Opcode = 0x00
+	SendMiddle     Opcode = 0x01
+	SendLast       Opcode = 0x02
+	SendLastImm    Opcode = 0x03
+	SendOnly       Opcode = 0x04
+	SendOnlyImm    Opcode = 0x05
+	WriteFirst     Opcode = 0x06
+	WriteMiddle    Opcode = 0x07
+	WriteLast      Opcode = 0x08
+	WriteLastImm   Opcode = 0x09
+	WriteOnly      Opcode = 0x0a
+	WriteOnlyImm   Opcode = 0x0b
+	ReadRequest    Opcode = 0x0c
+	ReadRespFirst  Opcode = 0x0d
+	ReadRespMiddle Opcode = 0x0e
+	ReadRespLast   Opcode = 0x0f
+	ReadRespOnly   Opcode = 0x10
+	Acknowledge    Opcode = 0x11
+	AtomicAck      Opcode = 0x12
+	CompareSwap    Opcode = 0x13
+	FetchAdd       Opcode = 0x14
+	lastOpcode            = FetchAdd
+)
+
+// Header sizes in bytes.
+const (
+	BTHSize          = 12
+	RETHSize         = 16
+	AETHSize         = 4
+	AtomicETHSize    = 28
+	AtomicAckETHSize = 8
+	ImmDtSize        = 4
+	ICRCSize         = 4
+)
+
+// Which extended headers an opcode carries, and whether it carries payload.
+const (
+	hasRETH = 1 << iota
+	hasAETH
+	hasAtomicETH
+	hasAtomicAckETH
+	hasImm
+	hasPayload
+	isFirst  // first or middle of a multi-packet message: payload is exactly one MTU
+	isMiddle // (as isFirst)
+)
+
+var opInfo = [lastOpcode + 1]struct {
+	name  string
+	flags int
+}{
+	SendFirst:      {"SEND_FIRST", hasPayload | isFirst},
+	SendMiddle:     {"SEND_MIDDLE", hasPayload | isMiddle},
+	SendLast:       {"SEND_LAST", hasPayload},
+	SendLastImm:    {"SEND_LAST_WITH_IMMEDIATE", hasPayload | hasImm},
+	SendOnly:       {"SEND_ONLY", hasPayload},
+	SendOnlyImm:    {"SEND_ONLY_WITH_IMMEDIATE", hasPayload | hasImm},
+	WriteFirst:     {"RDMA_WRITE_FIRST", hasRETH | hasPayload | isFirst},
+	WriteMiddle:    {"RDMA_WRITE_MIDDLE", hasPayload | isMiddle},
+	WriteLast:      {"RDMA_WRITE_LAST", hasPayload},
+	WriteLastImm:   {"RDMA_WRITE_LAST_WITH_IMMEDIATE", hasPayload | hasImm},
+	WriteOnly:      {"RDMA_WRITE_ONLY", hasRETH | hasPayload},
+	WriteOnlyImm:   {"RDMA_WRITE_ONLY_WITH_IMMEDIATE", hasRETH | hasImm | hasPayload},
+	ReadRequest:    {"RDMA_READ_REQUEST", hasRETH},
+	ReadRespFirst:  {"RDMA_READ_RESPONSE_FIRST", hasAETH | hasPayload | isFirst},
+	ReadRespMiddle: {"RDMA_READ_RESPONSE_MIDDLE", hasPayload | isMiddle},
+	ReadRespLast:   {"RDMA_READ_RESPONSE_LAST", hasAETH | hasPayload},
+	ReadRespOnly:   {"RDMA_READ_RESPONSE_ONLY", hasAETH | hasPayload},
+	Acknowledge:    {"ACKNOWLEDGE", hasAETH},
+	AtomicAck:      {"ATOMIC_ACKNOWLEDGE", hasAETH | hasAtomicAckETH},
+	CompareSwap:    {"COMPARE_SWAP", hasAtomicETH},
+	FetchAdd:       {"FETCH_ADD", hasAtomicETH},
+}
+
+func (o Opcode) flags() int { return opInfo[o].flags }
+
+// Valid reports whether o is an RC opcode this package knows.
+func (o Opcode) Valid() bool { return o <= lastOpcode }
+
+// String returns the opcode's IBTA name.
+func (o Opcode) String() string {
+	if !o.Valid() {
+		return fmt.Sprintf("Opcode(%#x)", uint8(o))
+	}
+	return opInfo[o].name
+}
+
+// IsRequest reports whether a requester sends o.
+func (o Opcode) IsRequest() bool {
+	return o.Valid() && (o <= ReadRequest || o == CompareSwap || o == FetchAdd)
+}
+
+// HasPayload reports whether o carries data.
+func (o Opcode) HasPayload() bool { return o.Valid() && o.flags()&hasPayload != 0 }
+
+// HeaderSize is the size of o's headers, BTH included, ICRC not.
+func (o Opcode) HeaderSize() int {
+	f := o.flags()
+	n := BTHSize
+	for _, h := range []struct {
+		bit, size int
+	}{{hasRETH, RETHSize}, {hasAETH, AETHSize}, {hasAtomicETH, AtomicETHSize}, {hasAtomicAckETH, AtomicAckETHSize},
+		{hasImm, ImmDtSize}} {
+		if f&h.bit != 0 {
+			n += h.size
+		}
+	}
+	return n
+}
+
+// Syndrome is an AETH syndrome: its top three bits say ACK, RNR NAK or NAK.
+type Syndrome uint8
+
+// The syndromes the emulated NIC sends (IBTA 9.7.5.2.8). An ACK carries the
+// credit count (0x1f: none advertised), an RNR NAK the RNR timer, a NAK its code.
+const (
+	SynACK                Syndrome = 0x1f // ACK, no credits advertised
+	SynRNRBase            Syndrome = 0x20 // | timer: RNR NAK
+	SynNAKPSNSeqError     Syndrome = 0x60
+	SynNAKInvalidRequest  Syndrome = 0x61
+	SynNAKRemoteAccess    Syndrome = 0x62
+	SynNAKRemoteOperation Syndrome = 0x63
+)
+
+// Kind returns 0 for an ACK, 1 for an RNR NAK, 3 for a NAK (2 is reserved).
+func (s Syndrome) Kind() int { return int(s >> 5) }
+
+// Timer returns an RNR NAK's timer, a NAK's code or an ACK's credit count.
+func (s Syndrome) Timer() uint8 { return uint8(s & 0x1f) }
+
+// RNR returns the RNR NAK syndrome with the given timer (IBTA encoding).
+func RNR(timer uint8) Syndrome { return SynRNRBase | Syndrome(timer&0x1f) }
+
+// Packet is one RC packet, decoded. Fields of headers the opcode does not carry are
+// zero.
+type Packet struct {
+	Opcode    Opcode
+	Solicited bool
+	MigReq    bool
+	PKey      uint16
+	DestQP    uint32 // 24 bits
+	AckReq    bool
+	PSN       uint32 // 24 bits
+
+	// RETH: WRITE FIRST/ONLY and READ REQUEST.
+	VA     uint64
+	RKey   uint32
+	DMALen uint32
+
+	// AETH: acknowledgements and READ responses (first, last, only).
+	Syndrome Syndrome
+	MSN      uint32 // 24 bits
+
+	// AtomicETH (VA and RKey above): the swap value or addend, and the compare value.
+	Swap, Compare uint64
+	// AtomicAckETH: the value found at the address.
+	Orig uint64
+
+	// ImmDt: the immediate data of *_WITH_IMMEDIATE.
+	Imm uint32
+
+	// Payload is the data, without pad. Decode returns a slice of its input.
+	Payload []byte
+}
+
+// Limits bound what Decode accepts: nothing a peer sends is trusted beyond them.
+type Limits struct {
+	// MTU is the path MTU: the payload of a FIRST or MIDDLE packet is exactly this,
+	// of any other at most this (256, 512, 1024, 2048 or 4096).
+	MTU int
+	// MaxMessage bounds a RETH's DMA length (the largest message a QP takes).
+	MaxMessage uint32
+}
+
+// ValidMTU reports whether n is one of IB's path MTUs.
+func ValidMTU(n int) bool { return n == 256 || n == 512 || n == 1024 || n == 2048 || n == 4096 }
+
+// Errors Decode wraps, usable with errors.Is.
+var (
+	ErrMalformed = errors.New("roce: malformed packet")
+	ErrICRC      = errors.New("roce: ICRC mismatch")
+)
+
+// Endpoints are a packet's UDP source and destination, which its ICRC covers. The
+// IPv4 header the ICRC assumes has no options, DF set and an identification of zero,
+// which Linux sends for an unconnected UDP socket with IP_PMTUDISC_DO.
+type Endpoints struct {
+	Src, Dst netip.AddrPort
+}
+
+// ipv4 reports whether both ends are IPv4 (IPv4-mapped IPv6 counts as IPv4).
+func (e Endpoints) ipv4() bool { return e.Src.Addr().Unmap().Is4() && e.Dst.Addr().Unmap().Is4() }
+
+// Size returns the size of p encoded: headers, payload, pad and ICRC.
+func (p *Packet) Size() int {
+	return p.Opcode.HeaderSize() + len(p.Payload) + pad(len(p.Payload)) + ICRCSize
+}
+
+func pad(n int) int { return (4 - n%4) % 4 }
+
+// Append appends p, encoded with its ICRC for the given endpoints, to b. It fails
+// for an opcode this package does not know or fields wider than their headers'.
+func (p *Packet) Append(b []byte, ep Endpoints) ([]byte, error) {
+	switch {
+	case !p.Opcode.Valid():
+		return b, fmt.Errorf("%w: opcode %#x", ErrMalformed, uint8(p.Opcode))
+	case p.DestQP >= 1<<24 || p.PSN >= 1<<24 || p.MSN >= 1<<24:
+		return b, fmt.Errorf("%w: QPN, PSN or MSN wider than 24 bits", ErrMalformed)
+	case len(p.Payload) > 0 && !p.Opcode.HasPayload():
+		return b, fmt.Errorf("%w: %v carries no payload", ErrMalformed, p.Opcode)
+	}
+	start := len(b)
+	f := p.Opcode.flags()
+	be := binary.BigEndian
+	n := pad(len(p.Payload))
+	var h [BTHSize]byte
+	h[0] = byte(p.Opcode)
+	h[1] = byte(n) << 4 // TVer 0
+	if p.Solicited {
+		h[1] |= 0x80
+	}
+	if p.MigReq {
+		h[1] |= 0x40
+	}
+	be.PutUint16(h[2:], p.PKey)
+	be.PutUint32(h[4:], p.DestQP) // byte 4, reserved, is zero
+	be.PutUint32(h[8:], p.PSN)
+	if p.AckReq {
+		h[8] |= 0x80
+	}
+	b = append(b, h[:]...)
+	if f&hasRETH != 0 {
+		b = be.AppendUint64(b, p.VA)
+		b = be.AppendUint32(b, p.RKey)
+		b = be.AppendUint32(b, p.DMALen)
+	}
+	if f&hasAETH != 0 {
+		b = be.AppendUint32(b, uint32(p.Syndrome)<<24|p.MSN)
+	}
+	if f&hasAtomicETH != 0 {
+		b = be.AppendUint64(b, p.VA)
+		b = be.AppendUint32(b, p.RKey)
+		b = be.AppendUint64(b, p.Swap)
+		b = be.AppendUint64(b, p.Compare)
+	}
+	if f&hasAtomicAckETH != 0 {
+		b = be.AppendUint64(b, p.Orig)
+	}
+	if f&hasImm != 0 {
+		b = be.AppendUint32(b, p.Imm)
+	}
+	b = append(b, p.Payload...)
+	b = append(b, make([]byte, n)...)
+	crc := ICRC(ep, b[start:])
+	return binary.LittleEndian.AppendUint32(b, crc), nil
+}
+
+// Decode decodes one UDP payload received from ep.Src at ep.Dst, checking every
+// length, field and the ICRC before it returns. The packet's Payload aliases b.
+func Decode(b []byte, ep Endpoints, lim Limits) (Packet, error) {
+	var p Packet
+	if len(b) < BTHSize+ICRCSize {
+		return p, fmt.Errorf("%w: %d bytes", ErrMalformed, len(b))
+	}
+	be := binary.BigEndian
+	p.Opcode = Opcode(b[0])
+	if !p.Opcode.Valid() {
+		return p, fmt.Errorf("%w: opcode %#x (not RC, or unknown)", ErrMalformed, b[0])
+	}
+	if tver := b[1] & 0x0f; tver != 0 {
+		return p, fmt.Errorf("%w: transport version %d", ErrMalformed, tver)
+	}
+	if b[4] != 0 || b[8]&0x7f != 0 {
+		return p, fmt.Errorf("%w: reserved BTH bits set", ErrMalformed)
+	}
+	padCnt := int(b[1]>>4) & 3
+	p.Solicited, p.MigReq = b[1]&0x80 != 0, b[1]&0x40 != 0
+	p.PKey = be.Uint16(b[2:])
+	p.DestQP = be.Uint32(b[4:]) & (1<<24 - 1)
+	p.AckReq = b[8]&0x80 != 0
+	p.PSN = be.Uint32(b[8:]) & (1<<24 - 1)
+	hdr := p.Opcode.HeaderSize()
+	if len(b) < hdr+ICRCSize {
+		return p, fmt.Errorf("%w: %v needs %d header bytes, has %d", ErrMalformed, p.Opcode, hdr, len(b)-ICRCSize)
+	}
+	if got, want := binary.LittleEndian.Uint32(b[len(b)-ICRCSize:]), ICRC(ep, b[:len(b)-ICRCSize]); got != want {
+		return p, fmt.Errorf("%w: %#08x, computed %#08x", ErrICRC, got, want)
+	}
+	f := p.Opcode.flags()
+	at := BTHSize
+	if f&hasRETH != 0 {
+		p.VA, p.RKey, p.DMALen = be.Uint64(b[at:]), be.Uint32(b[at+8:]), be.Uint32(b[at+12:])
+		at += RETHSize
+		if p.DMALen > lim.MaxMessage {
+			return p, fmt.Errorf("%w: DMA length %d > %d", ErrMalformed, p.DMALen, lim.MaxMessage)
+		}
+	}
+	if f&hasAETH != 0 {
+		a := be.Uint32(b[at:])
+		p.Syndrome, p.MSN = Syndrome(a>>24), a&(1<<24-1)
+		at += AETHSize
+		if p.Syndrome.Kind() == 2 {
+			return p, fmt.Errorf("%w: reserved AETH syndrome %#x", ErrMalformed, uint8(p.Syndrome))
+		}
+	}
+	if f&hasAtomicETH != 0 {
+		p.VA, p.RKey = be.Uint64(b[at:]), be.Uint32(b[at+8:])
+		p.Swap, p.Compare = be.Uint64(b[at+12:]), be.Uint64(b[at+20:])
+		at += AtomicETHSize
+	}
+	if f&hasAtomicAckETH != 0 {
+		p.Orig = be.Uint64(b[at:])
+		at += AtomicAckETHSize
+	}
+	if f&hasImm != 0 {
+		p.Imm = be.Uint32(b[at:])
+		at += ImmDtSize
+	}
+	body := b[at : len(b)-ICRCSize]
+	switch {
+	case f&hasPayload == 0 && len(body) != 0:
+		return p, fmt.Errorf("%w: %v with %d payload bytes", ErrMalformed, p.Opcode, len(body))
+	case f&hasPayload == 0 && padCnt != 0:
+		return p, fmt.Errorf("%w: pad count on %v", ErrMalformed, p.Opcode)
+	case len(body)%4 != 0 || padCnt > len(body):
+		return p, fmt.Errorf("%w: %d payload bytes with pad count %d", ErrMalformed, len(body), padCnt)
+	}
+	p.Payload = body[:len(body)-padCnt]
+	if f&hasPayload != 0 {
+		if f&(isFirst|isMiddle) != 0 && len(p.Payload) != lim.MTU {
+			return p, fmt.Errorf("%w: %v of %d bytes, path MTU %d", ErrMalformed, p.Opcode, len(p.Payload), lim.MTU)
+		}
+		if len(p.Payload) > lim.MTU {
+			return p, fmt.Errorf("%w: %v of %d bytes > path MTU %d", ErrMalformed, p.Opcode, len(p.Payload), lim.MTU)
+		}
+	}
+	return p, nil
+}
+
+// icrcSeed is the CRC register after a seed of ones and the eight bytes of ones that
+// stand for the masked LRH (rxe_icrc.c), in the form hash/crc32's Update takes.
+const icrcSeed = ^uint32(0xdebb20e3)
+
+// ICRC returns the invariant CRC of a packet sent from ep.Src to ep.Dst whose headers,
+// payload and pad (everything but the ICRC) are pkt. It is stored little-endian.
+func ICRC(ep Endpoints, pkt []byte) uint32 {
+	if len(pkt) < BTHSize {
+		return 0 // not a packet: Decode refuses it before it asks
+	}
+	var ph [40 + 8]byte // the IPv6 header is the larger
+	be := binary.BigEndian
+	udpLen := 8 + len(pkt) + ICRCSize
+	var n int
+	if ep.ipv4() {
+		ph[0] = 0x45
+		ph[1] = 0xff // TOS, masked
+		be.PutUint16(ph[2:], uint16(20+udpLen))
+		be.PutUint16(ph[6:], 0x4000) // DF, identification 0 (ph[4:6])
+		ph[8] = 0xff                 // TTL, masked
+		ph[9] = 17                   // UDP
+		be.PutUint16(ph[10:], 0xffff)
+		s, d := ep.Src.Addr().Unmap().As4(), ep.Dst.Addr().Unmap().As4()
+		copy(ph[12:], s[:])
+		copy(ph[16:], d[:])
+		n = 20
+	} else {
+		be.PutUint32(ph[0:], 0x6fffffff) // version 6; traffic class and flow label masked
+		be.PutUint16(ph[4:], uint16(udpLen))
+		ph[6] = 17   // next header: UDP
+		ph[7] = 0xff // hop limit, masked
+		s, d := ep.Src.Addr().As16(), ep.Dst.Addr().As16()
+		copy(ph[8:], s[:])
+		copy(ph[24:], d[:])
+		n = 40
+	}
+	be.PutUint16(ph[n:], ep.Src.Port())
+	be.PutUint16(ph[n+2:], ep.Dst.Port())
+	be.PutUint16(ph[n+4:], uint16(udpLen))
+	be.PutUint16(ph[n+6:], 0xffff) // UDP checksum, masked
+	crc := crc32.Update(icrcSeed, crc32.IEEETable, ph[:n+8])
+	var bth [BTHSize]byte
+	copy(bth[:], pkt) // the caller's length check guarantees BTHSize bytes
+	bth[4] = 0xff     // reserved, masked
+	crc = crc32.Update(crc, crc32.IEEETable, bth[:])
+	return crc32.Update(crc, crc32.IEEETable, pkt[BTHSize:])
+}

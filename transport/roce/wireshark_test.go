@@ -1,0 +1,131 @@
+package roce
+
+import (
+	"bufio"
+	"context"
+	"fmt"
+	"net"
+	"net/netip"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+	"golang.org/x/sys/unix"
+)
+
+// sender is an unconnected UDP socket with path MTU discovery on, bound to src: Linux
+// sends its datagrams with DF set and an IP identification of zero, the IPv4 header
+// the ICRC assumes (Endpoints).
+func sender(t *testing.T, src string) *net.UDPConn {
+	lc := net.ListenConfig{Control: func(_, _ string, c syscall.RawConn) error {
+		var serr error
+		err := c.Control(func(fd uintptr) {
+			serr = unix.SetsockoptInt(int(fd), unix.IPPROTO_IP, unix.IP_MTU_DISCOVER, unix.IP_PMTUDISC_DO)
+		})
+		if err != nil {
+			return err
+		}
+		return serr
+	}}
+	pc, err := lc.ListenPacket(context.Background(), "udp4", src)
+	require.NoError(t, err)
+	t.Cleanup(func() { _ = pc.Close() })
+	return pc.(*net.UDPConn)
+}
+
+// Wireshark's InfiniBand dissector decodes what Append writes as RRoCE: a capture on
+// the loopback interface of a packet of every opcode shows each with its opcode and
+// PSN, nothing malformed, the IPv4 header the ICRC assumes, and the ICRC computed
+// here. The check needs tshark (Debian's tshark package; .ci/run installs it) and
+// the right to capture.
+func TestWiresharkDecodes(t *testing.T) {
+	tshark, err := exec.LookPath("tshark")
+	if err != nil {
+		t.Skip("skipped: tshark is not installed (apt-get install tshark)")
+	}
+	conn := sender(t, "127.0.0.1:0")
+	local := conn.LocalAddr().(*net.UDPAddr).AddrPort()
+	dst := netip.AddrPortFrom(netip.MustParseAddr("127.0.0.1"), Port)
+	ep := Endpoints{Src: netip.AddrPortFrom(local.Addr().Unmap(), local.Port()), Dst: dst}
+	pkts := samples()
+
+	capture := filepath.Join(t.TempDir(), "roce.pcapng")
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second) // a hang detector
+	defer cancel()
+	filter := fmt.Sprintf("udp and src port %d and dst port %d", local.Port(), Port)
+	cmd := exec.CommandContext(ctx, tshark, "-i", "lo", "-f", filter, "-c", strconv.Itoa(len(pkts)), "-w", capture)
+	stderr, err := cmd.StderrPipe()
+	require.NoError(t, err)
+	require.NoError(t, cmd.Start())
+	// tshark says when its capture has started (after "Capturing on", which comes
+	// before the filter is attached); nothing sent before that is seen.
+	lines := bufio.NewScanner(stderr)
+	started := false
+	var said []string
+	for lines.Scan() {
+		said = append(said, lines.Text())
+		if strings.Contains(lines.Text(), "Capture started") {
+			started = true
+			break
+		}
+	}
+	if !started {
+		_ = cmd.Wait()
+		t.Skipf("skipped: tshark cannot capture on lo: %s", strings.Join(said, "; "))
+	}
+	go func() { // drain the rest, so that tshark never blocks on its stderr
+		for lines.Scan() {
+		}
+	}()
+	var icrcs []uint32
+	for _, p := range pkts {
+		b, err := p.Append(nil, ep)
+		require.NoError(t, err)
+		icrcs = append(icrcs, ICRC(ep, b[:len(b)-ICRCSize]))
+		_, err = conn.WriteToUDPAddrPort(b, dst)
+		require.NoError(t, err)
+	}
+	require.NoError(t, cmd.Wait(), "tshark exits after %d packets", len(pkts))
+
+	// UDP port 4791 is RRoCE to Wireshark without being told. Its RPC-over-RDMA
+	// heuristic would take the samples' SEND payloads for RPC messages (and call
+	// them malformed): it is turned off, the InfiniBand dissector is what is checked.
+	read := exec.CommandContext(ctx, tshark, "--disable-protocol", "rpcordma", "-r", capture, "-T", "fields", "-E", "separator=;",
+		"-e", "frame.protocols", "-e", "infiniband.bth.opcode", "-e", "infiniband.bth.psn", "-e", "infiniband.invariant.crc",
+		"-e", "ip.id", "-e", "ip.flags.df", "-e", "_ws.malformed", "-e", "_ws.expert.severity")
+	var errOut strings.Builder
+	read.Stderr = &errOut
+	out, err := read.Output()
+	require.NoError(t, err, "%s", errOut.String())
+	rows := strings.Split(strings.TrimSpace(string(out)), "\n")
+	require.Len(t, rows, len(pkts))
+	for i, row := range rows {
+		f := strings.Split(row, ";")
+		require.Len(t, f, 8, row)
+		p := pkts[i]
+		assert.Contains(t, f[0], "infiniband", "%v: dissected as InfiniBand: %s", p.Opcode, f[0])
+		assert.Equal(t, strconv.Itoa(int(p.Opcode)), f[1], "%v: opcode", p.Opcode)
+		assert.Equal(t, strconv.Itoa(int(p.PSN)), f[2], "%v: PSN", p.Opcode)
+		crc, err := strconv.ParseUint(strings.TrimPrefix(f[3], "0x"), 16, 32)
+		require.NoError(t, err, "%v: an invariant CRC field: %q", p.Opcode, f[3])
+		// Wireshark shows the four ICRC bytes as a big-endian number.
+		var le [4]byte
+		le[0], le[1], le[2], le[3] = byte(icrcs[i]), byte(icrcs[i]>>8), byte(icrcs[i]>>16), byte(icrcs[i]>>24)
+		want := uint64(le[0])<<24 | uint64(le[1])<<16 | uint64(le[2])<<8 | uint64(le[3])
+		assert.Equal(t, want, crc, "%v: the ICRC Wireshark finds is ours", p.Opcode)
+		assert.Equal(t, "0x0000", f[4], "%v: IP identification zero", p.Opcode)
+		assert.Contains(t, []string{"1", "True", "Set"}, f[5], "%v: DF set", p.Opcode)
+		assert.Empty(t, f[6], "%v: malformed", p.Opcode)
+		assert.NotContains(t, f[7], "error", "%v: expert errors", p.Opcode)
+	}
+	if t.Failed() {
+		_ = os.WriteFile(filepath.Join(os.TempDir(), "roce-failed.txt"), out, 0o644)
+	}
+}
