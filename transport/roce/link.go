@@ -1,0 +1,188 @@
+package roce
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"math/rand/v2"
+	"net"
+	"net/netip"
+	"sync"
+	"sync/atomic"
+	"syscall"
+
+	"golang.org/x/sys/unix"
+)
+
+// Loss injects faults into what a Link sends, since these kernels have no netem: each
+// packet is dropped with probability Drop, else sent twice with probability
+// Duplicate, else held back and sent after the next one with probability Reorder.
+// The same Seed gives the same faults for the same packets.
+type Loss struct {
+	Seed                     uint64
+	Drop, Duplicate, Reorder float64
+}
+
+func (l Loss) active() bool { return l.Drop > 0 || l.Duplicate > 0 || l.Reorder > 0 }
+
+// LinkStats are a Link's counters.
+type LinkStats struct {
+	Sent, Received   uint64 // packets put on and taken off the wire
+	Malformed        uint64 // datagrams dropped because Decode refused them
+	BadICRC          uint64 // of which: the ICRC did not match
+	Dropped, Doubled uint64 // faults injected: packets not sent, sent twice
+	Reordered        uint64 // packets sent after the one that followed them
+}
+
+// Link is one RoCEv2 endpoint: a UDP socket bound to a specific local address (the
+// ICRC covers it), sending RC packets to peers and receiving theirs. Datagrams that
+// do not decode are counted and dropped, as a NIC drops them. Send and Recv are safe
+// for concurrent use.
+type Link struct {
+	conn  *net.UDPConn
+	local netip.AddrPort
+	lim   Limits
+	loss  Loss
+
+	mu     sync.Mutex // the fault injector: its generator and a held packet
+	rng    *rand.Rand
+	held   []byte
+	heldTo netip.AddrPort
+
+	sent, received, malformed, badICRC, dropped, doubled, reordered atomic.Uint64
+}
+
+// socketBuffer is the size asked for the socket's send and receive buffers.
+const socketBuffer = 8 << 20
+
+// Listen binds a Link to local (a specific IPv4 or IPv6 address; port 0 picks one).
+// Its sends leave with DF set and, from an unconnected socket, an IP identification
+// of zero: the header the ICRC assumes.
+func Listen(local netip.AddrPort, lim Limits, loss Loss) (*Link, error) {
+	if !local.Addr().IsValid() || local.Addr().IsUnspecified() {
+		return nil, fmt.Errorf("roce: listen on %v: the ICRC covers the source address, bind a specific one", local)
+	}
+	if !ValidMTU(lim.MTU) || lim.MaxMessage == 0 {
+		return nil, fmt.Errorf("roce: limits %+v: a path MTU of 256..4096 and a largest message", lim)
+	}
+	network := "udp4"
+	if !local.Addr().Unmap().Is4() {
+		network = "udp6"
+	}
+	lc := net.ListenConfig{Control: func(_, _ string, c syscall.RawConn) error {
+		var serr error
+		err := c.Control(func(fd uintptr) {
+			if network == "udp4" {
+				serr = unix.SetsockoptInt(int(fd), unix.IPPROTO_IP, unix.IP_MTU_DISCOVER, unix.IP_PMTUDISC_DO)
+			} else {
+				serr = unix.SetsockoptInt(int(fd), unix.IPPROTO_IPV6, unix.IPV6_MTU_DISCOVER, unix.IPV6_PMTUDISC_DO)
+			}
+			// A NIC's receive queue holds a window of packets; the default socket
+			// buffer (about 200 KiB) drops a burst of a few hundred. Beyond
+			// net.core.rmem_max only CAP_NET_ADMIN may go (the FORCE options); the
+			// default stays where it may not.
+			for _, o := range [][2]int{{unix.SO_RCVBUFFORCE, unix.SO_RCVBUF}, {unix.SO_SNDBUFFORCE, unix.SO_SNDBUF}} {
+				if unix.SetsockoptInt(int(fd), unix.SOL_SOCKET, o[0], socketBuffer) != nil {
+					_ = unix.SetsockoptInt(int(fd), unix.SOL_SOCKET, o[1], socketBuffer) // capped, never refused
+				}
+			}
+		})
+		return errors.Join(err, serr)
+	}}
+	pc, err := lc.ListenPacket(context.Background(), network, local.String())
+	if err != nil {
+		return nil, fmt.Errorf("roce: %w", err)
+	}
+	conn := pc.(*net.UDPConn)
+	bound := conn.LocalAddr().(*net.UDPAddr).AddrPort()
+	l := &Link{conn: conn, local: netip.AddrPortFrom(bound.Addr().Unmap(), bound.Port()), lim: lim, loss: loss,
+		rng: rand.New(rand.NewPCG(loss.Seed, 0x726f6365))}
+	return l, nil
+}
+
+// LocalAddr returns the bound address.
+func (l *Link) LocalAddr() netip.AddrPort { return l.local }
+
+// Limits returns what the Link's Recv accepts.
+func (l *Link) Limits() Limits { return l.lim }
+
+// Close closes the socket; a blocked Recv returns net.ErrClosed.
+func (l *Link) Close() error { return l.conn.Close() }
+
+// Send encodes p for dst and sends it, through the fault injector.
+func (l *Link) Send(p *Packet, dst netip.AddrPort) error {
+	dst = netip.AddrPortFrom(dst.Addr().Unmap(), dst.Port())
+	b, err := p.Append(make([]byte, 0, p.Size()), Endpoints{Src: l.local, Dst: dst})
+	if err != nil {
+		return err
+	}
+	if !l.loss.active() {
+		return l.write(b, dst)
+	}
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	held, heldTo := l.held, l.heldTo
+	l.held = nil
+	switch r := l.rng.Float64(); {
+	case r < l.loss.Drop:
+		l.dropped.Add(1)
+	case r < l.loss.Drop+l.loss.Duplicate:
+		l.doubled.Add(1)
+		err = errors.Join(l.write(b, dst), l.write(b, dst))
+	case r < l.loss.Drop+l.loss.Duplicate+l.loss.Reorder && held == nil:
+		l.reordered.Add(1)
+		l.held, l.heldTo = b, dst // goes out after the next packet
+	default:
+		err = l.write(b, dst)
+	}
+	if held != nil {
+		err = errors.Join(err, l.write(held, heldTo))
+	}
+	return err
+}
+
+func (l *Link) write(b []byte, dst netip.AddrPort) error {
+	if _, err := l.conn.WriteToUDPAddrPort(b, dst); err != nil {
+		return fmt.Errorf("roce: send to %v: %w", dst, err)
+	}
+	l.sent.Add(1)
+	return nil
+}
+
+// Recv returns the next packet that decodes, with its sender. Its Payload aliases
+// buf, which must hold the largest packet the limits allow (BufferSize). Datagrams
+// that do not decode are counted and skipped. It fails only when the Link is closed
+// or the socket fails.
+func (l *Link) Recv(buf []byte) (Packet, netip.AddrPort, error) {
+	for {
+		n, from, err := l.conn.ReadFromUDPAddrPort(buf)
+		if err != nil {
+			return Packet{}, from, err
+		}
+		from = netip.AddrPortFrom(from.Addr().Unmap(), from.Port())
+		if n == len(buf) { // possibly truncated: larger than any packet the limits allow
+			l.malformed.Add(1)
+			continue
+		}
+		p, err := Decode(buf[:n], Endpoints{Src: from, Dst: l.local}, l.lim)
+		if err != nil {
+			l.malformed.Add(1)
+			if errors.Is(err, ErrICRC) {
+				l.badICRC.Add(1)
+			}
+			continue
+		}
+		l.received.Add(1)
+		return p, from, nil
+	}
+}
+
+// BufferSize is the receive buffer Recv needs for the limits: the largest packet,
+// plus one byte to tell a datagram that is too large.
+func BufferSize(lim Limits) int { return BTHSize + RETHSize + ImmDtSize + lim.MTU + ICRCSize + 1 }
+
+// Stats returns the counters.
+func (l *Link) Stats() LinkStats {
+	return LinkStats{Sent: l.sent.Load(), Received: l.received.Load(), Malformed: l.malformed.Load(),
+		BadICRC: l.badICRC.Load(), Dropped: l.dropped.Load(), Doubled: l.doubled.Load(), Reordered: l.reordered.Load()}
+}
