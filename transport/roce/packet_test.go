@@ -10,6 +10,7 @@ import (
 
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
+	"go.uber.org/goleak"
 )
 
 var (
@@ -207,3 +208,5 @@ func FuzzDecode(f *testing.F) {
 		}
 	})
 }
+
+func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
