@@ -6,6 +6,7 @@ import (
 	"time"
 
 	"github.com/odpemu/odpemu/transport"
+	"github.com/odpemu/odpemu/transport/roce"
 )
 
 // FaultPolicy is what a responder does when a request finds its ODP pages missing.
@@ -68,14 +69,8 @@ const (
 // retried 7 times.
 var DefaultQPAttr = QPAttr{MinRNRTimer: 12, RNRRetry: 7, Timeout: 14, RetryCnt: 7}
 
-// rnrTimerUS is the IBTA's RNR timer table, in microseconds (encoding 0 is the largest).
-var rnrTimerUS = [32]int64{655360, 10, 20, 30, 40, 60, 80, 120, 160, 240, 320, 480, 640, 960, 1280, 1920, 2560,
-	3840, 5120, 7680, 10240, 15360, 20480, 30720, 40960, 61440, 81920, 122880, 163840, 245760, 327680, 491520}
-
 // RNRTimer decodes an RNR timer value (IBTA encoding, 0..31).
-func RNRTimer(enc uint8) time.Duration {
-	return time.Duration(rnrTimerUS[enc&31]) * time.Microsecond
-}
+func RNRTimer(enc uint8) time.Duration { return roce.RNRTimer(enc) }
 
 // ModifyAttr changes the attributes mask selects, as ibv_modify_qp does with those
 // attribute bits. Values out of their fields' ranges fail with ErrInvalidArgument.

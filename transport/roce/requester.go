@@ -1,0 +1,294 @@
+package roce
+
+import (
+	"time"
+)
+
+// Status is how the requester ends a message.
+type Status int
+
+// The requester's statuses (the ibv_wc_status each maps to in parentheses).
+const (
+	StatusSuccess          Status = iota
+	StatusRemoteInvalid           // NAK invalid request (REM_INV_REQ_ERR)
+	StatusRemoteAccess            // NAK remote access error (REM_ACCESS_ERR)
+	StatusRemoteOp                // NAK remote operational error (REM_OP_ERR)
+	StatusRetryExceeded           // no answer after RetryCnt retransmissions (RETRY_EXC_ERR)
+	StatusRNRRetryExceeded        // RNR NAKs beyond RNRRetry (RNR_RETRY_EXC_ERR)
+	StatusFlushed                 // behind a failed message: the QP is in error (WR_FLUSH_ERR)
+)
+
+// Completion is a message the requester is done with.
+type Completion struct {
+	ID       uint64
+	Status   Status
+	Response *Message // READ: the data; atomics: the original value
+}
+
+// Output is what the requester's state machine asks its QP to do.
+type Output struct {
+	Done []Completion // in posting order
+	Send []Packet     // packets to put on the wire, in order
+	// RNRWait, when positive, asks the QP to call Resend after that long: the
+	// responder answered RNR NAK.
+	RNRWait time.Duration
+	resend  uint32 // the PSN Resend starts from
+}
+
+// RequesterConfig are the requester's RC attributes.
+type RequesterConfig struct {
+	MTU      int
+	FirstPSN uint32
+	Timeout  time.Duration // the local ACK timeout; 0: none
+	RetryCnt int           // retransmissions after timeouts or sequence NAKs (0..7)
+	RNRRetry int           // retransmissions after RNR NAKs (0..7, 7: no limit)
+}
+
+type outstanding struct {
+	id       uint64
+	msg      Message
+	pkts     []Packet // its packets, kept for retransmission (payloads alias msg's)
+	first    uint32
+	last     uint32 // PSN of its last packet (a READ: of its response's last packet)
+	rnrTries int
+	resp     *Reassembler // READ responses
+	respNext uint32       // the PSN of the READ response packet expected next
+}
+
+// Requester is the send side of an RC QP (IBTA 9.7.6, rxe_req.c and rxe_comp.c)
+// without I/O: Post assigns PSNs and segments messages, Receive takes the
+// responder's ACKs, NAKs and responses, Tick runs the ACK timer. Retransmission is
+// go-back-N from the PSN the responder asks for. It is not safe for concurrent use.
+type Requester struct {
+	cfg      RequesterConfig
+	nextPSN  uint32
+	out      []*outstanding
+	retries  int // timeouts and sequence NAKs since the last progress
+	deadline time.Time
+	failed   bool
+}
+
+// NewRequester starts a requester.
+func NewRequester(cfg RequesterConfig) *Requester {
+	return &Requester{cfg: cfg, nextPSN: cfg.FirstPSN & psnMask}
+}
+
+// Outstanding returns the number of messages posted and not completed.
+func (q *Requester) Outstanding() int { return len(q.out) }
+
+// Post segments m, assigns its PSNs and returns the packets to send. The last packet
+// asks for an acknowledgement.
+func (q *Requester) Post(id uint64, m Message, now time.Time) (Output, error) {
+	m.PSN, m.AckReq = q.nextPSN, true
+	pkts, err := Segment(&m, q.cfg.MTU)
+	if err != nil {
+		return Output{}, err
+	}
+	n := len(pkts)
+	if m.Kind == KindReadRequest {
+		n = Packets(int(m.DMALen), q.cfg.MTU)
+	}
+	o := &outstanding{id: id, msg: m, pkts: pkts, first: m.PSN, last: (m.PSN + uint32(n) - 1) & psnMask}
+	if m.Kind == KindReadRequest {
+		o.resp = NewReassembler(Limits{MTU: q.cfg.MTU, MaxMessage: m.DMALen})
+	}
+	q.nextPSN = (o.last + 1) & psnMask
+	if q.failed {
+		return Output{Done: []Completion{{ID: id, Status: StatusFlushed}}}, nil
+	}
+	if len(q.out) == 0 {
+		q.arm(now)
+	}
+	q.out = append(q.out, o)
+	return Output{Send: pkts}, nil
+}
+
+func (q *Requester) arm(now time.Time) {
+	if q.cfg.Timeout > 0 {
+		q.deadline = now.Add(q.cfg.Timeout)
+	}
+}
+
+// Receive takes a packet from the responder.
+func (q *Requester) Receive(p *Packet, now time.Time) Output {
+	var out Output
+	if q.failed || len(q.out) == 0 || p.Opcode.IsRequest() {
+		return out
+	}
+	switch {
+	case p.Opcode == Acknowledge && p.Syndrome.Kind() == 0:
+		q.ackThrough(p.PSN, &out, now)
+	case p.Opcode == Acknowledge && p.Syndrome.Kind() == 1: // RNR NAK
+		q.ackThrough((p.PSN-1)&psnMask, &out, now)
+		o := q.find(p.PSN)
+		if o == nil {
+			return out
+		}
+		if q.cfg.RNRRetry != 7 && o.rnrTries >= q.cfg.RNRRetry {
+			q.fail(o, StatusRNRRetryExceeded, &out)
+			return out
+		}
+		o.rnrTries++
+		out.RNRWait = RNRTimer(p.Syndrome.Timer())
+		out.resend = p.PSN
+		q.deadline = time.Time{} // the RNR timer, not the ACK timer, runs now
+	case p.Opcode == Acknowledge && p.Syndrome == SynNAKPSNSeqError:
+		q.ackThrough((p.PSN-1)&psnMask, &out, now)
+		q.retransmit(p.PSN, &out, now, true)
+	case p.Opcode == Acknowledge: // a NAK that ends the QP
+		q.ackThrough((p.PSN-1)&psnMask, &out, now)
+		if o := q.find(p.PSN); o != nil {
+			status := map[Syndrome]Status{SynNAKInvalidRequest: StatusRemoteInvalid, SynNAKRemoteAccess: StatusRemoteAccess,
+				SynNAKRemoteOperation: StatusRemoteOp}[p.Syndrome]
+			if status == StatusSuccess {
+				status = StatusRemoteInvalid // a NAK code we do not know
+			}
+			q.fail(o, status, &out)
+		}
+	case p.Opcode == AtomicAck:
+		o := q.find(p.PSN)
+		if o == nil || o.first != p.PSN || (o.msg.Kind != KindCompareSwap && o.msg.Kind != KindFetchAdd) {
+			return out // a stale or misdirected response: ignore it
+		}
+		q.ackThrough((p.PSN-1)&psnMask, &out, now)
+		q.complete(o, &Message{Kind: KindAtomicAck, PSN: p.PSN, Orig: p.Orig}, &out, now)
+	default: // READ response packets
+		o := q.find(p.PSN)
+		if o == nil || o.resp == nil {
+			return out
+		}
+		if p.Opcode == ReadRespFirst || p.Opcode == ReadRespOnly {
+			if p.PSN != o.first {
+				return out
+			}
+			q.ackThrough((p.PSN-1)&psnMask, &out, now)
+			o.resp = NewReassembler(Limits{MTU: q.cfg.MTU, MaxMessage: o.msg.DMALen})
+		} else if p.PSN != o.respNext {
+			return out // a gap or a duplicate: the READ is asked again when the timer fires
+		}
+		o.respNext = (p.PSN + 1) & psnMask
+		q.retries = 0 // forward progress
+		m, err := o.resp.Add(p)
+		if err != nil {
+			o.resp = NewReassembler(Limits{MTU: q.cfg.MTU, MaxMessage: o.msg.DMALen})
+			return out // the retransmission brings it again
+		}
+		if m != nil {
+			if len(m.Payload) != int(o.msg.DMALen) {
+				q.fail(o, StatusRemoteInvalid, &out)
+				return out
+			}
+			q.complete(o, m, &out, now)
+		}
+	}
+	return out
+}
+
+// Resend is called RNRWait after an RNR NAK: it sends everything from the NAKed PSN
+// again.
+func (q *Requester) Resend(o Output, now time.Time) Output {
+	var out Output
+	if !q.failed && len(q.out) > 0 {
+		q.retransmit(o.resend, &out, now, false)
+	}
+	return out
+}
+
+// Tick runs the ACK timer: past the deadline with messages outstanding, it
+// retransmits them all, or fails the oldest when RetryCnt retransmissions went
+// unanswered.
+func (q *Requester) Tick(now time.Time) Output {
+	var out Output
+	if q.failed || len(q.out) == 0 || q.deadline.IsZero() || now.Before(q.deadline) {
+		return out
+	}
+	q.retransmit(q.out[0].first, &out, now, true)
+	return out
+}
+
+// retransmit sends again every packet from psn on (go-back-N); counted ones use up
+// the retry count.
+func (q *Requester) retransmit(psn uint32, out *Output, now time.Time, counted bool) {
+	if counted {
+		if q.retries >= q.cfg.RetryCnt {
+			q.fail(q.out[0], StatusRetryExceeded, out)
+			return
+		}
+		q.retries++
+	}
+	for _, o := range q.out {
+		if o.resp != nil { // a READ whose response reaches psn is asked again, whole
+			if psnDiff(o.last, psn) >= 0 {
+				out.Send = append(out.Send, o.pkts...)
+				o.resp = NewReassembler(Limits{MTU: q.cfg.MTU, MaxMessage: o.msg.DMALen})
+			}
+			continue
+		}
+		for _, p := range o.pkts {
+			if psnDiff(p.PSN, psn) >= 0 {
+				out.Send = append(out.Send, p)
+			}
+		}
+	}
+	q.arm(now)
+}
+
+// ackThrough completes the SENDs and WRITEs whose last packet is at or before psn.
+// A READ or atomic is completed by its response, not by an ACK.
+func (q *Requester) ackThrough(psn uint32, out *Output, now time.Time) {
+	for len(q.out) > 0 {
+		o := q.out[0]
+		if psnDiff(o.last, psn) > 0 || o.resp != nil || o.msg.Kind == KindCompareSwap || o.msg.Kind == KindFetchAdd {
+			return
+		}
+		q.complete(o, nil, out, now)
+	}
+}
+
+// complete ends o successfully; the messages before it, which its response
+// acknowledges implicitly, are complete too.
+func (q *Requester) complete(o *outstanding, resp *Message, out *Output, now time.Time) {
+	for len(q.out) > 0 {
+		c := q.out[0]
+		q.out = q.out[1:]
+		if c == o {
+			out.Done = append(out.Done, Completion{ID: c.id, Status: StatusSuccess, Response: resp})
+			break
+		}
+		out.Done = append(out.Done, Completion{ID: c.id, Status: StatusSuccess})
+	}
+	q.retries = 0
+	q.deadline = time.Time{}
+	if len(q.out) > 0 {
+		q.arm(now)
+	}
+}
+
+// fail ends o with status and flushes what follows it: the QP is in error.
+func (q *Requester) fail(o *outstanding, status Status, out *Output) {
+	for _, c := range q.out {
+		s := StatusFlushed
+		if c == o {
+			s = status
+		}
+		out.Done = append(out.Done, Completion{ID: c.id, Status: s})
+	}
+	q.out, q.failed = nil, true
+}
+
+// find returns the outstanding message whose PSNs include psn.
+func (q *Requester) find(psn uint32) *outstanding {
+	for _, o := range q.out {
+		if psnDiff(psn, o.first) >= 0 && psnDiff(o.last, psn) >= 0 {
+			return o
+		}
+	}
+	return nil
+}
+
+// RNRTimer decodes an RNR timer value (the IBTA encoding, 0..31: 1 is 0.01 ms, 31 is
+// 491.52 ms, 0 is 655.36 ms).
+func RNRTimer(t uint8) time.Duration { return time.Duration(rnrTimerUS[t&31]) * time.Microsecond }
+
+var rnrTimerUS = [32]int64{655360, 10, 20, 30, 40, 60, 80, 120, 160, 240, 320, 480, 640, 960, 1280, 1920, 2560, 3840,
+	5120, 7680, 10240, 15360, 20480, 30720, 40960, 61440, 81920, 122880, 163840, 245760, 327680, 491520}
