@@ -125,3 +125,5 @@ func TestLinkLoss(t *testing.T) {
 	assert.Equal(t, st.Dropped, again.Stats().Dropped)
 	assert.Equal(t, st.Doubled, again.Stats().Doubled)
 }
+
+func netipAP(s string) netip.AddrPort { return netip.MustParseAddrPort(s) }

@@ -60,13 +60,28 @@ type outstanding struct {
 // responder's ACKs, NAKs and responses, Tick runs the ACK timer. Retransmission is
 // go-back-N from the PSN the responder asks for. It is not safe for concurrent use.
 type Requester struct {
-	cfg      RequesterConfig
-	nextPSN  uint32
-	out      []*outstanding
-	retries  int // timeouts and sequence NAKs since the last progress
-	deadline time.Time
-	failed   bool
+	cfg     RequesterConfig
+	stats   RequesterStats
+	nextPSN uint32
+	out     []*outstanding
+	retries int // timeouts and sequence NAKs since the last progress
+	// resending: a go-back-N retransmission went out and nothing completed since;
+	// responses to the first sending that still arrive imply nothing more.
+	resending bool
+	deadline  time.Time
+	failed    bool
 }
+
+// RequesterStats are a requester's counters.
+type RequesterStats struct {
+	Retransmitted uint64 // packets sent again
+	Timeouts      uint64 // ACK timer expiries with messages outstanding
+	SeqNAKs       uint64 // PSN sequence error NAKs received
+	RNRNAKs       uint64 // RNR NAKs received
+}
+
+// Stats returns the counters.
+func (q *Requester) Stats() RequesterStats { return q.stats }
 
 // NewRequester starts a requester.
 func NewRequester(cfg RequesterConfig) *Requester {
@@ -129,10 +144,12 @@ func (q *Requester) Receive(p *Packet, now time.Time) Output {
 			return out
 		}
 		o.rnrTries++
+		q.stats.RNRNAKs++
 		out.RNRWait = RNRTimer(p.Syndrome.Timer())
 		out.resend = p.PSN
 		q.deadline = time.Time{} // the RNR timer, not the ACK timer, runs now
 	case p.Opcode == Acknowledge && p.Syndrome == SynNAKPSNSeqError:
+		q.stats.SeqNAKs++
 		q.ackThrough((p.PSN-1)&psnMask, &out, now)
 		q.retransmit(p.PSN, &out, now, true)
 	case p.Opcode == Acknowledge: // a NAK that ends the QP
@@ -151,6 +168,9 @@ func (q *Requester) Receive(p *Packet, now time.Time) Output {
 			return out // a stale or misdirected response: ignore it
 		}
 		q.ackThrough((p.PSN-1)&psnMask, &out, now)
+		if q.impliedNAK(o, &out, now) {
+			return out
+		}
 		q.complete(o, &Message{Kind: KindAtomicAck, PSN: p.PSN, Orig: p.Orig}, &out, now)
 	default: // READ response packets
 		o := q.find(p.PSN)
@@ -162,6 +182,9 @@ func (q *Requester) Receive(p *Packet, now time.Time) Output {
 				return out
 			}
 			q.ackThrough((p.PSN-1)&psnMask, &out, now)
+			if q.impliedNAK(o, &out, now) {
+				return out
+			}
 			o.resp = NewReassembler(Limits{MTU: q.cfg.MTU, MaxMessage: o.msg.DMALen})
 		} else if p.PSN != o.respNext {
 			return out // a gap or a duplicate: the READ is asked again when the timer fires
@@ -202,6 +225,7 @@ func (q *Requester) Tick(now time.Time) Output {
 	if q.failed || len(q.out) == 0 || q.deadline.IsZero() || now.Before(q.deadline) {
 		return out
 	}
+	q.stats.Timeouts++
 	q.retransmit(q.out[0].first, &out, now, true)
 	return out
 }
@@ -216,6 +240,9 @@ func (q *Requester) retransmit(psn uint32, out *Output, now time.Time, counted b
 		}
 		q.retries++
 	}
+	q.resending = true
+	sent := len(out.Send)
+	defer func() { q.stats.Retransmitted += uint64(len(out.Send) - sent) }()
 	for _, o := range q.out {
 		if o.resp != nil { // a READ whose response reaches psn is asked again, whole
 			if psnDiff(o.last, psn) >= 0 {
@@ -231,6 +258,19 @@ func (q *Requester) retransmit(psn uint32, out *Output, now time.Time, counted b
 		}
 	}
 	q.arm(now)
+}
+
+// impliedNAK handles a response to o while an earlier READ or atomic still waits for
+// its own: that response was lost (responses come in order), so everything from the
+// earlier one is sent again (IBTA's implied NAK). It reports whether it did.
+func (q *Requester) impliedNAK(o *outstanding, out *Output, now time.Time) bool {
+	if len(q.out) == 0 || q.out[0] == o {
+		return false
+	}
+	if !q.resending { // the responses of the first sending still arrive after it
+		q.retransmit(q.out[0].first, out, now, true)
+	}
+	return true
 }
 
 // ackThrough completes the SENDs and WRITEs whose last packet is at or before psn.
@@ -257,7 +297,7 @@ func (q *Requester) complete(o *outstanding, resp *Message, out *Output, now tim
 		}
 		out.Done = append(out.Done, Completion{ID: c.id, Status: StatusSuccess})
 	}
-	q.retries = 0
+	q.retries, q.resending = 0, false
 	q.deadline = time.Time{}
 	if len(q.out) > 0 {
 		q.arm(now)

@@ -1,0 +1,125 @@
+package roce
+
+import (
+	"bytes"
+	"fmt"
+	"math/rand/v2"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+)
+
+// memory is a responder's registered memory for the session tests.
+type memory struct {
+	mu  sync.Mutex
+	b   []byte
+	rnr int // RNR NAKs still to answer (the first requests)
+}
+
+func (m *memory) execute(msg *Message) (*Message, bool, uint8, Syndrome) {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	if m.rnr > 0 {
+		m.rnr--
+		return nil, true, 1, 0
+	}
+	switch msg.Kind {
+	case KindWrite:
+		if msg.VA+uint64(len(msg.Payload)) > uint64(len(m.b)) {
+			return nil, false, 0, SynNAKRemoteAccess
+		}
+		copy(m.b[msg.VA:], msg.Payload)
+	case KindReadRequest:
+		if msg.VA+uint64(msg.DMALen) > uint64(len(m.b)) {
+			return nil, false, 0, SynNAKRemoteAccess
+		}
+		return &Message{Payload: append([]byte(nil), m.b[msg.VA:msg.VA+uint64(msg.DMALen)]...)}, false, 0, 0
+	}
+	return nil, false, 0, 0
+}
+
+// WRITE and READ over real UDP sockets with 1% of the packets lost (and some
+// duplicated and reordered) by the injector: every message completes, in order, with
+// the right data, and the retransmissions are counted.
+func TestSessionOverLossyUDP(t *testing.T) {
+	for _, loss := range []float64{0, 0.01} {
+		t.Run(fmt.Sprint(loss), func(t *testing.T) {
+			lim := Limits{MTU: 1024, MaxMessage: 1 << 20}
+			inj := Loss{Seed: 7, Drop: loss, Duplicate: loss / 2, Reorder: loss}
+			la, err := Listen(netipAP("127.0.0.1:0"), lim, inj)
+			require.NoError(t, err)
+			lb, err := Listen(netipAP("127.0.0.2:0"), lim, inj)
+			require.NoError(t, err)
+			mem := &memory{b: make([]byte, 1<<20), rnr: 2} // 100 slots of 8 KiB
+			cfg := SessionConfig{Requester: RequesterConfig{Timeout: 5 * time.Millisecond, RetryCnt: 7, RNRRetry: 7, FirstPSN: 100}, PeerPSN: 5000}
+			a := NewSession(la, lb.LocalAddr(), cfg, func(*Message) (*Message, bool, uint8, Syndrome) {
+				return nil, false, 0, SynNAKRemoteAccess // a posts only
+			})
+			defer a.Close()
+			cfgB := cfg
+			cfgB.Requester.FirstPSN, cfgB.PeerPSN = 5000, 100
+			b := NewSession(lb, la.LocalAddr(), cfgB, mem.execute)
+			defer b.Close()
+
+			rng := rand.New(rand.NewPCG(1, 2))
+			type op struct {
+				read bool
+				va   uint64
+				data []byte
+			}
+			// Each WRITE fills a slot of its own and each READ reads back the slot the
+			// WRITE before it filled. Slots are never written twice: a READ whose
+			// response is lost is executed again, after the requests that followed
+			// it, and IBTA lets that re-read see their writes.
+			var ops []op
+			const n, slot = 200, 8192
+			for i := 0; i < n; i++ {
+				if i%2 == 0 {
+					data := make([]byte, 1+rng.IntN(slot))
+					for j := range data {
+						data[j] = byte(rng.Uint32())
+					}
+					ops = append(ops, op{va: uint64(i / 2 * slot), data: data})
+				} else {
+					ops = append(ops, op{read: true, va: ops[i-1].va, data: ops[i-1].data})
+				}
+			}
+			go func() { // posting while completions are read
+				for i, o := range ops {
+					m := Message{Kind: KindWrite, VA: o.va, RKey: 1, Payload: o.data}
+					if o.read {
+						m = Message{Kind: KindReadRequest, VA: o.va, RKey: 1, DMALen: uint32(len(o.data))}
+					}
+					if err := a.Post(uint64(i), m); err != nil {
+						t.Errorf("post %d: %v", i, err)
+						return
+					}
+				}
+			}()
+			for i := 0; i < n; i++ {
+				var c Completion
+				select {
+				case c = <-a.Done():
+				case <-time.After(60 * time.Second): // a hang detector
+					t.Fatalf("completion %d never came (%+v)", i, a.RequesterStats())
+				}
+				require.EqualValues(t, i, c.ID, "in order")
+				require.Equal(t, StatusSuccess, c.Status, "message %d", i)
+				if ops[i].read {
+					require.NotNil(t, c.Response, "READ %d", i)
+					require.True(t, bytes.Equal(ops[i].data, c.Response.Payload), "READ %d", i)
+				}
+			}
+			st := a.RequesterStats()
+			t.Logf("requester %+v, link %+v", st, la.Stats())
+			assert.EqualValues(t, 2, st.RNRNAKs, "the first requests were RNR NAKed")
+			if loss > 0 {
+				assert.Positive(t, st.Retransmitted)
+				assert.Positive(t, la.Stats().Dropped)
+			}
+		})
+	}
+}
