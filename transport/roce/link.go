@@ -52,6 +52,9 @@ type Link struct {
 	sent, received, malformed, badICRC, dropped, doubled, reordered atomic.Uint64
 }
 
+// sendBufs holds packet buffers for Send.
+var sendBufs = sync.Pool{New: func() any { b := make([]byte, 0, 4096+64); return &b }}
+
 // socketBuffer is the size asked for the socket's send and receive buffers.
 const socketBuffer = 8 << 20
 
@@ -112,12 +115,20 @@ func (l *Link) Close() error { return l.conn.Close() }
 // Send encodes p for dst and sends it, through the fault injector.
 func (l *Link) Send(p *Packet, dst netip.AddrPort) error {
 	dst = netip.AddrPortFrom(dst.Addr().Unmap(), dst.Port())
-	b, err := p.Append(make([]byte, 0, p.Size()), Endpoints{Src: l.local, Dst: dst})
+	if !l.loss.active() {
+		// The datagram is copied by the kernel: its buffer is reused.
+		bp := sendBufs.Get().(*[]byte)
+		defer sendBufs.Put(bp)
+		b, err := p.Append((*bp)[:0], Endpoints{Src: l.local, Dst: dst})
+		*bp = b
+		if err != nil {
+			return err
+		}
+		return l.write(b, dst)
+	}
+	b, err := p.Append(make([]byte, 0, p.Size()), Endpoints{Src: l.local, Dst: dst}) // may be held back
 	if err != nil {
 		return err
-	}
-	if !l.loss.active() {
-		return l.write(b, dst)
 	}
 	l.mu.Lock()
 	defer l.mu.Unlock()
