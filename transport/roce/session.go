@@ -92,10 +92,10 @@ func (s *Session) RequesterStats() RequesterStats {
 	return s.req.Stats()
 }
 
-// Close stops the loops (closing the Link is the caller's).
+// Close stops the loops and closes the Link (the receive loop waits on it).
 func (s *Session) Close() {
 	close(s.stop)
-	_ = s.link.Close() // ends the receive loop; the Link is not used after this
+	_ = s.link.Close() // ends the receive loop; a Close error leaves nothing to undo
 	s.wg.Wait()
 }
 
