@@ -50,6 +50,14 @@ type Message struct {
 // the given MTU.
 func Packets(n, mtu int) int { return max(1, (n+mtu-1)/mtu) }
 
+// segmentOps are the opcodes of a multi-packet message kind: first, middle, last,
+// only, and last and only with immediate (where one exists).
+var segmentOps = map[Kind][6]Opcode{
+	KindSend:         {SendFirst, SendMiddle, SendLast, SendOnly, SendLastImm, SendOnlyImm},
+	KindWrite:        {WriteFirst, WriteMiddle, WriteLast, WriteOnly, WriteLastImm, WriteOnlyImm},
+	KindReadResponse: {ReadRespFirst, ReadRespMiddle, ReadRespLast, ReadRespOnly, ReadRespLast, ReadRespOnly},
+}
+
 // Segment splits m into its packets, with consecutive PSNs from m.PSN (modulo
 // 2^24), each payload at most mtu bytes (a slice of m.Payload). The last packet
 // carries AckReq when m does.
@@ -88,12 +96,7 @@ func Segment(m *Message, mtu int) ([]Packet, error) {
 	default:
 		return nil, fmt.Errorf("%w: message kind %d", ErrMalformed, m.Kind)
 	}
-	// first, middle, last, only (and last and only with immediate, where one exists)
-	ops := map[Kind][6]Opcode{
-		KindSend:         {SendFirst, SendMiddle, SendLast, SendOnly, SendLastImm, SendOnlyImm},
-		KindWrite:        {WriteFirst, WriteMiddle, WriteLast, WriteOnly, WriteLastImm, WriteOnlyImm},
-		KindReadResponse: {ReadRespFirst, ReadRespMiddle, ReadRespLast, ReadRespOnly, ReadRespLast, ReadRespOnly},
-	}[m.Kind]
+	ops := segmentOps[m.Kind]
 	if m.HasImm && m.Kind == KindReadResponse {
 		return nil, fmt.Errorf("%w: a READ response carries no immediate", ErrMalformed)
 	}
@@ -153,10 +156,10 @@ func NewReassembler(lim Limits) *Reassembler { return &Reassembler{lim: lim} }
 // means the peer broke the protocol: the message in progress is dropped.
 func (r *Reassembler) Add(p *Packet) (*Message, error) {
 	op := p.Opcode
-	kind, pos := opKind(op)
-	if kind == 0 {
-		return nil, fmt.Errorf("%w: %v cannot be reassembled", ErrMalformed, op)
+	if !op.Valid() {
+		return nil, fmt.Errorf("%w: opcode %#x", ErrMalformed, uint8(op))
 	}
+	kind, pos := opInfo[op].kind, opInfo[op].pos
 	if pos == posFirst || pos == posOnly {
 		if r.cur != nil {
 			r.cur = nil
@@ -211,56 +214,6 @@ func (r *Reassembler) Add(p *Packet) (*Message, error) {
 		m.Syndrome, m.MSN = p.Syndrome, p.MSN
 	}
 	return m, nil
-}
-
-type position int
-
-const (
-	posFirst position = iota + 1
-	posMiddle
-	posLast
-	posOnly
-)
-
-// opKind returns the message kind and the packet's position in its message.
-func opKind(op Opcode) (Kind, position) {
-	switch op {
-	case SendFirst:
-		return KindSend, posFirst
-	case SendMiddle:
-		return KindSend, posMiddle
-	case SendLast, SendLastImm:
-		return KindSend, posLast
-	case SendOnly, SendOnlyImm:
-		return KindSend, posOnly
-	case WriteFirst:
-		return KindWrite, posFirst
-	case WriteMiddle:
-		return KindWrite, posMiddle
-	case WriteLast, WriteLastImm:
-		return KindWrite, posLast
-	case WriteOnly, WriteOnlyImm:
-		return KindWrite, posOnly
-	case ReadRespFirst:
-		return KindReadResponse, posFirst
-	case ReadRespMiddle:
-		return KindReadResponse, posMiddle
-	case ReadRespLast:
-		return KindReadResponse, posLast
-	case ReadRespOnly:
-		return KindReadResponse, posOnly
-	case ReadRequest:
-		return KindReadRequest, posOnly
-	case CompareSwap:
-		return KindCompareSwap, posOnly
-	case FetchAdd:
-		return KindFetchAdd, posOnly
-	case Acknowledge:
-		return KindAck, posOnly
-	case AtomicAck:
-		return KindAtomicAck, posOnly
-	}
-	return 0, 0
 }
 
 // appendBounded appends src to dst, growing its capacity at most to limit (append

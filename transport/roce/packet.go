@@ -76,35 +76,47 @@ const (
 	hasAtomicAckETH
 	hasImm
 	hasPayload
-	isFirst  // first or middle of a multi-packet message: payload is exactly one MTU
-	isMiddle // (as isFirst)
 )
 
+// position is a packet's place in its message.
+type position int
+
+const (
+	posFirst position = iota + 1 // FIRST and MIDDLE carry exactly one path MTU
+	posMiddle
+	posLast
+	posOnly
+)
+
+// opInfo describes every opcode: its name, headers, the message kind it belongs to
+// and its place in that message.
 var opInfo = [lastOpcode + 1]struct {
 	name  string
 	flags int
+	kind  Kind
+	pos   position
 }{
-	SendFirst:      {"SEND_FIRST", hasPayload | isFirst},
-	SendMiddle:     {"SEND_MIDDLE", hasPayload | isMiddle},
-	SendLast:       {"SEND_LAST", hasPayload},
-	SendLastImm:    {"SEND_LAST_WITH_IMMEDIATE", hasPayload | hasImm},
-	SendOnly:       {"SEND_ONLY", hasPayload},
-	SendOnlyImm:    {"SEND_ONLY_WITH_IMMEDIATE", hasPayload | hasImm},
-	WriteFirst:     {"RDMA_WRITE_FIRST", hasRETH | hasPayload | isFirst},
-	WriteMiddle:    {"RDMA_WRITE_MIDDLE", hasPayload | isMiddle},
-	WriteLast:      {"RDMA_WRITE_LAST", hasPayload},
-	WriteLastImm:   {"RDMA_WRITE_LAST_WITH_IMMEDIATE", hasPayload | hasImm},
-	WriteOnly:      {"RDMA_WRITE_ONLY", hasRETH | hasPayload},
-	WriteOnlyImm:   {"RDMA_WRITE_ONLY_WITH_IMMEDIATE", hasRETH | hasImm | hasPayload},
-	ReadRequest:    {"RDMA_READ_REQUEST", hasRETH},
-	ReadRespFirst:  {"RDMA_READ_RESPONSE_FIRST", hasAETH | hasPayload | isFirst},
-	ReadRespMiddle: {"RDMA_READ_RESPONSE_MIDDLE", hasPayload | isMiddle},
-	ReadRespLast:   {"RDMA_READ_RESPONSE_LAST", hasAETH | hasPayload},
-	ReadRespOnly:   {"RDMA_READ_RESPONSE_ONLY", hasAETH | hasPayload},
-	Acknowledge:    {"ACKNOWLEDGE", hasAETH},
-	AtomicAck:      {"ATOMIC_ACKNOWLEDGE", hasAETH | hasAtomicAckETH},
-	CompareSwap:    {"COMPARE_SWAP", hasAtomicETH},
-	FetchAdd:       {"FETCH_ADD", hasAtomicETH},
+	SendFirst:      {"SEND_FIRST", hasPayload, KindSend, posFirst},
+	SendMiddle:     {"SEND_MIDDLE", hasPayload, KindSend, posMiddle},
+	SendLast:       {"SEND_LAST", hasPayload, KindSend, posLast},
+	SendLastImm:    {"SEND_LAST_WITH_IMMEDIATE", hasPayload | hasImm, KindSend, posLast},
+	SendOnly:       {"SEND_ONLY", hasPayload, KindSend, posOnly},
+	SendOnlyImm:    {"SEND_ONLY_WITH_IMMEDIATE", hasPayload | hasImm, KindSend, posOnly},
+	WriteFirst:     {"RDMA_WRITE_FIRST", hasRETH | hasPayload, KindWrite, posFirst},
+	WriteMiddle:    {"RDMA_WRITE_MIDDLE", hasPayload, KindWrite, posMiddle},
+	WriteLast:      {"RDMA_WRITE_LAST", hasPayload, KindWrite, posLast},
+	WriteLastImm:   {"RDMA_WRITE_LAST_WITH_IMMEDIATE", hasPayload | hasImm, KindWrite, posLast},
+	WriteOnly:      {"RDMA_WRITE_ONLY", hasRETH | hasPayload, KindWrite, posOnly},
+	WriteOnlyImm:   {"RDMA_WRITE_ONLY_WITH_IMMEDIATE", hasRETH | hasImm | hasPayload, KindWrite, posOnly},
+	ReadRequest:    {"RDMA_READ_REQUEST", hasRETH, KindReadRequest, posOnly},
+	ReadRespFirst:  {"RDMA_READ_RESPONSE_FIRST", hasAETH | hasPayload, KindReadResponse, posFirst},
+	ReadRespMiddle: {"RDMA_READ_RESPONSE_MIDDLE", hasPayload, KindReadResponse, posMiddle},
+	ReadRespLast:   {"RDMA_READ_RESPONSE_LAST", hasAETH | hasPayload, KindReadResponse, posLast},
+	ReadRespOnly:   {"RDMA_READ_RESPONSE_ONLY", hasAETH | hasPayload, KindReadResponse, posOnly},
+	Acknowledge:    {"ACKNOWLEDGE", hasAETH, KindAck, posOnly},
+	AtomicAck:      {"ATOMIC_ACKNOWLEDGE", hasAETH | hasAtomicAckETH, KindAtomicAck, posOnly},
+	CompareSwap:    {"COMPARE_SWAP", hasAtomicETH, KindCompareSwap, posOnly},
+	FetchAdd:       {"FETCH_ADD", hasAtomicETH, KindFetchAdd, posOnly},
 }
 
 func (o Opcode) flags() int { return opInfo[o].flags }
@@ -362,7 +374,7 @@ func Decode(b []byte, ep Endpoints, lim Limits) (Packet, error) {
 	}
 	p.Payload = body[:len(body)-padCnt]
 	if f&hasPayload != 0 {
-		if f&(isFirst|isMiddle) != 0 && len(p.Payload) != lim.MTU {
+		if pos := opInfo[p.Opcode].pos; (pos == posFirst || pos == posMiddle) && len(p.Payload) != lim.MTU {
 			return p, fmt.Errorf("%w: %v of %d bytes, path MTU %d", ErrMalformed, p.Opcode, len(p.Payload), lim.MTU)
 		}
 		if len(p.Payload) > lim.MTU {

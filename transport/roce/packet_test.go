@@ -29,7 +29,7 @@ func samples() []Packet {
 		f := op.flags()
 		if f&hasPayload != 0 {
 			p.Payload = odd
-			if f&(isFirst|isMiddle) != 0 {
+			if pos := opInfo[op].pos; pos == posFirst || pos == posMiddle {
 				p.Payload = mtu
 			}
 		}
