@@ -170,12 +170,7 @@ func (l *CMListener) Accept(ctx context.Context, local ConnParams) (ConnParams, 
 	if err != nil {
 		return ConnParams{}, nil, fmt.Errorf("roce: accept: %w", err)
 	}
-	remote, err := exchange(ctx, conn, msg, false)
-	if err != nil {
-		_ = conn.Close() // the exchange's error is the one to report
-		return ConnParams{}, nil, err
-	}
-	return remote, newCM(conn), nil
+	return setup(ctx, conn, msg, false)
 }
 
 // DialCM connects to a listener, sends local and returns the peer's parameters.
@@ -189,7 +184,13 @@ func DialCM(ctx context.Context, addr string, local ConnParams) (ConnParams, *CM
 	if err != nil {
 		return ConnParams{}, nil, fmt.Errorf("roce: connect: %w", err)
 	}
-	remote, err := exchange(ctx, conn, msg, true)
+	return setup(ctx, conn, msg, true)
+}
+
+// setup runs the exchange on a new connection and keeps it as the CM channel, or
+// closes it when the exchange fails.
+func setup(ctx context.Context, conn net.Conn, msg []byte, first bool) (ConnParams, *CM, error) {
+	remote, err := exchange(ctx, conn, msg, first)
 	if err != nil {
 		_ = conn.Close() // the exchange's error is the one to report
 		return ConnParams{}, nil, err

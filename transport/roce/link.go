@@ -115,20 +115,17 @@ func (l *Link) Close() error { return l.conn.Close() }
 // Send encodes p for dst and sends it, through the fault injector.
 func (l *Link) Send(p *Packet, dst netip.AddrPort) error {
 	dst = netip.AddrPortFrom(dst.Addr().Unmap(), dst.Port())
-	if !l.loss.active() {
-		// The datagram is copied by the kernel: its buffer is reused.
-		bp := sendBufs.Get().(*[]byte)
-		defer sendBufs.Put(bp)
-		b, err := p.Append((*bp)[:0], Endpoints{Src: l.local, Dst: dst})
-		*bp = b
-		if err != nil {
-			return err
-		}
-		return l.write(b, dst)
-	}
-	b, err := p.Append(make([]byte, 0, p.Size()), Endpoints{Src: l.local, Dst: dst}) // may be held back
+	// The kernel copies the datagram: the buffer is reused (but for a packet the
+	// injector holds back, which it copies).
+	bp := sendBufs.Get().(*[]byte)
+	defer sendBufs.Put(bp)
+	b, err := p.Append((*bp)[:0], Endpoints{Src: l.local, Dst: dst})
+	*bp = b
 	if err != nil {
 		return err
+	}
+	if !l.loss.active() {
+		return l.write(b, dst)
 	}
 	l.mu.Lock()
 	defer l.mu.Unlock()
@@ -142,7 +139,7 @@ func (l *Link) Send(p *Packet, dst netip.AddrPort) error {
 		err = errors.Join(l.write(b, dst), l.write(b, dst))
 	case r < l.loss.Drop+l.loss.Duplicate+l.loss.Reorder && held == nil:
 		l.reordered.Add(1)
-		l.held, l.heldTo = b, dst // goes out after the next packet
+		l.held, l.heldTo = append([]byte(nil), b...), dst // goes out after the next packet
 	default:
 		err = l.write(b, dst)
 	}
