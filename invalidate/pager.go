@@ -289,21 +289,13 @@ func (p *Pager) recountLocked() {
 	p.rmu.RLock()
 	defer p.rmu.RUnlock()
 	var n int64
-	runs := make([]pagefault.PageRegion, 512)
 	for _, r := range p.regions {
-		end := r.page(r.npages)
-		for at := r.base; at < end; {
-			k, next, err := p.pm.ScanPresent(at, end, runs)
-			if err != nil {
-				return
-			}
-			for _, run := range runs[:k] {
-				n += int64((run.End - run.Start) / uint64(pagefault.PageSize))
-			}
-			if next <= at {
-				break
-			}
-			at = next
+		err := p.pm.PresentRuns(r.base, r.page(r.npages), func(lo, hi uintptr) error {
+			n += int64((hi - lo) / pagefault.PageSize)
+			return nil
+		})
+		if err != nil {
+			return
 		}
 	}
 	p.lastCPU.Store(st.Pages)

@@ -153,17 +153,26 @@ func (p *Pagemap) ReadPresent(start, end uintptr, maxChunk int, fn func(addr uin
 		}
 		return nil
 	}
+	err := p.PresentRuns(start, end, read)
+	if errors.Is(err, ErrNotSupported) {
+		return read(start, end)
+	}
+	return err
+}
+
+// PresentRuns calls fn for every run [lo, hi) of present pages in [start, end),
+// found with PAGEMAP_SCAN (several calls when the runs do not fit one), and stops at
+// fn's first error. Without PAGEMAP_SCAN it returns an error wrapping
+// ErrNotSupported before calling fn.
+func (p *Pagemap) PresentRuns(start, end uintptr, fn func(lo, hi uintptr) error) error {
 	var runs [64]PageRegion
 	for at := start; at < end; {
 		k, next, err := p.ScanPresent(at, end, runs[:])
-		if errors.Is(err, ErrNotSupported) {
-			return read(at, end)
-		}
 		if err != nil {
 			return err
 		}
 		for _, r := range runs[:k] {
-			if err := read(uintptr(r.Start), uintptr(r.End)); err != nil {
+			if err := fn(uintptr(r.Start), uintptr(r.End)); err != nil {
 				return err
 			}
 		}
