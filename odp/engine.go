@@ -74,7 +74,7 @@ func (qp *QP) retireLocked() {
 		qp.sqCount--
 		if p.status != WCSuccess || p.wr.Flags&SendSignaled != 0 || qp.cfg.SigAll {
 			wc := WC{WRID: p.wr.WRID, Status: p.status, Opcode: wcOpcode(p.wr.Opcode), QPNum: qp.qpn, Detail: p.detail}
-			if (p.wr.Opcode == OpRDMARead || p.wr.Opcode.atomic()) && p.status == WCSuccess {
+			if p.wr.Opcode.readsBack() && p.status == WCSuccess {
 				wc.ByteLen = uint32(sglLen(p.wr.SGL)) // as verbs reports a READ's length
 			}
 			qp.cfg.SendCQ.push(wc)
@@ -254,7 +254,7 @@ func (qp *QP) mustWaitLocked(wr *SendWR) bool {
 	}
 	if wr.Flags&SendFence != 0 {
 		for _, c := range qp.pending {
-			if !c.done && (c.wr.Opcode == OpRDMARead || c.wr.Opcode.atomic()) {
+			if !c.done && c.wr.Opcode.readsBack() {
 				return true
 			}
 		}
@@ -391,7 +391,7 @@ func (qp *QP) response(f *transport.Frame) bool {
 		var orig [8]byte
 		binary.NativeEndian.PutUint64(orig[:], f.Swap)
 		status, detail = qp.scatter(p.wr.SGL, orig[:])
-	case f.Op == transport.OpAck && p.wr.Opcode != OpRDMARead && !p.wr.Opcode.atomic():
+	case f.Op == transport.OpAck && !p.wr.Opcode.readsBack():
 	default:
 		status, detail = WCBadRespErr, fmt.Sprintf("%v answers %v", f.Op, p.wr.Opcode)
 	}

@@ -3,7 +3,6 @@ package odp
 import (
 	"fmt"
 	"time"
-	"unsafe"
 
 	"github.com/odpemu/odpemu/internal/interval"
 	"github.com/odpemu/odpemu/mmu"
@@ -103,9 +102,5 @@ func (mr *MR) slice(off, n uint64) []byte {
 	if !mr.implicit {
 		return mr.mem[off : off+n]
 	}
-	// Through memory rather than a uintptr conversion, as copyInline does: the
-	// address is a buffer's, outside the Go heap.
-	addr := uintptr(off)
-	p := *(*unsafe.Pointer)(unsafe.Pointer(&addr))
-	return unsafe.Slice((*byte)(p), n)
+	return bytesAt(off, n) // the address is a buffer's
 }

@@ -27,11 +27,17 @@ func copyInline(sgl []SGE) (out []byte, err error) {
 			continue
 		}
 		at = s.Addr
-		// The address is the caller's to vouch for, as in C; converting it through
-		// memory rather than with a uintptr conversion keeps the race detector's
-		// pointer checks out of memory that may be the Go heap's.
-		p := *(*unsafe.Pointer)(unsafe.Pointer(&at))
-		out = append(out, unsafe.Slice((*byte)(p), s.Length)...)
+		out = append(out, bytesAt(at, uint64(s.Length))...) // the caller's to vouch for, as in C
 	}
 	return out, nil
+}
+
+// bytesAt returns the n bytes at address addr, which the caller knows to be mapped
+// (or reads under SetPanicOnFault). The address becomes a pointer through memory
+// rather than a uintptr conversion, which keeps the race detector's pointer checks
+// out of memory that may be the Go heap's.
+func bytesAt(addr, n uint64) []byte {
+	a := uintptr(addr)
+	p := *(*unsafe.Pointer)(unsafe.Pointer(&a))
+	return unsafe.Slice((*byte)(p), n)
 }

@@ -170,7 +170,7 @@ func TestPropertyRandomPrograms(t *testing.T) {
 					if fence {
 						wr.Flags |= SendFence
 					}
-					fence = fence || wr.Opcode == OpRDMARead || wr.Opcode.atomic()
+					fence = fence || wr.Opcode.readsBack()
 					if ex.recv != nil {
 						require.NoError(t, e.b.qp.PostRecv(RecvWR{WRID: wrid, SGL: sge(e.recvBuf, 0, propSize/2)}))
 					}

@@ -33,6 +33,10 @@ func (o Opcode) valid() bool { return o >= OpRDMAWrite && o <= OpAtomicFetchAdd 
 
 func (o Opcode) atomic() bool { return o == OpAtomicCmpSwap || o == OpAtomicFetchAdd }
 
+// readsBack reports whether the request's response carries data into the local
+// SGL (a READ's data, an atomic's original value), which fences wait for.
+func (o Opcode) readsBack() bool { return o == OpRDMARead || o.atomic() }
+
 // carriesData reports whether the request carries the SGL's bytes to the peer.
 func (o Opcode) carriesData() bool {
 	return o == OpRDMAWrite || o == OpRDMAWriteImm || o == OpSend || o == OpSendImm
