@@ -127,35 +127,18 @@ func TestReassemblerRejects(t *testing.T) {
 func FuzzReassemble(f *testing.F) {
 	const mtu = 256
 	lim := Limits{MTU: mtu, MaxMessage: 3 * mtu}
-	m := Message{Kind: KindWrite, VA: 1, RKey: 2, DMALen: 2*mtu + 5, Payload: make([]byte, 2*mtu+5)}
-	ps, err := Segment(&m, mtu)
-	if err != nil {
-		f.Fatal(err)
-	}
-	var seed []byte
-	for _, p := range ps {
-		b, err := p.Append(nil, ep4)
-		if err != nil {
-			f.Fatal(err)
-		}
-		seed = binary.BigEndian.AppendUint16(seed, uint16(len(b)))
-		seed = append(seed, b...)
-	}
-	f.Add(seed)
+	f.Add(framedStream(f, mtu, Message{Kind: KindWrite, VA: 1, RKey: 2, DMALen: 2*mtu + 5, Payload: make([]byte, 2*mtu+5)}))
 	f.Fuzz(func(t *testing.T, stream []byte) {
 		r := NewReassembler(lim)
-		for len(stream) >= 2 {
-			n := int(binary.BigEndian.Uint16(stream))
-			stream = stream[2:]
-			if n > len(stream) {
+		for {
+			p, _, ok := nextFramed(&stream, lim)
+			if !ok {
 				return
 			}
-			p, err := Decode(stream[:n], ep4, lim)
-			stream = stream[n:]
-			if err != nil {
+			if p == nil {
 				continue
 			}
-			msg, err := r.Add(&p)
+			msg, err := r.Add(p)
 			if r.cur != nil && cap(r.cur.Payload) > int(lim.MaxMessage) {
 				t.Fatalf("a message in progress holds %d bytes, the limit is %d", cap(r.cur.Payload), lim.MaxMessage)
 			}
@@ -164,4 +147,45 @@ func FuzzReassemble(f *testing.F) {
 			}
 		}
 	})
+}
+
+// framedStream is a fuzz seed: the packets of msgs, each behind a two-byte length
+// and a byte the fuzz target may use to choose what to do with it.
+func framedStream(tb testing.TB, mtu int, msgs ...Message) []byte {
+	var stream []byte
+	for i := range msgs {
+		ps, err := Segment(&msgs[i], mtu)
+		if err != nil {
+			tb.Fatal(err)
+		}
+		for _, p := range ps {
+			b, err := p.Append(nil, ep4)
+			if err != nil {
+				tb.Fatal(err)
+			}
+			stream = binary.BigEndian.AppendUint16(stream, uint16(len(b)))
+			stream = append(append(stream, 0), b...)
+		}
+	}
+	return stream
+}
+
+// nextFramed takes the next framed packet off stream: the decoded packet (nil if
+// it does not decode) and its choice byte; ok is false at the end.
+func nextFramed(stream *[]byte, lim Limits) (*Packet, byte, bool) {
+	s := *stream
+	if len(s) < 3 {
+		return nil, 0, false
+	}
+	n, choice := int(binary.BigEndian.Uint16(s)), s[2]
+	s = s[3:]
+	if n > len(s) {
+		return nil, 0, false
+	}
+	p, err := Decode(s[:n], ep4, lim)
+	*stream = s[n:]
+	if err != nil {
+		return nil, choice, true
+	}
+	return &p, choice, true
 }

@@ -160,42 +160,23 @@ func TestResponderRNR(t *testing.T) {
 func FuzzResponder(f *testing.F) {
 	const mtu = 256
 	lim := Limits{MTU: mtu, MaxMessage: 4 * mtu}
-	var seed []byte
-	for _, m := range []Message{
-		{Kind: KindWrite, PSN: 0, VA: 1, RKey: 2, Payload: make([]byte, 300)},
-		{Kind: KindReadRequest, PSN: 2, VA: 1, RKey: 2, DMALen: 600},
-		{Kind: KindFetchAdd, PSN: 5, VA: 8, RKey: 2, Swap: 1},
-		{Kind: KindSend, PSN: 6, Payload: []byte("hi"), AckReq: true},
-	} {
-		ps, err := Segment(&m, mtu)
-		if err != nil {
-			f.Fatal(err)
-		}
-		for _, p := range ps {
-			b, err := p.Append(nil, ep4)
-			if err != nil {
-				f.Fatal(err)
-			}
-			seed = append(seed, byte(len(b)>>8), byte(len(b)), 0)
-			seed = append(seed, b...)
-		}
-	}
-	f.Add(seed)
+	f.Add(framedStream(f, mtu,
+		Message{Kind: KindWrite, PSN: 0, VA: 1, RKey: 2, Payload: make([]byte, 300)},
+		Message{Kind: KindReadRequest, PSN: 2, VA: 1, RKey: 2, DMALen: 600},
+		Message{Kind: KindFetchAdd, PSN: 5, VA: 8, RKey: 2, Swap: 1},
+		Message{Kind: KindSend, PSN: 6, Payload: []byte("hi"), AckReq: true}))
 	f.Fuzz(func(t *testing.T, stream []byte) {
 		r := NewResponder(0, lim, 2)
-		for len(stream) >= 3 {
-			n, choice := int(stream[0])<<8|int(stream[1]), stream[2]
-			stream = stream[3:]
-			if n > len(stream) {
+		for {
+			p, choice, ok := nextFramed(&stream, lim)
+			if !ok {
 				return
 			}
-			p, err := Decode(stream[:n], ep4, lim)
-			stream = stream[n:]
-			if err != nil {
+			if p == nil {
 				continue
 			}
 			before := r.ExpectedPSN()
-			act, m, resp := r.Receive(&p)
+			act, m, resp := r.Receive(p)
 			switch act {
 			case ActExecute:
 				if len(m.Payload) > int(lim.MaxMessage) {
