@@ -30,12 +30,10 @@ func BenchmarkSessionWrite(b *testing.B) {
 	}
 	mem := make([]byte, 1<<20)
 	cfg := SessionConfig{Requester: RequesterConfig{Timeout: 50 * time.Millisecond, RetryCnt: 7, RNRRetry: 7}}
-	a := NewSession(la, lb.LocalAddr(), cfg, func(*Message) (*Message, bool, uint8, Syndrome) { return nil, false, 0, 0 })
+	ra := newRequester()
+	a := NewSession(la.Dial(lb.LocalAddr()), cfg, ra)
 	defer a.Close()
-	s := NewSession(lb, la.LocalAddr(), cfg, func(m *Message) (*Message, bool, uint8, Syndrome) {
-		copy(mem[m.VA:], m.Payload)
-		return nil, false, 0, 0
-	})
+	s := NewSession(lb.Dial(la.LocalAddr()), cfg, copier(mem))
 	defer s.Close()
 	src := make([]byte, 1<<20)
 	b.SetBytes(int64(len(src)))
@@ -49,7 +47,7 @@ func BenchmarkSessionWrite(b *testing.B) {
 			}
 			posted++
 		}
-		c := <-a.Done()
+		c := <-ra.done
 		if c.Status != StatusSuccess {
 			b.Fatalf("completion %+v", c)
 		}
@@ -57,6 +55,16 @@ func BenchmarkSessionWrite(b *testing.B) {
 	}
 	b.ReportMetric(float64(a.RequesterStats().Retransmitted), "retransmitted")
 }
+
+// copier is a responder that copies WRITEs into its memory.
+type copier []byte
+
+func (m copier) Execute(msg *Message, _ bool) Answer {
+	copy(m[msg.VA:], msg.Payload)
+	return Answer{}
+}
+func (m copier) Complete(Completion) {}
+func (m copier) Lost(error)          {}
 
 func BenchmarkUDPStream(b *testing.B) {
 	rx, err := net.ListenUDP("udp4", &net.UDPAddr{IP: net.IPv4(127, 0, 0, 2)})

@@ -4,7 +4,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"math/rand/v2"
 	"net"
 	"net/netip"
 	"sync"
@@ -32,6 +31,7 @@ type LinkStats struct {
 	BadICRC          uint64 // of which: the ICRC did not match
 	Dropped, Doubled uint64 // faults injected: packets not sent, sent twice
 	Reordered        uint64 // packets sent after the one that followed them
+	Foreign          uint64 // packets from another address than a Dial's peer, dropped
 }
 
 // Link is one RoCEv2 endpoint: a UDP socket bound to a specific local address (the
@@ -42,14 +42,9 @@ type Link struct {
 	conn  *net.UDPConn
 	local netip.AddrPort
 	lim   Limits
-	loss  Loss
+	inj   *injector
 
-	mu     sync.Mutex // the fault injector: its generator and a held packet
-	rng    *rand.Rand
-	held   []byte
-	heldTo netip.AddrPort
-
-	sent, received, malformed, badICRC, dropped, doubled, reordered atomic.Uint64
+	sent, received, malformed, badICRC, foreign atomic.Uint64
 }
 
 // sendBufs holds packet buffers for Send.
@@ -98,8 +93,7 @@ func Listen(local netip.AddrPort, lim Limits, loss Loss) (*Link, error) {
 	}
 	conn := pc.(*net.UDPConn)
 	bound := conn.LocalAddr().(*net.UDPAddr).AddrPort()
-	l := &Link{conn: conn, local: netip.AddrPortFrom(bound.Addr().Unmap(), bound.Port()), lim: lim, loss: loss,
-		rng: rand.New(rand.NewPCG(loss.Seed, 0x726f6365))}
+	l := &Link{conn: conn, local: netip.AddrPortFrom(bound.Addr().Unmap(), bound.Port()), lim: lim, inj: newInjector(loss)}
 	return l, nil
 }
 
@@ -115,38 +109,8 @@ func (l *Link) Close() error { return l.conn.Close() }
 // Send encodes p for dst and sends it, through the fault injector.
 func (l *Link) Send(p *Packet, dst netip.AddrPort) error {
 	dst = netip.AddrPortFrom(dst.Addr().Unmap(), dst.Port())
-	// The kernel copies the datagram: the buffer is reused (but for a packet the
-	// injector holds back, which it copies).
-	bp := sendBufs.Get().(*[]byte)
-	defer sendBufs.Put(bp)
-	b, err := p.Append((*bp)[:0], Endpoints{Src: l.local, Dst: dst})
-	*bp = b
-	if err != nil {
-		return err
-	}
-	if !l.loss.active() {
-		return l.write(b, dst)
-	}
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	held, heldTo := l.held, l.heldTo
-	l.held = nil
-	switch r := l.rng.Float64(); {
-	case r < l.loss.Drop:
-		l.dropped.Add(1)
-	case r < l.loss.Drop+l.loss.Duplicate:
-		l.doubled.Add(1)
-		err = errors.Join(l.write(b, dst), l.write(b, dst))
-	case r < l.loss.Drop+l.loss.Duplicate+l.loss.Reorder && held == nil:
-		l.reordered.Add(1)
-		l.held, l.heldTo = append([]byte(nil), b...), dst // goes out after the next packet
-	default:
-		err = l.write(b, dst)
-	}
-	if held != nil {
-		err = errors.Join(err, l.write(held, heldTo))
-	}
-	return err
+	// The kernel copies the datagram: the buffer is reused.
+	return encode(p, Endpoints{Src: l.local, Dst: dst}, func(b []byte) error { return l.inj.send(b, dst, l.write) })
 }
 
 func (l *Link) write(b []byte, dst netip.AddrPort) error {
@@ -191,6 +155,8 @@ func BufferSize(lim Limits) int { return BTHSize + RETHSize + ImmDtSize + lim.MT
 
 // Stats returns the counters.
 func (l *Link) Stats() LinkStats {
-	return LinkStats{Sent: l.sent.Load(), Received: l.received.Load(), Malformed: l.malformed.Load(),
-		BadICRC: l.badICRC.Load(), Dropped: l.dropped.Load(), Doubled: l.doubled.Load(), Reordered: l.reordered.Load()}
+	s := LinkStats{Sent: l.sent.Load(), Received: l.received.Load(), Malformed: l.malformed.Load(),
+		BadICRC: l.badICRC.Load(), Foreign: l.foreign.Load()}
+	l.inj.stats(&s)
+	return s
 }

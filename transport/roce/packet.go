@@ -25,8 +25,8 @@ import (
 	"net/netip"
 )
 
-// Port is RoCEv2's UDP destination port.
-const Port = 4791
+// UDPPort is RoCEv2's UDP destination port.
+const UDPPort = 4791
 
 // Opcode is a BTH opcode. Only the RC transport's (the top three bits zero) exist here.
 type Opcode uint8

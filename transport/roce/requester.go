@@ -332,3 +332,24 @@ func RNRTimer(t uint8) time.Duration { return time.Duration(rnrTimerUS[t&31]) * 
 
 var rnrTimerUS = [32]int64{655360, 10, 20, 30, 40, 60, 80, 120, 160, 240, 320, 480, 640, 960, 1280, 1920, 2560, 3840,
 	5120, 7680, 10240, 15360, 20480, 30720, 40960, 61440, 81920, 122880, 163840, 245760, 327680, 491520}
+
+// InFlight returns how many PSNs the outstanding messages span (a READ counts its
+// response's packets): the requester's use of its send window.
+func (q *Requester) InFlight() int {
+	if len(q.out) == 0 {
+		return 0
+	}
+	return int(psnDiff(q.nextPSN, q.out[0].first))
+}
+
+// Flush ends every outstanding message with status (StatusFlushed when the QP went to
+// the error state, StatusRetryExceeded when the peer is gone) and fails the
+// requester: what is posted later is flushed.
+func (q *Requester) Flush(status Status) Output {
+	var out Output
+	for _, o := range q.out {
+		out.Done = append(out.Done, Completion{ID: o.id, Status: status})
+	}
+	q.out, q.failed = nil, true
+	return out
+}

@@ -2,87 +2,191 @@ package roce
 
 import (
 	"errors"
-	"net/netip"
+	"fmt"
 	"sync"
+	"sync/atomic"
 	"time"
+
+	"github.com/odpemu/odpemu/internal/fifo"
 )
 
-// Executor is the responder's side of a Session: it executes a complete request
-// message against local memory and says how to answer. A READ's answer is its data
-// (Response.Payload); an atomic's, the original value (Response.Orig). RNR asks for
-// an RNR NAK with that timer (the request is dropped and comes again); NAK, for a NAK
-// with that syndrome (the QP then fails).
-type Executor func(m *Message) (resp *Message, rnr bool, timer uint8, nak Syndrome)
+// Handler is what a Session needs from the QP that owns it: the memory side of RC.
+type Handler interface {
+	// Execute runs a complete request, in PSN order, against local memory and says
+	// how to answer it. It runs on the session's responder goroutine, one request at
+	// a time, and may block. duplicate marks a READ that came again (IBTA lets the
+	// responder read memory again): its answer must not be RNR.
+	Execute(m *Message, duplicate bool) Answer
+	// Complete ends a posted message. It is called in posting order, from one
+	// goroutine, never with the session's lock held.
+	Complete(c Completion)
+	// Lost is called at most once, when the connection can carry nothing more: the
+	// port failed or was closed by the peer, or the peer broke the protocol.
+	Lost(err error)
+}
 
-// Session is one RC connection over a Link: a Requester and a Responder driven by a
-// receive loop and a timer loop. Post sends messages; completions arrive on Done in
-// posting order. Close stops the loops.
+// Answer is how the responder answers an executed request.
+type Answer struct {
+	// Response is a READ's data (Payload) or an atomic's original value (Orig).
+	Response *Message
+	// NAK, when set, refuses the request with that NAK code (remote access error,
+	// invalid request, remote operational error); the responder then stops
+	// answering, as a QP in the error state does.
+	NAK Syndrome
+	// RNR asks for an RNR NAK with Timer; Resolve, if set, runs once it is sent
+	// (the network page fault is resolved while the requester waits).
+	RNR     bool
+	Timer   uint8
+	Resolve func()
+	// Drop answers nothing (the QP is in the error state).
+	Drop bool
+	// Release, if set, is called once Response has been sent (or will not be).
+	Release func()
+}
+
+func (a *Answer) release() {
+	if a.Release != nil {
+		a.Release()
+	}
+}
+
+// Counters count a session's RC events. Several sessions may share one (a device's
+// totals); all fields are updated atomically.
+type Counters struct {
+	RNRNaksSent      atomic.Uint64 // RNR NAKs the responder sent
+	RNRNaksReceived  atomic.Uint64 // RNR NAKs the requester received
+	RNRWaitNanos     atomic.Uint64 // time the requester waited on RNR timers
+	RNRRetryExceeded atomic.Uint64 // messages failed with RNR_RETRY_EXC_ERR
+	Retransmitted    atomic.Uint64 // packets the requester sent again
+	Timeouts         atomic.Uint64 // ACK timer expiries (local_ack_timeout_err)
+	RetryExceeded    atomic.Uint64 // messages failed with RETRY_EXC_ERR
+	SeqNAKsSent      atomic.Uint64 // PSN sequence error NAKs sent (out_of_sequence)
+	SeqNAKsReceived  atomic.Uint64 // PSN sequence error NAKs received (packet_seq_err)
+	Duplicates       atomic.Uint64 // duplicate requests answered again (duplicate_request)
+	Dropped          atomic.Uint64 // packets dropped: wrong QPN, after a NAK, QP in error
+}
+
+// SessionConfig configures a Session.
+type SessionConfig struct {
+	// Requester holds the requester's attributes; its FirstPSN is this side's
+	// starting PSN and its MTU defaults to the port's.
+	Requester RequesterConfig
+	// LocalQPN is this QP's number (packets for another are dropped); PeerQPN the
+	// peer's, put in every packet sent.
+	LocalQPN, PeerQPN uint32
+	// PeerPSN is the peer's starting PSN.
+	PeerPSN uint32
+	// MaxAtomics is how many atomics' results are kept for duplicates (default 16).
+	MaxAtomics int
+	// Window bounds the PSNs in flight (default 1024): Post waits beyond it.
+	Window int
+	// Tick is how often the ACK timer is looked at (default Timeout/4).
+	Tick time.Duration
+	// Counters are updated with every event, each of them.
+	Counters []*Counters
+}
+
+// ackEvery bounds the messages a responder leaves unacknowledged while more requests
+// wait to be taken (ACK coalescing).
+const ackEvery = 16
+
+// Session is one RC connection: a Requester and a Responder over a Port, driven by
+// a receive loop, a responder loop (which runs the Handler's Execute, so that a
+// request that waits does not hold up ACKs), a completion loop and the ACK timer.
+//
+// Lock order: the Handler's own locks are never taken under Session.mu, and the
+// Handler may call Post and Fail while holding its own.
 type Session struct {
-	link *Link
-	peer netip.AddrPort
-	exec Executor
-	done chan Completion
+	port Port
+	h    Handler
+	cfg  SessionConfig
+	lim  Limits
 
-	mu   sync.Mutex // protects req and resp
-	req  *Requester
-	resp *Responder
+	mu      sync.Mutex // protects req, last, closed; held while the requester's packets are sent
+	cond    sync.Cond  // on mu: the window opened, or the session ended
+	req     *Requester
+	last    RequesterStats // the requester's counters when last added to cfg.Counters
+	closed  bool
+	errored atomic.Bool // the responder answers nothing more
+
+	resp     *Responder              // used by the responder loop only
+	requests *fifo.Queue[rxPacket]   // from the receive loop to the responder loop
+	done     *fifo.Queue[Completion] // to the completion loop, in posting order
+	lost     sync.Once
 
 	stop chan struct{}
 	wg   sync.WaitGroup
 }
 
-// SessionConfig configures a Session: the requester's attributes (its FirstPSN is
-// this side's starting PSN), the peer's starting PSN, and the atomics kept for
-// duplicates.
-type SessionConfig struct {
-	Requester  RequesterConfig
-	PeerPSN    uint32
-	MaxAtomics int
-	// Tick is how often the ACK timer is looked at (default Timeout/4).
-	Tick time.Duration
+type rxPacket struct {
+	p   Packet
+	buf *[]byte // the receive buffer p's payload aliases
 }
 
-// NewSession starts a session with peer over link; exec serves the peer's requests.
-func NewSession(link *Link, peer netip.AddrPort, cfg SessionConfig, exec Executor) *Session {
+// NewSession starts a session on port; h serves the peer's requests and takes the
+// completions.
+func NewSession(port Port, cfg SessionConfig, h Handler) *Session {
+	lim := port.Limits()
 	if cfg.Requester.MTU == 0 {
-		cfg.Requester.MTU = link.Limits().MTU
+		cfg.Requester.MTU = lim.MTU
 	}
 	if cfg.Tick <= 0 {
 		cfg.Tick = max(cfg.Requester.Timeout/4, time.Millisecond)
 	}
-	s := &Session{link: link, peer: peer, exec: exec, done: make(chan Completion, 1024), stop: make(chan struct{}),
-		req: NewRequester(cfg.Requester), resp: NewResponder(cfg.PeerPSN, link.Limits(), cfg.MaxAtomics)}
-	s.wg.Add(2)
-	go s.recvLoop()
-	go s.timerLoop(cfg.Tick)
+	if cfg.Window <= 0 {
+		cfg.Window = 1024
+	}
+	if cfg.MaxAtomics <= 0 {
+		cfg.MaxAtomics = 16
+	}
+	s := &Session{port: port, h: h, cfg: cfg, lim: lim, req: NewRequester(cfg.Requester),
+		resp: NewResponder(cfg.PeerPSN, lim, cfg.MaxAtomics), requests: fifo.New[rxPacket](),
+		done: fifo.New[Completion](), stop: make(chan struct{})}
+	s.cond.L = &s.mu
+	bufSize := BufferSize(lim)
+	pool := &sync.Pool{New: func() any { b := make([]byte, bufSize); return &b }}
+	s.wg.Add(3)
+	go s.recvLoop(pool)
+	go s.respLoop(pool)
+	go s.completionLoop()
+	if cfg.Requester.Timeout > 0 {
+		s.wg.Add(1)
+		go s.timerLoop()
+	}
 	return s
 }
 
-// Done delivers completions in posting order. It must be read: a full channel holds
-// the session up.
-func (s *Session) Done() <-chan Completion { return s.done }
-
-// Post sends a message; its completion comes on Done.
+// Post sends a message; its completion comes to the Handler. It waits while the
+// window is full. An error means the message is invalid (it is not posted).
 func (s *Session) Post(id uint64, m Message) error {
-	var err error
-	return errors.Join(s.step(func() (out Output) {
-		out, err = s.req.Post(id, m, time.Now())
-		return out
-	}), err)
+	m.DestQP = s.cfg.PeerQPN
+	n := 1
+	if m.Kind == KindReadRequest {
+		n = Packets(int(m.DMALen), s.cfg.Requester.MTU)
+	} else if m.Kind == KindSend || m.Kind == KindWrite {
+		n = Packets(len(m.Payload), s.cfg.Requester.MTU)
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	for !s.closed && s.req.Outstanding() > 0 && s.req.InFlight()+n > s.cfg.Window {
+		s.cond.Wait()
+	}
+	if s.closed {
+		return ErrClosed
+	}
+	out, err := s.req.Post(id, m, time.Now())
+	if err != nil {
+		return err
+	}
+	s.applyLocked(out)
+	return nil
 }
 
-// step runs one transition of the requester under the lock and delivers its
-// completions before the lock is released (so that they keep posting order whichever
-// goroutine made them), then sends what it asked for.
-func (s *Session) step(f func() Output) error {
-	s.mu.Lock()
-	out := f()
-	for _, c := range out.Done {
-		s.done <- c
-	}
-	s.mu.Unlock()
-	out.Done = nil
-	return s.handle(out)
+// Fail puts the session in the error state: outstanding and later messages complete
+// with StatusFlushed, and the responder answers nothing more.
+func (s *Session) Fail() {
+	s.errored.Store(true)
+	s.step(func() Output { return s.req.Flush(StatusFlushed) })
 }
 
 // RequesterStats returns the requester's counters.
@@ -92,123 +196,254 @@ func (s *Session) RequesterStats() RequesterStats {
 	return s.req.Stats()
 }
 
-// Close stops the loops and closes the Link (the receive loop waits on it).
+// Stats returns the port's counters.
+func (s *Session) PortStats() LinkStats { return s.port.Stats() }
+
+// Close stops the loops and closes the port. Completions not yet delivered are
+// dropped.
 func (s *Session) Close() {
+	s.mu.Lock()
+	if s.closed {
+		s.mu.Unlock()
+		return
+	}
+	s.closed = true
+	s.cond.Broadcast()
+	s.mu.Unlock()
 	close(s.stop)
-	_ = s.link.Close() // ends the receive loop; a Close error leaves nothing to undo
+	_ = s.port.Close() // ends the receive loop; a Close error leaves nothing to undo
+	s.requests.Close()
+	s.done.Close()
 	s.wg.Wait()
 }
 
-// handle sends what the requester asked for; an RNR wait is served by a timer.
-func (s *Session) handle(out Output) error {
-	var errs []error
-	for i := range out.Send {
-		errs = append(errs, s.link.Send(&out.Send[i], s.peer))
+// step runs one transition of the requester and applies its output.
+func (s *Session) step(f func() Output) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if !s.closed {
+		s.applyLocked(f())
 	}
-	if out.RNRWait > 0 {
-		s.wg.Add(1)
-		t := time.NewTimer(out.RNRWait)
-		go func() {
-			defer s.wg.Done()
-			select {
-			case <-t.C:
-				_ = s.step(func() Output { return s.req.Resend(out, time.Now()) }) // a send error shows as a timeout later
-			case <-s.stop:
-				t.Stop()
-			}
-		}()
-	}
-	return errors.Join(errs...)
 }
 
-func (s *Session) recvLoop() {
+// applyLocked queues the output's completions (in order), sends its packets, arms
+// the RNR timer it asks for and counts what happened. Called with Session.mu held.
+func (s *Session) applyLocked(out Output) {
+	for _, c := range out.Done {
+		switch c.Status {
+		case StatusRNRRetryExceeded:
+			s.count(func(c *Counters) *atomic.Uint64 { return &c.RNRRetryExceeded }, 1)
+		case StatusRetryExceeded:
+			s.count(func(c *Counters) *atomic.Uint64 { return &c.RetryExceeded }, 1)
+		}
+		s.done.Push(c)
+	}
+	if len(out.Done) > 0 {
+		s.cond.Broadcast()
+	}
+	for i := range out.Send {
+		s.send(&out.Send[i]) // a lost packet is sent again by the timer
+	}
+	st := s.req.Stats()
+	s.count(func(c *Counters) *atomic.Uint64 { return &c.Retransmitted }, st.Retransmitted-s.last.Retransmitted)
+	s.count(func(c *Counters) *atomic.Uint64 { return &c.Timeouts }, st.Timeouts-s.last.Timeouts)
+	s.count(func(c *Counters) *atomic.Uint64 { return &c.SeqNAKsReceived }, st.SeqNAKs-s.last.SeqNAKs)
+	s.count(func(c *Counters) *atomic.Uint64 { return &c.RNRNaksReceived }, st.RNRNAKs-s.last.RNRNAKs)
+	s.last = st
+	if out.RNRWait > 0 {
+		s.rnrWait(out)
+	}
+}
+
+// rnrWait resends from the RNR-NAKed PSN once the timer the responder asked for has
+// run. Called with Session.mu held.
+func (s *Session) rnrWait(out Output) {
+	s.wg.Add(1)
+	t0 := time.Now()
+	t := time.NewTimer(out.RNRWait)
+	go func() {
+		defer s.wg.Done()
+		select {
+		case <-t.C:
+			s.count(func(c *Counters) *atomic.Uint64 { return &c.RNRWaitNanos }, uint64(time.Since(t0)))
+			s.step(func() Output { return s.req.Resend(out, time.Now()) })
+		case <-s.stop:
+			t.Stop()
+		}
+	}()
+}
+
+func (s *Session) count(field func(*Counters) *atomic.Uint64, n uint64) {
+	if n == 0 {
+		return
+	}
+	for _, c := range s.cfg.Counters {
+		field(c).Add(n)
+	}
+}
+
+func (s *Session) send(p *Packet) {
+	p.DestQP = s.cfg.PeerQPN
+	_ = s.port.Send(p) // a lost packet is the peer's timer's to recover
+}
+
+// fail reports the connection lost, once, and fails what is outstanding.
+func (s *Session) fail(err error) {
+	s.lost.Do(func() {
+		s.errored.Store(true)
+		s.h.Lost(err)
+		s.step(func() Output { return s.req.Flush(StatusRetryExceeded) })
+	})
+}
+
+func (s *Session) recvLoop(pool *sync.Pool) {
 	defer s.wg.Done()
-	buf := make([]byte, BufferSize(s.link.Limits()))
+	bp := pool.Get().(*[]byte)
+	defer func() { pool.Put(bp) }()
 	for {
-		p, from, err := s.link.Recv(buf)
+		p, err := s.port.Recv(*bp)
 		if err != nil {
+			select {
+			case <-s.stop:
+			default:
+				s.fail(fmt.Errorf("roce: connection lost: %w", err))
+			}
 			return
 		}
-		if from != s.peer {
-			continue // not this connection's peer
-		}
-		if !p.Opcode.IsRequest() {
-			_ = s.step(func() Output { return s.req.Receive(&p, time.Now()) })
+		if p.DestQP != s.cfg.LocalQPN {
+			s.count(func(c *Counters) *atomic.Uint64 { return &c.Dropped }, 1)
 			continue
 		}
-		s.mu.Lock()
-		act, m, resp := s.resp.Receive(&p)
-		s.mu.Unlock()
-		// The payload aliases buf: the executor copies what it keeps.
+		if p.Opcode.IsRequest() {
+			if !s.requests.Push(rxPacket{p, bp}) {
+				return
+			}
+			bp = pool.Get().(*[]byte) // the responder loop returns the other
+			continue
+		}
+		s.step(func() Output { return s.req.Receive(&p, time.Now()) })
+	}
+}
+
+func (s *Session) respLoop(pool *sync.Pool) {
+	defer s.wg.Done()
+	unacked := 0
+	for {
+		rx, ok := s.requests.Pop()
+		if !ok {
+			return
+		}
+		act, m, resp := s.resp.Receive(&rx.p)
+		pool.Put(rx.buf) // Receive copied what it keeps
+		if s.errored.Load() {
+			s.count(func(c *Counters) *atomic.Uint64 { return &c.Dropped }, 1)
+			continue
+		}
 		switch act {
 		case ActExecute:
-			s.execute(m, false)
+			unacked += s.execute(m)
 		case ActDuplicate:
-			if m != nil {
-				s.execute(m, true) // a READ, read again
-			} else {
+			s.count(func(c *Counters) *atomic.Uint64 { return &c.Duplicates }, 1)
+			if m == nil {
 				s.reply(resp)
+				break
 			}
+			a := s.h.Execute(m, true)
+			if a.NAK != 0 {
+				s.reply(s.resp.Fail(m, a.NAK))
+			} else if !a.Drop && a.Response != nil {
+				s.replyData(m, a.Response)
+			}
+			a.release()
 		case ActNAK:
+			if resp.Syndrome == SynNAKPSNSeqError {
+				s.count(func(c *Counters) *atomic.Uint64 { return &c.SeqNAKsSent }, 1)
+				s.reply(resp)
+				break
+			}
+			// The peer broke the protocol (a malformed message): IBTA's invalid
+			// request, after which this QP is in error.
 			s.reply(resp)
+			s.fail(errors.New("roce: the peer sent a malformed request"))
+		case ActDrop:
+			s.count(func(c *Counters) *atomic.Uint64 { return &c.Dropped }, 1)
+		}
+		if unacked > 0 && (unacked >= ackEvery || s.requests.Len() == 0) {
+			s.reply(s.resp.Ack())
+			unacked = 0
 		}
 	}
 }
 
-// execute runs a request through the executor and answers it.
-func (s *Session) execute(m *Message, duplicate bool) {
-	resp, rnr, timer, nak := s.exec(m)
-	s.mu.Lock()
-	var answer *Message
+// execute runs a new request and answers it; it returns 1 if an ACK is owed
+// (sent coalesced), else 0.
+func (s *Session) execute(m *Message) int {
+	a := s.h.Execute(m, false)
+	defer a.release()
 	switch {
-	case duplicate:
-	case rnr:
-		answer = s.resp.RNR(m, timer)
-	case nak != 0:
-		answer = s.resp.Fail(m, nak)
+	case a.Drop:
+	case a.RNR:
+		s.reply(s.resp.RNR(m, a.Timer))
+		s.count(func(c *Counters) *atomic.Uint64 { return &c.RNRNaksSent }, 1)
+		if a.Resolve != nil {
+			a.Resolve()
+		}
+	case a.NAK != 0:
+		s.errored.Store(true)
+		s.reply(s.resp.Fail(m, a.NAK))
 	default:
-		s.resp.Executed(m, resp)
-		if m.Kind != KindReadRequest && m.Kind != KindCompareSwap && m.Kind != KindFetchAdd && m.AckReq {
-			answer = s.resp.Ack()
+		s.resp.Executed(m, a.Response)
+		if m.Kind == KindReadRequest || m.Kind == KindCompareSwap || m.Kind == KindFetchAdd {
+			s.replyData(m, a.Response)
+		} else if m.AckReq {
+			return 1
 		}
 	}
-	s.mu.Unlock()
-	if answer != nil {
-		s.reply(answer)
-		return
-	}
-	if rnr || nak != 0 || resp == nil {
-		return
-	}
-	resp.PSN = m.PSN
+	return 0
+}
+
+// replyData sends a READ's response or an atomic's acknowledgement for m.
+func (s *Session) replyData(m *Message, resp *Message) {
+	r := *resp
+	r.PSN, r.Syndrome, r.MSN = m.PSN, SynACK, s.resp.MSN()
+	r.Kind = KindAtomicAck
 	if m.Kind == KindReadRequest {
-		resp.Kind, resp.Syndrome = KindReadResponse, SynACK
-	} else {
-		resp.Kind, resp.Syndrome = KindAtomicAck, SynACK
+		r.Kind = KindReadResponse
 	}
-	s.reply(resp)
+	s.reply(&r)
 }
 
 func (s *Session) reply(m *Message) {
-	ps, err := Segment(m, s.link.Limits().MTU)
+	ps, err := Segment(m, s.lim.MTU)
 	if err != nil {
-		return // only an invalid MTU fails, which the Link refused at Listen
+		return // only an invalid MTU fails, which the port refused when made
 	}
 	for i := range ps {
-		_ = s.link.Send(&ps[i], s.peer) // a lost answer is retransmitted by the peer's timer
+		s.send(&ps[i])
 	}
 }
 
-func (s *Session) timerLoop(tick time.Duration) {
+func (s *Session) completionLoop() {
 	defer s.wg.Done()
-	t := time.NewTicker(tick)
+	for {
+		c, ok := s.done.Pop()
+		if !ok {
+			return
+		}
+		s.h.Complete(c)
+	}
+}
+
+func (s *Session) timerLoop() {
+	defer s.wg.Done()
+	t := time.NewTicker(s.cfg.Tick)
 	defer t.Stop()
 	for {
 		select {
 		case <-s.stop:
 			return
 		case now := <-t.C:
-			_ = s.step(func() Output { return s.req.Tick(now) })
+			s.step(func() Output { return s.req.Tick(now) })
 		}
 	}
 }

@@ -19,27 +19,44 @@ type memory struct {
 	rnr int // RNR NAKs still to answer (the first requests)
 }
 
-func (m *memory) execute(msg *Message) (*Message, bool, uint8, Syndrome) {
+func (m *memory) Execute(msg *Message, duplicate bool) Answer {
 	m.mu.Lock()
 	defer m.mu.Unlock()
-	if m.rnr > 0 {
+	if m.rnr > 0 && !duplicate {
 		m.rnr--
-		return nil, true, 1, 0
+		return Answer{RNR: true, Timer: 1}
 	}
 	switch msg.Kind {
 	case KindWrite:
 		if msg.VA+uint64(len(msg.Payload)) > uint64(len(m.b)) {
-			return nil, false, 0, SynNAKRemoteAccess
+			return Answer{NAK: SynNAKRemoteAccess}
 		}
 		copy(m.b[msg.VA:], msg.Payload)
 	case KindReadRequest:
 		if msg.VA+uint64(msg.DMALen) > uint64(len(m.b)) {
-			return nil, false, 0, SynNAKRemoteAccess
+			return Answer{NAK: SynNAKRemoteAccess}
 		}
-		return &Message{Payload: append([]byte(nil), m.b[msg.VA:msg.VA+uint64(msg.DMALen)]...)}, false, 0, 0
+		return Answer{Response: &Message{Payload: append([]byte(nil), m.b[msg.VA:msg.VA+uint64(msg.DMALen)]...)}}
 	}
-	return nil, false, 0, 0
+	return Answer{}
 }
+
+func (m *memory) Complete(Completion) {}
+func (m *memory) Lost(error)          {}
+
+// requester is a Handler that only posts: its completions go to a channel.
+type requester struct {
+	done chan Completion
+	lost chan error
+}
+
+func newRequester() *requester {
+	return &requester{done: make(chan Completion, 4096), lost: make(chan error, 1)}
+}
+
+func (r *requester) Execute(*Message, bool) Answer { return Answer{NAK: SynNAKRemoteAccess} }
+func (r *requester) Complete(c Completion)         { r.done <- c }
+func (r *requester) Lost(err error)                { r.lost <- err }
 
 // WRITE and READ over real UDP sockets with 1% of the packets lost (and some
 // duplicated and reordered) by the injector: every message completes, in order, with
@@ -55,13 +72,14 @@ func TestSessionOverLossyUDP(t *testing.T) {
 			require.NoError(t, err)
 			mem := &memory{b: make([]byte, 1<<20), rnr: 2} // 100 slots of 8 KiB
 			cfg := SessionConfig{Requester: RequesterConfig{Timeout: 5 * time.Millisecond, RetryCnt: 7, RNRRetry: 7, FirstPSN: 100}, PeerPSN: 5000}
-			a := NewSession(la, lb.LocalAddr(), cfg, func(*Message) (*Message, bool, uint8, Syndrome) {
-				return nil, false, 0, SynNAKRemoteAccess // a posts only
-			})
+			cfg.LocalQPN, cfg.PeerQPN = 0x11, 0x22
+			ra := newRequester()
+			a := NewSession(la.Dial(lb.LocalAddr()), cfg, ra)
 			defer a.Close()
 			cfgB := cfg
 			cfgB.Requester.FirstPSN, cfgB.PeerPSN = 5000, 100
-			b := NewSession(lb, la.LocalAddr(), cfgB, mem.execute)
+			cfgB.LocalQPN, cfgB.PeerQPN = 0x22, 0x11
+			b := NewSession(lb.Dial(la.LocalAddr()), cfgB, mem)
 			defer b.Close()
 
 			rng := rand.New(rand.NewPCG(1, 2))
@@ -102,7 +120,7 @@ func TestSessionOverLossyUDP(t *testing.T) {
 			for i := 0; i < n; i++ {
 				var c Completion
 				select {
-				case c = <-a.Done():
+				case c = <-ra.done:
 				case <-time.After(60 * time.Second): // a hang detector
 					t.Fatalf("completion %d never came (%+v)", i, a.RequesterStats())
 				}

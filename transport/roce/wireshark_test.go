@@ -52,14 +52,14 @@ func TestWiresharkDecodes(t *testing.T) {
 	}
 	conn := sender(t, "127.0.0.1:0")
 	local := conn.LocalAddr().(*net.UDPAddr).AddrPort()
-	dst := netip.AddrPortFrom(netip.MustParseAddr("127.0.0.1"), Port)
+	dst := netip.AddrPortFrom(netip.MustParseAddr("127.0.0.1"), UDPPort)
 	ep := Endpoints{Src: netip.AddrPortFrom(local.Addr().Unmap(), local.Port()), Dst: dst}
 	pkts := samples()
 
 	capture := filepath.Join(t.TempDir(), "roce.pcapng")
 	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second) // a hang detector
 	defer cancel()
-	filter := fmt.Sprintf("udp and src port %d and dst port %d", local.Port(), Port)
+	filter := fmt.Sprintf("udp and src port %d and dst port %d", local.Port(), UDPPort)
 	cmd := exec.CommandContext(ctx, tshark, "-i", "lo", "-f", filter, "-c", strconv.Itoa(len(pkts)), "-w", capture)
 	stderr, err := cmd.StderrPipe()
 	require.NoError(t, err)
