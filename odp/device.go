@@ -15,9 +15,10 @@
 //
 // A goroutine that holds one of these locks takes only locks further down the list:
 //
-//	QP.sendMu                what a QP puts on the wire: a request built and sent, or
-//	                         a go-back-N retransmission (it builds requests, which
-//	                         take network page faults and the locks below)
+//	QP.attrMu                orders ModifyAttr calls
+//	roce.Session.mu          a QP's RC session: held while its packets are sent and
+//	                         while Reload gathers a payload again for a retransmission
+//	                         (network page faults and the locks below)
 //	space.regMu              ODP userfaultfd registration changes (registerODP, Dereg,
 //	                         RegImplicitMR) in the address space
 //	invalidate.Pager.reclaimMu  one evictor at a time; Discard, Evict, Migrate, Restore
@@ -55,6 +56,7 @@ import (
 	"sync"
 
 	"github.com/odpemu/odpemu/pagefault"
+	"github.com/odpemu/odpemu/transport/roce"
 	"golang.org/x/sys/unix"
 )
 
@@ -128,6 +130,7 @@ type Device struct {
 	nextQPN uint32
 
 	stats deviceCounters
+	rc    roce.Counters // RC events of all its QPs
 }
 
 // Open opens an emulated device. Devices whose address-space settings agree

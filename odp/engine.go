@@ -1,18 +1,25 @@
 package odp
 
-// The emulated NIC's engine. Each connected QP runs three goroutines:
+// The emulated NIC's engine. A connected QP runs one RC session of transport/roce
+// (the requester and responder state machines of IBTA chapter 9, over a roce.Port:
+// UDP between processes and hosts, or an in-process Pipe carrying the same encoded
+// packets) and one goroutine of its own:
 //   - sendLoop processes the send queue in order: it checks local keys, faults ODP
-//     source pages in and puts requests on the wire;
-//   - recvLoop takes frames off the wire: responses complete send WRs in order,
-//     requests are queued for the responder;
-//   - respLoop executes the peer's requests in order against this device's MRs,
-//     taking network page faults as needed, and answers with ACK, data or NAK.
+//     source pages in, gathers the payload and posts the message to the session,
+//     which segments it, assigns PSNs and retransmits it as RC requires;
+//   - the session's responder loop calls Execute for each complete request, in PSN
+//     order: it runs against this device's MRs, taking network page faults as
+//     needed, and says whether to ACK, send data, NAK or RNR NAK;
+//   - the session's completion loop calls Complete for each finished message, in
+//     posting order: READ data and atomic results are scattered into local memory
+//     there, and the work request completes.
 //
 // RC retries as on hardware: a responder whose request finds ODP pages missing (or
 // no receive posted) answers RNR NAK, resolves the fault after sending it, and drops
 // the requests behind it until the NAKed PSN comes again; the requester waits the
-// RNR timer and retransmits from that request on, up to RNRRetry times (rnr.go).
-// Config.ResponderFaults = FaultStall resolves first and answers after instead.
+// RNR timer and retransmits from that request on (go-back-N), up to RNRRetry times.
+// Lost packets are recovered by sequence NAKs and the ACK timer (Timeout,
+// RetryCnt). Config.ResponderFaults = FaultStall resolves first and answers after.
 //
 // No goroutine ever copies to or from an MR page whose NIC entry is invalid: DMA runs
 // between mmu.Table BeginDMA and EndDMA, after any fault has been resolved, and inside
@@ -26,28 +33,39 @@ import (
 	"errors"
 	"fmt"
 	"runtime/debug"
+	"time"
 
 	"github.com/odpemu/odpemu/internal/bufpool"
-	"github.com/odpemu/odpemu/transport"
+	"github.com/odpemu/odpemu/transport/roce"
 )
 
-// wire returns the QP's connection.
-func (qp *QP) wire() transport.Conn {
-	qp.mu.Lock()
-	defer qp.mu.Unlock()
-	return qp.conn
-}
-
-// startLocked starts the QP's engine goroutines once. Called with QP.mu held.
+// startLocked starts the QP's session and send loop once. Called with QP.mu held.
 func (qp *QP) startLocked() {
 	if qp.started {
 		return
 	}
 	qp.started = true
-	qp.wg.Add(3)
+	cfg := roce.SessionConfig{Requester: qp.retryConfigLocked(), LocalQPN: qp.qpn, PeerQPN: qp.remote.QPN,
+		PeerPSN: qp.remote.PSN, Counters: []*roce.Counters{&qp.rc, &qp.dev.rc}}
+	cfg.Requester.FirstPSN = qp.psn
+	qp.sess = roce.NewSession(qp.port, cfg, (*rcHandler)(qp))
+	qp.wg.Add(1)
 	go qp.sendLoop()
-	go qp.recvLoop()
-	go qp.respLoop()
+}
+
+// retryConfigLocked is the requester's part of the QP's attributes. Called with
+// QP.mu held.
+func (qp *QP) retryConfigLocked() roce.RequesterConfig {
+	return roce.RequesterConfig{Timeout: ackTimeout(qp.attr.Timeout), RetryCnt: int(qp.attr.RetryCnt),
+		RNRRetry: int(qp.attr.RNRRetry)}
+}
+
+// ackTimeout decodes the local ACK timeout, 4.096 us * 2^t (0: none).
+func ackTimeout(t uint8) time.Duration {
+	if t == 0 {
+		return 0
+	}
+	return time.Duration(4096<<t) * time.Nanosecond
 }
 
 func wcOpcode(op Opcode) WCOpcode {
@@ -138,6 +156,17 @@ func sglLen(sgl []SGE) uint64 {
 // the wait for the peer (a SEND may wait for a receive indefinitely, and Dereg or an
 // invalidation must not wait with it). release returns the buffer to its pool.
 func (qp *QP) gather(sgl []SGE) (payload []byte, release func(), status WCStatus, detail string) {
+	buf := bufpool.Get(int(sglLen(sgl)))
+	if status, detail := qp.gatherInto(sgl, buf); status != WCSuccess {
+		bufpool.Put(buf)
+		return nil, nil, status, detail
+	}
+	return buf, func() { bufpool.Put(buf) }, WCSuccess, ""
+}
+
+// gatherInto reads a local SGL into buf, which has its length, checking every key
+// before the first copy.
+func (qp *QP) gatherInto(sgl []SGE, buf []byte) (WCStatus, string) {
 	type seg struct {
 		mr  *MR
 		off uint64
@@ -147,21 +176,18 @@ func (qp *QP) gather(sgl []SGE) (payload []byte, release func(), status WCStatus
 	for _, s := range sgl {
 		mr, off, why := qp.localSGE(s, false)
 		if mr == nil {
-			return nil, nil, WCLocProtErr, why
+			return WCLocProtErr, why
 		}
 		segs = append(segs, seg{mr, off, uint64(s.Length)})
 	}
-	buf := bufpool.Get(int(sglLen(sgl)))
-	release = func() { bufpool.Put(buf) }
 	pos := uint64(0)
 	for _, s := range segs {
 		if err := s.mr.dma(s.off, buf[pos:pos+s.n], false); err != nil {
-			release()
-			return nil, nil, WCLocProtErr, err.Error()
+			return WCLocProtErr, err.Error()
 		}
 		pos += s.n
 	}
-	return buf, release, WCSuccess, ""
+	return WCSuccess, ""
 }
 
 // scatter writes data into a local SGL, faulting ODP pages in for write. The SGL's
@@ -197,54 +223,53 @@ func (qp *QP) sendLoop() {
 			qp.cond.Wait()
 		}
 		qp.mu.Unlock()
-		qp.sendMu.Lock()
 		qp.send(wr)
-		qp.sendMu.Unlock()
 	}
 }
 
-// send processes one work request: it builds its request and puts it on the wire.
-// Called with QP.sendMu held.
+// send processes one work request: it builds its message and posts it.
 func (qp *QP) send(wr *SendWR) {
 	qp.mu.Lock()
-	p := &pending{wr: wr, psn: qp.nextPSN}
-	qp.nextPSN++
+	qp.nextID++
+	p := &pending{wr: wr, id: qp.nextID}
 	qp.pending = append(qp.pending, p)
 	if qp.state == StateError {
 		qp.finishLocked(p, WCWRFlushErr, "")
 		qp.mu.Unlock()
 		return
 	}
-	conn := qp.conn
+	sess := qp.sess
 	qp.mu.Unlock()
 
-	f, status, detail := qp.request(wr, p.psn)
+	m, release, status, detail := qp.request(wr)
 	qp.mu.Lock()
-	if p.done { // finished meanwhile: the peer is gone
-		qp.mu.Unlock()
-		if f != nil {
-			f.Done()
-		}
-		return
-	}
 	if status != WCSuccess {
 		qp.finishLocked(p, status, detail)
 		qp.mu.Unlock()
 		return
 	}
-	p.sent = true
+	p.release = release
 	qp.mu.Unlock()
-	if err := conn.Send(f); err != nil {
+	qp.inflight.Store(p.id, &inflight{wr: wr})
+	err := sess.Post(p.id, m)
+	qp.mu.Lock()
+	p.posted = err == nil
+	qp.mu.Unlock()
+	if err != nil {
+		qp.inflight.Delete(p.id)
 		qp.mu.Lock()
-		qp.finishLocked(p, WCRetryExcErr, "peer unreachable: "+err.Error())
+		if errors.Is(err, roce.ErrClosed) {
+			qp.finishLocked(p, WCWRFlushErr, "")
+		} else {
+			qp.finishLocked(p, WCLocQPOpErr, err.Error())
+		}
 		qp.mu.Unlock()
 	}
 }
 
 // mustWaitLocked reports whether the send loop holds wr back: the QP is draining
 // (SQD, SQE), or wr is fenced and a READ or atomic before it still waits for its
-// response. It waits without the send lock, which an RNR retransmission of that READ
-// needs. Called with QP.mu held.
+// response. Called with QP.mu held.
 func (qp *QP) mustWaitLocked(wr *SendWR) bool {
 	if qp.destroyed || qp.state == StateError {
 		return false
@@ -262,304 +287,287 @@ func (qp *QP) mustWaitLocked(wr *SendWR) bool {
 	return false
 }
 
-// request builds the wire request for wr, after the local checks the NIC makes. A
-// WRITE's or SEND's payload is a packet buffer that the frame owns: its Release
-// returns it, called by whoever consumes or drops the frame.
-func (qp *QP) request(wr *SendWR, psn uint32) (*transport.Frame, WCStatus, string) {
+// request builds the RC message for wr, after the local checks the NIC makes. A
+// WRITE's or SEND's payload is a packet buffer, kept by the requester for
+// retransmission until the message completes; release returns it.
+func (qp *QP) request(wr *SendWR) (m roce.Message, release func(), status WCStatus, detail string) {
 	total := sglLen(wr.SGL)
 	if total > maxMsg {
-		return nil, WCLocLenErr, fmt.Sprintf("message of %d bytes > %d", total, maxMsg)
+		return m, nil, WCLocLenErr, fmt.Sprintf("message of %d bytes > %d", total, maxMsg)
 	}
-	f := &transport.Frame{PSN: psn, RKey: wr.RKey, RAddr: wr.RemoteAddr, Len: uint32(total), Op: wireOps[wr.Opcode]}
+	m = roce.Message{VA: wr.RemoteAddr, RKey: wr.RKey, HasImm: wr.Opcode == OpRDMAWriteImm || wr.Opcode == OpSendImm}
+	if m.HasImm {
+		m.Imm = wr.Imm
+	}
 	switch wr.Opcode {
 	case OpRDMAWrite, OpRDMAWriteImm, OpSend, OpSendImm:
+		m.Kind = roce.KindWrite
 		if wr.Opcode == OpSend || wr.Opcode == OpSendImm {
-			f.RKey, f.RAddr = 0, 0
-		}
-		if wr.Opcode == OpRDMAWriteImm || wr.Opcode == OpSendImm {
-			f.Imm = wr.Imm
+			m.Kind, m.VA, m.RKey = roce.KindSend, 0, 0
 		}
 		if wr.Flags&SendInline != 0 {
-			f.Payload = wr.inline // copied at post time; the WR keeps it until retired
+			m.Payload = wr.inline // copied at post time; the WR keeps it until retired
+			return m, nil, WCSuccess, ""
+		}
+		m.Payload, release, status, detail = qp.gather(wr.SGL)
+		return m, release, status, detail
+	}
+	for _, s := range wr.SGL { // the data lands here later: check now, fault then
+		if mr, _, why := qp.localSGE(s, true); mr == nil {
+			return m, nil, WCLocProtErr, why
+		}
+	}
+	switch wr.Opcode {
+	case OpRDMARead:
+		m.Kind, m.DMALen = roce.KindReadRequest, uint32(total)
+	case OpAtomicCmpSwap:
+		m.Kind, m.Swap, m.Compare = roce.KindCompareSwap, wr.Swap, wr.CompareAdd
+	case OpAtomicFetchAdd:
+		m.Kind, m.Swap = roce.KindFetchAdd, wr.CompareAdd
+	}
+	return m, nil, WCSuccess, ""
+}
+
+// rcHandler is the QP as its session's roce.Handler.
+type rcHandler QP
+
+// Complete ends the work request of a finished message: a READ's data and an
+// atomic's original value are scattered into the local SGL first.
+func (h *rcHandler) Complete(c roce.Completion) {
+	defer debug.SetPanicOnFault(debug.SetPanicOnFault(true)) // DMA runs here: see dmaCopy
+	qp := (*QP)(h)
+	qp.mu.Lock()
+	var p *pending
+	for _, q := range qp.pending {
+		if q.id == c.ID {
+			p = q
 			break
 		}
-		payload, release, status, detail := qp.gather(wr.SGL)
-		if status != WCSuccess {
-			return nil, status, detail
-		}
-		f.Payload, f.Release = payload, release
-	case OpRDMARead, OpAtomicCmpSwap, OpAtomicFetchAdd:
-		for _, s := range wr.SGL { // the data lands here later: check now, fault then
-			if mr, _, why := qp.localSGE(s, true); mr == nil {
-				return nil, WCLocProtErr, why
-			}
-		}
-		if wr.Opcode == OpAtomicCmpSwap {
-			f.Swap, f.Compare = wr.Swap, wr.CompareAdd
-		} else if wr.Opcode == OpAtomicFetchAdd {
-			f.Swap = wr.CompareAdd
-		}
 	}
-	return f, WCSuccess, ""
-}
-
-// wireOps are the requests' wire operations.
-var wireOps = map[Opcode]transport.Op{
-	OpRDMAWrite: transport.OpWrite, OpRDMAWriteImm: transport.OpWriteImm, OpSend: transport.OpSend,
-	OpSendImm: transport.OpSendImm, OpRDMARead: transport.OpRead, OpAtomicCmpSwap: transport.OpCmpSwap,
-	OpAtomicFetchAdd: transport.OpFetchAdd,
-}
-
-func (qp *QP) recvLoop() {
-	defer qp.wg.Done()
-	debug.SetPanicOnFault(true) // see dmaCopy
-	conn := qp.wire()
-	for {
-		f, err := conn.Recv()
-		if err != nil {
-			qp.peerGone(err)
-			return
-		}
-		if f.Op.IsRequest() {
-			if !qp.respQ.Push(f) {
-				f.Done()
-			}
-			continue
-		}
-		if !qp.response(f) {
-			return
-		}
+	qp.mu.Unlock()
+	var reloadErr string
+	if v, ok := qp.inflight.LoadAndDelete(c.ID); ok {
+		reloadErr = v.(*inflight).reloadErr
 	}
+	if p == nil {
+		return // finished and retired already: the connection was lost
+	}
+	if p.release != nil {
+		p.release() // the requester keeps no packets of a finished message
+	}
+	status, detail := WCSuccess, ""
+	switch c.Status {
+	case roce.StatusSuccess:
+		status, detail = qp.deliver(p.wr, c.Response)
+	case roce.StatusRemoteInvalid:
+		status, detail = WCRemInvReqErr, "responder: NAK invalid request"
+	case roce.StatusRemoteAccess:
+		status, detail = WCRemAccessErr, "responder: NAK remote access error"
+	case roce.StatusRemoteOp:
+		status, detail = WCRemOpErr, "responder: NAK remote operational error"
+	case roce.StatusRetryExceeded:
+		status, detail = WCRetryExcErr, "no response: transport retry counter exceeded"
+	case roce.StatusRNRRetryExceeded:
+		status, detail = WCRNRRetryExcErr, "responder not ready: RNR retry counter exceeded"
+	case roce.StatusLocal:
+		status, detail = WCLocProtErr, "retransmission: "+reloadErr
+	default:
+		status = WCWRFlushErr
+	}
+	qp.mu.Lock()
+	qp.finishLocked(p, status, detail)
+	qp.mu.Unlock()
 }
 
-// peerGone fails everything outstanding when the wire is gone: the transport's retries
-// would run out (RETRY_EXC_ERR); in ERR they are flushed.
-func (qp *QP) peerGone(err error) {
+// inflight is a message the session may retransmit: its work request, to read the
+// payload again, and why that failed.
+type inflight struct {
+	wr        *SendWR
+	reloadErr string
+}
+
+// Reload gathers a message's payload again before the session retransmits it: a
+// NIC reads local memory again, which may fault ODP pages in again, or find the MR
+// deregistered (a local protection error). It runs under Session.mu, so it takes no
+// QP lock: the work request comes from QP.inflight.
+func (h *rcHandler) Reload(id uint64, payload []byte) error {
+	defer debug.SetPanicOnFault(debug.SetPanicOnFault(true)) // DMA runs here: see dmaCopy
+	v, ok := (*QP)(h).inflight.Load(id)
+	if !ok {
+		return nil
+	}
+	in := v.(*inflight)
+	if in.wr.Flags&SendInline != 0 {
+		return nil // the bytes were copied into the WQE at post time
+	}
+	if status, detail := (*QP)(h).gatherInto(in.wr.SGL, payload); status != WCSuccess {
+		in.reloadErr = detail
+		return errors.New(detail)
+	}
+	return nil
+}
+
+// deliver places a READ's data or an atomic's original value, the response to wr.
+func (qp *QP) deliver(wr *SendWR, resp *roce.Message) (WCStatus, string) {
+	switch {
+	case wr.Opcode == OpRDMARead:
+		if resp == nil || uint64(len(resp.Payload)) != sglLen(wr.SGL) {
+			return WCBadRespErr, "READ response of the wrong length"
+		}
+		return qp.scatter(wr.SGL, resp.Payload)
+	case wr.Opcode.atomic():
+		if resp == nil {
+			return WCBadRespErr, "atomic without its response"
+		}
+		var orig [8]byte
+		binary.NativeEndian.PutUint64(orig[:], resp.Orig)
+		return qp.scatter(wr.SGL, orig[:])
+	}
+	return WCSuccess, ""
+}
+
+// Lost fails everything outstanding when the wire is gone: the transport's retries
+// would run out (RETRY_EXC_ERR).
+func (h *rcHandler) Lost(err error) {
+	qp := (*QP)(h)
 	qp.mu.Lock()
 	defer qp.mu.Unlock()
 	for _, p := range append([]*pending(nil), qp.pending...) {
 		if !p.done {
-			qp.finishLocked(p, WCRetryExcErr, "connection lost: "+err.Error())
+			qp.finishLocked(p, WCRetryExcErr, err.Error())
 		}
 	}
 	qp.toErrorLocked()
 }
 
-// response completes the oldest sent request with the peer's answer, or, for an RNR
-// NAK, retransmits it after the RNR timer. It returns false if the QP was destroyed
-// while it waited.
-func (qp *QP) response(f *transport.Frame) bool {
-	defer f.Done()
-	qp.mu.Lock()
-	var p *pending
-	for _, c := range qp.pending {
-		if !c.done && c.sent {
-			p = c
-			break
-		}
+// Execute runs one request as the responder. A NAK it answers (an access error, an
+// invalid request, a failed receive) moves the QP to ERR, as RC responder errors of
+// classes B and C do.
+func (h *rcHandler) Execute(m *roce.Message, duplicate bool) roce.Answer {
+	defer debug.SetPanicOnFault(debug.SetPanicOnFault(true)) // DMA runs here: see dmaCopy
+	qp := (*QP)(h)
+	a := qp.execute(m, duplicate)
+	if a.NAK != 0 && !duplicate {
+		qp.toError()
 	}
-	if p == nil || p.psn != f.PSN {
-		if p != nil {
-			qp.finishLocked(p, WCBadRespErr, fmt.Sprintf("response PSN %d, expected %d", f.PSN, p.psn))
-		}
-		qp.toErrorLocked()
-		qp.mu.Unlock()
-		return true
-	}
-	inError := qp.state == StateError
-	qp.mu.Unlock()
-	if f.Op == transport.OpNak && f.Syndrome == transport.SynRNR && !inError {
-		return qp.rnrRetry(p, f.Timer)
-	}
-
-	status, detail := WCSuccess, ""
-	switch {
-	case inError:
-		status = WCWRFlushErr
-	case f.Op == transport.OpNak:
-		status, detail = nakStatus(f.Syndrome), "responder: "+f.Reason
-		if f.Reason == "" {
-			detail = fmt.Sprintf("responder NAK (%v)", f.Syndrome)
-		}
-	case f.Op == transport.OpReadResp && p.wr.Opcode == OpRDMARead:
-		if uint64(len(f.Payload)) != sglLen(p.wr.SGL) {
-			status, detail = WCBadRespErr, fmt.Sprintf("READ response of %d bytes for %d", len(f.Payload), sglLen(p.wr.SGL))
-		} else {
-			status, detail = qp.scatter(p.wr.SGL, f.Payload)
-		}
-	case f.Op == transport.OpAtomicAck && p.wr.Opcode.atomic():
-		var orig [8]byte
-		binary.NativeEndian.PutUint64(orig[:], f.Swap)
-		status, detail = qp.scatter(p.wr.SGL, orig[:])
-	case f.Op == transport.OpAck && !p.wr.Opcode.readsBack():
-	default:
-		status, detail = WCBadRespErr, fmt.Sprintf("%v answers %v", f.Op, p.wr.Opcode)
-	}
-	qp.mu.Lock()
-	qp.finishLocked(p, status, detail)
-	qp.mu.Unlock()
-	return true
-}
-
-func nakStatus(s transport.Syndrome) WCStatus {
-	switch s {
-	case transport.SynInvalidReq:
-		return WCRemInvReqErr
-	case transport.SynRemoteAccess:
-		return WCRemAccessErr
-	case transport.SynRemoteOp:
-		return WCRemOpErr
-	case transport.SynNoResponse:
-		return WCRetryExcErr
-	}
-	return WCBadRespErr
-}
-
-func (qp *QP) respLoop() {
-	defer qp.wg.Done()
-	debug.SetPanicOnFault(true) // see dmaCopy
-	conn := qp.wire()
-	for {
-		f, ok := qp.respQ.Pop()
-		if !ok {
-			return
-		}
-		if !qp.inSequence(f) {
-			f.Done() // dropped after an RNR NAK: the requester sends it again
-			continue
-		}
-		resp, resolve := qp.execute(f)
-		f.Done()
-		if resp == nil {
-			return // destroyed while waiting for a receive
-		}
-		if resp.Op == transport.OpNak && resp.Syndrome != transport.SynNoResponse && resp.Syndrome != transport.SynRNR {
-			qp.toError() // RC responder errors of class B and C end the connection
-		}
-		if err := conn.Send(resp); err != nil {
-			return
-		}
-		if resolve != nil {
-			// The page fault behind an RNR NAK, while the requester waits. If it
-			// fails (the MR was deregistered, its memory unmapped), the request runs
-			// without RNR when it comes again, and its DMA reports the error.
-			if err := resolve(); err != nil {
-				qp.mu.Lock()
-				qp.rnrFailed, qp.rnrFailedPSN = true, resp.PSN
-				qp.mu.Unlock()
-			}
-		}
-	}
-}
-
-// inSequence reports whether the responder executes f: after an RNR NAK it drops
-// every request until the NAKed one comes again. Executed requests advance the
-// expected PSN.
-func (qp *QP) inSequence(f *transport.Frame) bool {
-	qp.mu.Lock()
-	defer qp.mu.Unlock()
-	if qp.rnrWait && f.PSN != qp.respPSN {
-		return false
-	}
-	if qp.rnrFailed && f.PSN != qp.rnrFailedPSN {
-		qp.rnrFailed = false
-	}
-	qp.rnrWait = false
-	qp.respPSN = f.PSN + 1
-	return true
-}
-
-// nak answers f with a NAK; reason says why, for the requester's completion detail.
-func nak(f *transport.Frame, s transport.Syndrome, reason string) *transport.Frame {
-	return &transport.Frame{Op: transport.OpNak, PSN: f.PSN, Syndrome: s, Reason: reason}
+	return a
 }
 
 // remoteMR checks a request's rkey, range and rights against this device's MRs, and
 // says why it refuses.
-func (qp *QP) remoteMR(f *transport.Frame, need Access) (*MR, uint64, string) {
-	mr := qp.dev.lookupMR(f.RKey)
+func (qp *QP) remoteMR(rkey uint32, va, n uint64, need Access) (*MR, uint64, string) {
+	mr := qp.dev.lookupMR(rkey)
 	switch {
 	case mr == nil:
-		return nil, 0, fmt.Sprintf("rkey %#x is not a registered MR", f.RKey)
+		return nil, 0, fmt.Sprintf("rkey %#x is not a registered MR", rkey)
 	case mr.pd != qp.pd:
-		return nil, 0, fmt.Sprintf("rkey %#x belongs to another PD", f.RKey)
+		return nil, 0, fmt.Sprintf("rkey %#x belongs to another PD", rkey)
 	case mr.access&need == 0:
-		return nil, 0, fmt.Sprintf("MR %#x lacks %v", f.RKey, need)
+		return nil, 0, fmt.Sprintf("MR %#x lacks %v", rkey, need)
 	}
-	off, ok := mr.offset(f.RAddr, uint64(f.Len))
+	off, ok := mr.offset(va, n)
 	if !ok {
-		return nil, 0, fmt.Sprintf("[%#x, +%d) outside MR %#x [%#x, +%d)", f.RAddr, f.Len, f.RKey, mr.start, mr.length)
+		return nil, 0, fmt.Sprintf("[%#x, +%d) outside MR %#x [%#x, +%d)", va, n, rkey, mr.start, mr.length)
 	}
 	return mr, off, ""
 }
 
-// execute runs one request as the responder and returns the response, or nil if the
-// QP was destroyed while the request waited. With an RNR NAK it may return the page
-// fault to resolve once the NAK is sent (FaultRNR).
-func (qp *QP) execute(f *transport.Frame) (*transport.Frame, func() error) {
-	if qp.inError() {
-		return nak(f, transport.SynNoResponse, "responder QP in error"), nil
+// refuse answers with a NAK; why is kept as the QP's last refusal (RespError).
+func (qp *QP) refuse(syn roce.Syndrome, why string) roce.Answer {
+	qp.mu.Lock()
+	qp.lastRefusal = why
+	qp.mu.Unlock()
+	return roce.Answer{NAK: syn}
+}
+
+// rnrAnswer answers RNR NAK with the QP's MinRNRTimer; resolve, if set, is the page
+// fault to resolve once the NAK is sent. If it fails (the MR was deregistered, its
+// memory unmapped), the request runs without RNR when it comes again, and its DMA
+// reports the error.
+func (qp *QP) rnrAnswer(resolve func() error) roce.Answer {
+	qp.mu.Lock()
+	a := roce.Answer{RNR: true, Timer: qp.attr.MinRNRTimer}
+	qp.mu.Unlock()
+	if resolve != nil {
+		a.Resolve = func() {
+			if resolve() != nil {
+				qp.rnrFailed = true
+			}
+		}
 	}
-	switch f.Op {
-	case transport.OpWrite, transport.OpWriteImm:
-		mr, off, why := qp.remoteMR(f, AccessRemoteWrite)
+	return a
+}
+
+// execute runs one request and says how to answer it. A duplicate (a READ that
+// came again) resolves its faults instead of answering RNR.
+func (qp *QP) execute(m *roce.Message, duplicate bool) roce.Answer {
+	if qp.inError() {
+		return roce.Answer{Drop: true}
+	}
+	// After an RNR NAK whose fault could not be resolved, the request that comes
+	// again runs without RNR; the requests behind it were dropped, so this is it.
+	stall := duplicate || qp.rnrFailed
+	qp.rnrFailed = false
+	switch m.Kind {
+	case roce.KindWrite:
+		mr, off, why := qp.remoteMR(m.RKey, m.VA, uint64(len(m.Payload)), AccessRemoteWrite)
 		if mr == nil {
-			return nak(f, transport.SynRemoteAccess, why), nil
+			return qp.refuse(roce.SynNAKRemoteAccess, why)
 		}
-		if resolve := qp.rnrFault(mr, off, uint64(len(f.Payload)), true); resolve != nil {
-			return qp.rnrNak(f, "page fault"), resolve
+		if resolve := qp.rnrFault(mr, off, uint64(len(m.Payload)), true, stall); resolve != nil {
+			return qp.rnrAnswer(resolve)
 		}
-		if err := mr.dma(off, f.Payload, true); err != nil {
-			return nak(f, transport.SynRemoteAccess, err.Error()), nil
+		if err := mr.dma(off, m.Payload, true); err != nil {
+			return qp.refuse(roce.SynNAKRemoteAccess, err.Error())
 		}
-		if f.Op == transport.OpWriteImm {
-			return qp.receive(f)
+		if m.HasImm {
+			return qp.receive(m, stall)
 		}
-		return &transport.Frame{Op: transport.OpAck, PSN: f.PSN}, nil
-	case transport.OpCmpSwap, transport.OpFetchAdd:
-		if f.RAddr%8 != 0 {
-			return nak(f, transport.SynInvalidReq, fmt.Sprintf("atomic at %#x is not 8-byte aligned", f.RAddr)), nil
+		return roce.Answer{}
+	case roce.KindCompareSwap, roce.KindFetchAdd:
+		if m.VA%8 != 0 {
+			return qp.refuse(roce.SynNAKInvalidRequest, fmt.Sprintf("atomic at %#x is not 8-byte aligned", m.VA))
 		}
-		mr, off, why := qp.remoteMR(f, AccessRemoteAtomic)
+		mr, off, why := qp.remoteMR(m.RKey, m.VA, 8, AccessRemoteAtomic)
 		if mr == nil {
-			return nak(f, transport.SynRemoteAccess, why), nil
+			return qp.refuse(roce.SynNAKRemoteAccess, why)
 		}
-		if resolve := qp.rnrFault(mr, off, 8, true); resolve != nil {
-			return qp.rnrNak(f, "page fault"), resolve
+		if resolve := qp.rnrFault(mr, off, 8, true, stall); resolve != nil {
+			return qp.rnrAnswer(resolve)
 		}
-		orig, err := mr.atomic(off, f.Op == transport.OpCmpSwap, f.Compare, f.Swap)
+		orig, err := mr.atomic(off, m.Kind == roce.KindCompareSwap, m.Compare, m.Swap)
 		if err != nil {
-			return nak(f, transport.SynRemoteAccess, err.Error()), nil
+			return qp.refuse(roce.SynNAKRemoteAccess, err.Error())
 		}
-		return &transport.Frame{Op: transport.OpAtomicAck, PSN: f.PSN, Swap: orig}, nil
-	case transport.OpRead:
-		mr, off, why := qp.remoteMR(f, AccessRemoteRead)
+		return roce.Answer{Response: &roce.Message{Orig: orig}}
+	case roce.KindReadRequest:
+		mr, off, why := qp.remoteMR(m.RKey, m.VA, uint64(m.DMALen), AccessRemoteRead)
 		if mr == nil {
-			return nak(f, transport.SynRemoteAccess, why), nil
+			return qp.refuse(roce.SynNAKRemoteAccess, why)
 		}
-		if resolve := qp.rnrFault(mr, off, uint64(f.Len), false); resolve != nil {
-			return qp.rnrNak(f, "page fault"), resolve
+		if resolve := qp.rnrFault(mr, off, uint64(m.DMALen), false, stall); resolve != nil {
+			return qp.rnrAnswer(resolve)
 		}
-		// Copied into the response, so the DMA ends now, not when the requester has
-		// consumed the data.
-		buf := bufpool.Get(int(f.Len))
+		// Copied into the response, so the DMA ends now, not when the packets have
+		// been sent.
+		buf := bufpool.Get(int(m.DMALen))
 		if err := mr.dma(off, buf, false); err != nil {
 			bufpool.Put(buf)
-			return nak(f, transport.SynRemoteAccess, err.Error()), nil
+			return qp.refuse(roce.SynNAKRemoteAccess, err.Error())
 		}
-		return &transport.Frame{Op: transport.OpReadResp, PSN: f.PSN, Len: f.Len, Payload: buf, Release: func() { bufpool.Put(buf) }}, nil
-	case transport.OpSend, transport.OpSendImm:
-		return qp.receive(f)
+		return roce.Answer{Response: &roce.Message{Payload: buf}, Release: func() { bufpool.Put(buf) }}
+	case roce.KindSend:
+		return qp.receive(m, stall)
 	}
-	return nak(f, transport.SynInvalidReq, fmt.Sprintf("opcode %v", f.Op)), nil
+	return qp.refuse(roce.SynNAKInvalidRequest, fmt.Sprintf("message kind %d", m.Kind))
 }
 
 // rnrFault reports, under FaultRNR, whether ODP pages of MR bytes [off, off+n) lack
 // an entry for the access, and then returns the network page fault to resolve after
-// the RNR NAK. It returns nil when the request can run now, or when resolving its
-// fault failed last time (then its DMA faults and reports why).
-func (qp *QP) rnrFault(mr *MR, off, n uint64, write bool) func() error {
-	if qp.dev.cfg.ResponderFaults != FaultRNR || !mr.odp || n == 0 || qp.rnrFailed {
+// the RNR NAK. It returns nil when the request can run now, or when stall says to
+// resolve its faults in its DMA (which reports why if that fails).
+func (qp *QP) rnrFault(mr *MR, off, n uint64, write, stall bool) func() error {
+	if qp.dev.cfg.ResponderFaults != FaultRNR || !mr.odp || n == 0 || stall {
 		return nil
 	}
 	first, count := mr.pageSpan(off, n)
@@ -579,55 +587,48 @@ func (qp *QP) rnrFault(mr *MR, off, n uint64, write bool) func() error {
 // there, or for an RDMA WRITE with immediate, whose data is already written. With no
 // receive posted, or with ODP pages of the receive's buffers missing, it answers RNR
 // NAK under FaultRNR; under FaultStall it waits for a receive and faults the pages.
-func (qp *QP) receive(f *transport.Frame) (*transport.Frame, func() error) {
+func (qp *QP) receive(m *roce.Message, stall bool) roce.Answer {
 	rnr := qp.dev.cfg.ResponderFaults == FaultRNR
 	qp.mu.Lock()
 	for len(qp.rq) == 0 && qp.state != StateError && !qp.destroyed && !rnr {
 		qp.cond.Wait()
 	}
-	if qp.destroyed {
-		qp.mu.Unlock()
-		return nil, nil
-	}
 	if qp.state == StateError {
 		qp.mu.Unlock()
-		return nak(f, transport.SynNoResponse, "responder QP in error"), nil
+		return roce.Answer{Drop: true}
 	}
 	if len(qp.rq) == 0 {
 		qp.mu.Unlock()
-		return qp.rnrNak(f, "no receive posted"), nil
+		return qp.rnrAnswer(nil)
 	}
 	wr := qp.rq[0]
 	qp.mu.Unlock()
-	if f.Op != transport.OpWriteImm {
-		if resolve := qp.recvFault(wr.SGL, uint64(len(f.Payload))); resolve != nil {
-			return qp.rnrNak(f, "page fault"), resolve
+	if m.Kind == roce.KindSend {
+		if resolve := qp.recvFault(wr.SGL, uint64(len(m.Payload)), stall); resolve != nil {
+			return qp.rnrAnswer(resolve)
 		}
 	}
 	qp.mu.Lock()
 	if len(qp.rq) == 0 { // flushed meanwhile: the QP went to ERR
 		qp.mu.Unlock()
-		return nak(f, transport.SynNoResponse, "responder QP in error"), nil
+		return roce.Answer{Drop: true}
 	}
-	qp.rq = qp.rq[1:] // the head is wr: only this loop takes receives
+	qp.rq = qp.rq[1:] // the head is wr: only the responder loop takes receives
 	qp.mu.Unlock()
 
-	wc := WC{WRID: wr.WRID, Opcode: WCRecv, QPNum: qp.qpn, ByteLen: uint32(len(f.Payload))}
-	if f.Op.HasImm() {
-		wc.Flags, wc.ImmData = WCWithImm, f.Imm
+	wc := WC{WRID: wr.WRID, Opcode: WCRecv, QPNum: qp.qpn, ByteLen: uint32(len(m.Payload))}
+	if m.HasImm {
+		wc.Flags, wc.ImmData = WCWithImm, m.Imm
 	}
-	var resp *transport.Frame
-	if f.Op == transport.OpWriteImm {
+	var a roce.Answer
+	if m.Kind == roce.KindWrite {
 		wc.Opcode = WCRecvRDMAWithImm
-		resp = &transport.Frame{Op: transport.OpAck, PSN: f.PSN}
-	} else if capacity := sglLen(wr.SGL); uint64(len(f.Payload)) > capacity {
-		wc.Status, wc.Detail = WCLocLenErr, fmt.Sprintf("%d-byte SEND into a %d-byte receive", len(f.Payload), capacity)
-		resp = nak(f, transport.SynInvalidReq, wc.Detail)
-	} else if status, detail := qp.scatter(wr.SGL, f.Payload); status != WCSuccess {
+	} else if capacity := sglLen(wr.SGL); uint64(len(m.Payload)) > capacity {
+		wc.Status, wc.Detail = WCLocLenErr, fmt.Sprintf("%d-byte SEND into a %d-byte receive", len(m.Payload), capacity)
+		a = qp.refuse(roce.SynNAKInvalidRequest, wc.Detail)
+	} else if status, detail := qp.scatter(wr.SGL, m.Payload); status != WCSuccess {
 		wc.Status, wc.Detail = status, detail
-		resp = nak(f, transport.SynRemoteOp, "receive: "+detail)
-	} else {
-		resp = &transport.Frame{Op: transport.OpAck, PSN: f.PSN}
+		a = qp.refuse(roce.SynNAKRemoteOperation, "receive: "+detail)
 	}
 	qp.mu.Lock()
 	if wc.Status == WCSuccess && qp.state == StateError {
@@ -635,12 +636,12 @@ func (qp *QP) receive(f *transport.Frame) (*transport.Frame, func() error) {
 	}
 	qp.cfg.RecvCQ.push(wc)
 	qp.mu.Unlock()
-	return resp, nil
+	return a
 }
 
 // recvFault is rnrFault for the first n bytes of a receive's buffers. Bad keys are
 // left for scatter to report.
-func (qp *QP) recvFault(sgl []SGE, n uint64) func() error {
+func (qp *QP) recvFault(sgl []SGE, n uint64, stall bool) func() error {
 	var faults []func() error
 	for _, s := range sgl {
 		if n == 0 {
@@ -649,7 +650,7 @@ func (qp *QP) recvFault(sgl []SGE, n uint64) func() error {
 		k := min(uint64(s.Length), n)
 		n -= k
 		if mr, off, _ := qp.localSGE(s, true); mr != nil {
-			if resolve := qp.rnrFault(mr, off, k, true); resolve != nil {
+			if resolve := qp.rnrFault(mr, off, k, true, stall); resolve != nil {
 				faults = append(faults, resolve)
 			}
 		}

@@ -176,10 +176,13 @@ func TestDeregDoesNotWaitForThePeer(t *testing.T) {
 	for i := range src {
 		src[i] = byte(i * 3)
 	}
+	// No ACK comes while the responder stalls: a timeout would retransmit the SEND,
+	// reading the deregistered source again (TestDeregBeforeRNRRetransmission).
+	require.NoError(t, a.qp.ModifyAttr(QPAttr{Timeout: 24}, AttrTimeout))
 	require.NoError(t, a.qp.PostSend(SendWR{WRID: 1, Opcode: OpSend, SGL: sge(smr, 0, 2*ps), Flags: SendSignaled}))
 	for sent := false; !sent; runtime.Gosched() { // the NIC has read the source and sent it
 		a.qp.mu.Lock()
-		sent = len(a.qp.pending) == 1 && a.qp.pending[0].sent
+		sent = len(a.qp.pending) == 1 && a.qp.pending[0].posted
 		a.qp.mu.Unlock()
 	}
 	deregged := make(chan error, 1)

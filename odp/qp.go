@@ -1,10 +1,11 @@
 package odp
 
 import (
+	"math/rand/v2"
 	"sync"
 
 	"github.com/odpemu/odpemu/internal/fifo"
-	"github.com/odpemu/odpemu/transport"
+	"github.com/odpemu/odpemu/transport/roce"
 )
 
 // Opcode is a send work request's operation (ibv_wr_opcode values).
@@ -121,49 +122,54 @@ type QP struct {
 	qpn uint32
 	cfg QPConfig
 
-	sq    *fifo.Queue[*SendWR]          // posted, not yet processed
-	respQ *fifo.Queue[*transport.Frame] // requests from the peer, in order
-	wg    sync.WaitGroup                // the three engine goroutines
-	done  chan struct{}                 // closed by Destroy: ends RNR waits
-	stats qpCounters
+	sq   *fifo.Queue[*SendWR] // posted, not yet processed
+	wg   sync.WaitGroup       // the send loop
+	done chan struct{}        // closed by Destroy
+	rc   roce.Counters        // the session's RC events
+	psn  uint32               // the first PSN this QP sends
+	// inflight maps the session's message ids to what Reload needs; a sync.Map
+	// because Reload runs under Session.mu, which is taken after QP.mu.
+	inflight sync.Map
 
-	// sendMu orders what goes on the wire: held while a request is built and sent,
-	// and while requests are retransmitted, so that nothing new overtakes them.
-	// Taken before QP.mu.
-	sendMu sync.Mutex
+	attrMu sync.Mutex // orders ModifyAttr calls; taken before QP.mu
 
-	mu    sync.Mutex // protects everything below
-	cond  sync.Cond  // on mu: signalled when a receive is posted or the state changes
-	state QPState
-	attr  QPAttr
-	conn  transport.Conn
-	// The responder's side: the PSN it executes next, and whether it answered an
-	// RNR NAK and drops requests until that PSN comes again.
-	respPSN uint32
-	rnrWait bool
-	// rnrFailed: resolving the fault behind the RNR NAK for rnrFailedPSN failed;
-	// that request runs without RNR. Written by the responder's loop; rnrFault reads
-	// it there too.
-	rnrFailed    bool
-	rnrFailedPSN uint32
-	started      bool
-	destroyed    bool
-	sqCount      int        // send WRs posted and not yet retired
-	pending      []*pending // send WRs processed, in order, awaiting retirement
-	rq           []RecvWR   // posted receives
-	nextPSN      uint32
+	// rnrFailed: resolving the fault behind the last RNR NAK failed, so the request
+	// that comes again runs without RNR. Used by the session's responder loop only.
+	rnrFailed bool
+
+	mu     sync.Mutex // protects everything below
+	cond   sync.Cond  // on mu: signalled when a receive is posted or the state changes
+	state  QPState
+	attr   QPAttr
+	port   roce.Port     // the wire, attached by Connect
+	remote Remote        // the peer QP
+	sess   *roce.Session // the RC session, once started
+	// lastRefusal says why the responder last answered a NAK (RespError).
+	lastRefusal string
+	started     bool
+	destroyed   bool
+	sqCount     int        // send WRs posted and not yet retired
+	pending     []*pending // send WRs processed, in order, awaiting retirement
+	rq          []RecvWR   // posted receives
+	nextID      uint64     // the session's message ids
 }
 
-// pending is a processed send WR awaiting its response (or already done).
+// pending is a processed send WR awaiting its completion (or already done).
 type pending struct {
-	wr     *SendWR
-	psn    uint32
-	sent   bool // a request is on the wire: a response will come
-	done   bool
-	status WCStatus
-	detail string
-	// rnrTries counts the RNR NAKs answered to this request.
-	rnrTries int
+	wr      *SendWR
+	id      uint64 // the message's id in the session
+	release func() // returns the gathered payload's buffer (nil if none)
+	posted  bool   // the session has it
+	done    bool
+	status  WCStatus
+	detail  string
+}
+
+// Remote is what a QP needs of its peer, as rdma_cm exchanges it: the peer QP's
+// number and the first PSN it sends.
+type Remote struct {
+	QPN uint32
+	PSN uint32
 }
 
 // CreateQP creates an RC QP in RESET.
@@ -217,8 +223,8 @@ func (pd *PD) CreateQP(cfg QPConfig) (*QP, error) {
 		}
 	}
 	d.nextQPN++
-	qp := &QP{pd: pd, dev: d, qpn: d.nextQPN, cfg: cfg, sq: fifo.New[*SendWR](), respQ: fifo.New[*transport.Frame](),
-		attr: DefaultQPAttr, done: make(chan struct{})}
+	qp := &QP{pd: pd, dev: d, qpn: d.nextQPN, cfg: cfg, sq: fifo.New[*SendWR](), attr: DefaultQPAttr,
+		done: make(chan struct{}), psn: rand.Uint32() & (1<<24 - 1)}
 	qp.cond.L = &qp.mu
 	d.qps[qp] = struct{}{}
 	return qp, nil
@@ -240,20 +246,29 @@ func (qp *QP) State() QPState {
 	return qp.state
 }
 
-// Connect attaches the wire to the peer and moves the QP from RESET or INIT to RTS.
-func (qp *QP) Connect(conn transport.Conn) error {
+// PSN returns the first PSN the QP sends (random, as rdma_cm picks it): the peer's
+// Remote.PSN.
+func (qp *QP) PSN() uint32 { return qp.psn }
+
+// Connect attaches port, the wire to the peer QP remote, and moves the QP from RESET
+// or INIT to RTS. From then on the QP owns the port: Destroy closes it. If Connect
+// fails, the caller keeps it.
+func (qp *QP) Connect(port roce.Port, remote Remote) error {
+	if remote.QPN >= 1<<24 || remote.PSN >= 1<<24 {
+		return wrap(ErrInvalidArgument, "remote QPN %#x or PSN %#x wider than 24 bits", remote.QPN, remote.PSN)
+	}
 	qp.mu.Lock()
 	defer qp.mu.Unlock()
 	if qp.destroyed {
 		return ErrClosed
 	}
-	if qp.conn != nil {
+	if qp.port != nil {
 		return wrap(ErrQPState, "QP %d already connected", qp.qpn)
 	}
 	if qp.state != StateReset && qp.state != StateInit {
 		return wrap(ErrQPState, "connect in %v", qp.state)
 	}
-	qp.conn = conn
+	qp.port, qp.remote = port, remote
 	qp.state = StateRTS
 	qp.startLocked()
 	return nil
@@ -272,7 +287,7 @@ func (qp *QP) Modify(to QPState) error {
 	}
 	switch to {
 	case StateRTR:
-		if qp.conn == nil {
+		if qp.port == nil {
 			return wrap(ErrQPState, "RTR needs a connection")
 		}
 		qp.startLocked()
@@ -289,17 +304,31 @@ func (qp *QP) Modify(to QPState) error {
 	return nil
 }
 
-// ConnectLoopback connects two QPs with an in-process wire and moves both to RTS.
+// LoopbackLimits are the limits of the wire ConnectLoopback makes: a 4096-byte path
+// MTU and the largest RC message.
+var LoopbackLimits = roce.Limits{MTU: 4096, MaxMessage: maxMsg}
+
+// ConnectLoopback connects two QPs with an in-process wire (a roce.Pipe: RoCEv2
+// packets, nothing lost) and moves both to RTS.
 func ConnectLoopback(a, b *QP) error {
-	ca, cb := transport.Loopback()
-	// Closing a loopback end cannot fail.
-	if err := a.Connect(ca); err != nil {
-		_ = ca.Close()
-		_ = cb.Close()
+	pa, pb, err := roce.Pipe(LoopbackLimits, roce.Loss{})
+	if err != nil {
 		return err
 	}
-	if err := b.Connect(cb); err != nil {
-		_ = cb.Close()
+	return ConnectPorts(a, b, pa, pb)
+}
+
+// ConnectPorts connects a over port pa and b over port pb, two ends of one wire
+// (a roce.Pipe with loss, say), and moves both to RTS. The QPs own the ports after.
+func ConnectPorts(a, b *QP, pa, pb roce.Port) error {
+	// Closing a pipe end cannot fail.
+	if err := a.Connect(pa, Remote{QPN: b.qpn, PSN: b.psn}); err != nil {
+		_ = pa.Close()
+		_ = pb.Close()
+		return err
+	}
+	if err := b.Connect(pb, Remote{QPN: a.qpn, PSN: a.psn}); err != nil {
+		_ = pb.Close()
 		_ = a.Modify(StateError) // fails only if a was destroyed meanwhile: then it is gone anyway
 		return err
 	}
@@ -393,14 +422,17 @@ func (qp *QP) PostRecv(wr RecvWR) error {
 	return nil
 }
 
-// toErrorLocked moves the QP to ERR and flushes its posted receives. Send work is
-// flushed by the engine as it reaches it. Called with QP.mu held; it takes the
-// receive CQ's lock.
+// toErrorLocked moves the QP to ERR and flushes its posted receives; the session
+// flushes what is outstanding, and the send loop what it reaches later. Called with
+// QP.mu held; it takes the receive CQ's lock and Session.mu.
 func (qp *QP) toErrorLocked() {
 	if qp.state == StateError {
 		return
 	}
 	qp.state = StateError
+	if qp.sess != nil {
+		qp.sess.Fail()
+	}
 	for _, w := range qp.rq {
 		qp.cfg.RecvCQ.push(WC{WRID: w.WRID, Status: WCWRFlushErr, Opcode: WCRecv, QPNum: qp.qpn})
 	}
@@ -430,17 +462,16 @@ func (qp *QP) Destroy() error {
 	}
 	qp.destroyed = true
 	qp.state = StateError
-	conn := qp.conn
+	sess, port := qp.sess, qp.port
 	qp.cond.Broadcast()
 	close(qp.done)
 	qp.mu.Unlock()
 
 	qp.sq.Close()
-	for _, f := range qp.respQ.Close() {
-		f.Done()
-	}
-	if conn != nil {
-		_ = conn.Close() // the wire is going away either way
+	if sess != nil {
+		sess.Close() // closes the port
+	} else if port != nil {
+		_ = port.Close() // the wire is going away either way
 	}
 	qp.wg.Wait()
 	qp.mu.Lock()

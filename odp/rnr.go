@@ -2,10 +2,8 @@ package odp
 
 import (
 	"fmt"
-	"sync/atomic"
 	"time"
 
-	"github.com/odpemu/odpemu/transport"
 	"github.com/odpemu/odpemu/transport/roce"
 )
 
@@ -47,8 +45,7 @@ type QPAttr struct {
 	// it fails with RNR_RETRY_EXC_ERR; 7 means without limit.
 	RNRRetry uint8
 	// Timeout is the local ACK timeout, 4.096 us * 2^Timeout (0: none), and RetryCnt
-	// the retransmissions it allows. The in-process wire loses nothing: only a
-	// lost peer exhausts them.
+	// the retransmissions it allows (lost packets, a lost peer).
 	Timeout  uint8
 	RetryCnt uint8
 }
@@ -65,9 +62,13 @@ const (
 )
 
 // DefaultQPAttr are a new QP's attributes: a 0.64 ms RNR timer (encoding 12) and
-// unlimited RNR retries, as rdma-core's tests set them, and a 67 ms ACK timeout
-// retried 7 times.
-var DefaultQPAttr = QPAttr{MinRNRTimer: 12, RNRRetry: 7, Timeout: 14, RetryCnt: 7}
+// unlimited RNR retries, as rdma-core's tests set them, and a 1.07 s ACK timeout
+// (encoding 18) retried 7 times. Hardware commonly uses 67 ms (14); an emulated
+// responder resolving faults under an invalidation storm, on a loaded 2-core machine
+// under the race detector, has gone without answering for longer than 7 times that,
+// so a lost peer is declared after about 8 s instead. Experiments on loss set
+// shorter timeouts.
+var DefaultQPAttr = QPAttr{MinRNRTimer: 12, RNRRetry: 7, Timeout: 18, RetryCnt: 7}
 
 // RNRTimer decodes an RNR timer value (IBTA encoding, 0..31).
 func RNRTimer(enc uint8) time.Duration { return roce.RNRTimer(enc) }
@@ -83,9 +84,13 @@ func (qp *QP) ModifyAttr(attr QPAttr, mask QPAttrMask) error {
 	case mask&AttrRNRRetry != 0 && attr.RNRRetry > 7, mask&AttrRetryCnt != 0 && attr.RetryCnt > 7:
 		return wrap(ErrInvalidArgument, "retry counts are 0..7")
 	}
+	// The session's retry settings change after QP.mu is left (the lock order),
+	// under attrMu, so that concurrent changes reach it in the order they were made.
+	qp.attrMu.Lock()
+	defer qp.attrMu.Unlock()
 	qp.mu.Lock()
-	defer qp.mu.Unlock()
 	if qp.destroyed {
+		qp.mu.Unlock()
 		return ErrClosed
 	}
 	if mask&AttrMinRNRTimer != 0 {
@@ -99,6 +104,11 @@ func (qp *QP) ModifyAttr(attr QPAttr, mask QPAttrMask) error {
 	}
 	if mask&AttrRetryCnt != 0 {
 		qp.attr.RetryCnt = attr.RetryCnt
+	}
+	sess, rc := qp.sess, qp.retryConfigLocked()
+	qp.mu.Unlock()
+	if sess != nil {
+		sess.SetRetry(rc.Timeout, rc.RetryCnt, rc.RNRRetry)
 	}
 	return nil
 }
@@ -114,116 +124,32 @@ func (qp *QP) Attr() QPAttr {
 type QPStats struct {
 	RNRNaksSent     uint64        // requests this responder answered with RNR NAK
 	RNRNaksReceived uint64        // RNR NAKs this requester received
-	Retransmissions uint64        // requests sent again (after an RNR NAK, go-back-N)
+	Retransmissions uint64        // packets sent again (go-back-N after an RNR NAK, a sequence NAK or a timeout)
 	RNRWait         time.Duration // time this requester waited on RNR timers (as they fired)
 	RNRRetryExc     uint64        // requests failed with RNR_RETRY_EXC_ERR
-}
-
-type qpCounters struct {
-	rnrSent, rnrReceived, retransmissions, rnrWaitNanos, rnrRetryExc atomic.Uint64
+	Timeouts        uint64        // ACK timer expiries (local_ack_timeout_err)
+	RetryExc        uint64        // requests failed with RETRY_EXC_ERR
+	OutOfSequence   uint64        // PSN sequence error NAKs this responder sent (out_of_sequence)
+	SeqNaksReceived uint64        // PSN sequence error NAKs this requester received (packet_seq_err)
+	Duplicates      uint64        // duplicate requests answered again (duplicate_request)
+	PacketsDropped  uint64        // packets dropped: for another QP, after a NAK, QP in error
 }
 
 // Stats returns the QP's counters.
-func (qp *QP) Stats() QPStats {
-	c := &qp.stats
-	return QPStats{RNRNaksSent: c.rnrSent.Load(), RNRNaksReceived: c.rnrReceived.Load(),
-		Retransmissions: c.retransmissions.Load(), RNRWait: time.Duration(c.rnrWaitNanos.Load()),
-		RNRRetryExc: c.rnrRetryExc.Load()}
+func (qp *QP) Stats() QPStats { return rcStats(&qp.rc) }
+
+func rcStats(c *roce.Counters) QPStats {
+	return QPStats{RNRNaksSent: c.RNRNaksSent.Load(), RNRNaksReceived: c.RNRNaksReceived.Load(),
+		Retransmissions: c.Retransmitted.Load(), RNRWait: time.Duration(c.RNRWaitNanos.Load()),
+		RNRRetryExc: c.RNRRetryExceeded.Load(), Timeouts: c.Timeouts.Load(), RetryExc: c.RetryExceeded.Load(),
+		OutOfSequence: c.SeqNAKsSent.Load(), SeqNaksReceived: c.SeqNAKsReceived.Load(),
+		Duplicates: c.Duplicates.Load(), PacketsDropped: c.Dropped.Load()}
 }
 
-// rnrNak answers f with an RNR NAK carrying the QP's MinRNRTimer, and counts it. The
-// responder drops every request after it until f's PSN comes again.
-func (qp *QP) rnrNak(f *transport.Frame, why string) *transport.Frame {
+// RespError says why this QP's responder last refused a request with a NAK (the
+// requester's completion carries only the NAK code, as on the wire), or "".
+func (qp *QP) RespError() string {
 	qp.mu.Lock()
-	timer := qp.attr.MinRNRTimer
-	qp.rnrWait, qp.respPSN = true, f.PSN
-	qp.mu.Unlock()
-	qp.stats.rnrSent.Add(1)
-	qp.dev.stats.rnrSent.Add(1)
-	n := nak(f, transport.SynRNR, why)
-	n.Timer = timer
-	return n
-}
-
-// rnrRetry handles an RNR NAK for p: it fails p once its retries are used up;
-// otherwise it waits the timer the responder asked for and sends every request from
-// p on again (go-back-N: the responder dropped those behind p). It returns false if
-// the QP was destroyed meanwhile.
-func (qp *QP) rnrRetry(p *pending, timer uint8) bool {
-	qp.stats.rnrReceived.Add(1)
-	qp.dev.stats.rnrReceived.Add(1)
-	qp.mu.Lock()
-	if p.done {
-		qp.mu.Unlock()
-		return true
-	}
-	if retry := qp.attr.RNRRetry; retry != 7 && p.rnrTries >= int(retry) {
-		qp.finishLocked(p, WCRNRRetryExcErr, fmt.Sprintf("responder not ready after %d retries", p.rnrTries))
-		qp.mu.Unlock()
-		qp.stats.rnrRetryExc.Add(1)
-		return true
-	}
-	p.rnrTries++
-	qp.mu.Unlock()
-
-	t0 := time.Now()
-	t := time.NewTimer(RNRTimer(timer))
-	select {
-	case <-t.C:
-	case <-qp.done:
-		t.Stop()
-		return false
-	}
-	waited := uint64(time.Since(t0)) // the timer, and the scheduler's delay in firing it
-	qp.stats.rnrWaitNanos.Add(waited)
-	qp.dev.stats.rnrWaitNanos.Add(waited)
-	qp.retransmitFrom(p)
-	return true
-}
-
-// retransmitFrom sends p and every request sent after it again, rebuilt from their
-// work requests (a retransmitted WRITE reads local memory again, as a NIC does).
-// The send lock keeps new requests behind them.
-func (qp *QP) retransmitFrom(p *pending) {
-	qp.sendMu.Lock()
-	defer qp.sendMu.Unlock()
-	qp.mu.Lock()
-	var again []*pending
-	for i, c := range qp.pending {
-		if c == p {
-			for _, c := range qp.pending[i:] {
-				if c.sent && !c.done {
-					again = append(again, c)
-				}
-			}
-			break
-		}
-	}
-	inError, conn := qp.state == StateError, qp.conn
-	if inError {
-		for _, c := range again {
-			qp.finishLocked(c, WCWRFlushErr, "")
-		}
-		again = nil
-	}
-	qp.mu.Unlock()
-	for _, c := range again {
-		f, status, detail := qp.request(c.wr, c.psn)
-		if status != WCSuccess {
-			// The QP goes to ERR with c: the requests behind it, which the
-			// responder dropped, will never be answered.
-			qp.mu.Lock()
-			qp.finishLocked(c, status, detail)
-			for _, rest := range again {
-				qp.finishLocked(rest, WCWRFlushErr, "")
-			}
-			qp.mu.Unlock()
-			return
-		}
-		qp.stats.retransmissions.Add(1)
-		qp.dev.stats.retransmissions.Add(1)
-		if err := conn.Send(f); err != nil {
-			return // the receive loop sees the wire gone and fails what is outstanding
-		}
-	}
+	defer qp.mu.Unlock()
+	return qp.lastRefusal
 }

@@ -13,8 +13,6 @@ type deviceCounters struct {
 	mrsPinned, mrsODP                              atomic.Uint64
 	audited, stale, dmaFaults, dmaWaits            atomic.Uint64
 	overtaken, tornDMAs                            atomic.Uint64
-	rnrSent, rnrReceived, retransmissions          atomic.Uint64
-	rnrWaitNanos                                   atomic.Uint64
 	asyncPrefetches, prefetchErrors                atomic.Uint64
 }
 
@@ -60,11 +58,8 @@ type Stats struct {
 	GateFaultReads uint64
 	GateUndrained  uint64
 
-	// RC retries over all QPs (QP.Stats has them per QP).
-	RNRNaksSent     uint64
-	RNRNaksReceived uint64
-	Retransmissions uint64
-	RNRWait         time.Duration
+	// RC counters over all QPs (QP.Stats has them per QP).
+	RC QPStats
 
 	Evictions        uint64 // pages written to the backing store and dropped
 	BytesWrittenBack uint64
@@ -96,9 +91,8 @@ func (d *Device) Stats() Stats {
 		TornDMAs:   c.tornDMAs.Load(),
 		GateDrains: s.Drains, GateDrainTime: s.DrainTime, GateDrainMax: s.MaxDrainTime, GateFaultReads: s.FaultReads,
 		GateUndrained: s.Undrained,
-		RNRNaksSent:   c.rnrSent.Load(), RNRNaksReceived: c.rnrReceived.Load(), Retransmissions: c.retransmissions.Load(),
-		RNRWait: time.Duration(c.rnrWaitNanos.Load()),
 	}
+	st.RC = rcStats(&d.rc)
 	if d.as.pager != nil {
 		pg := d.as.pager.Stats()
 		st.Evictions, st.BytesWrittenBack, st.EvictionAborts = pg.Evictions, pg.WrittenBack, pg.Aborts

@@ -34,6 +34,7 @@ type stressResult struct {
 	dmaWaits              uint64
 	rnrNaks               uint64
 	retransmissions       uint64
+	timeouts              uint64
 }
 
 // runStress drives NIC traffic (WRITE, READ, SEND) on the even pages of an ODP region
@@ -239,7 +240,8 @@ func runStress(t *testing.T, seed uint64, steps int, cfg Config) stressResult {
 	st := b.dev.Stats()
 	res.stale, res.audited, res.events = st.StaleDMAs, st.AuditedDMAs, st.Events
 	res.evictions, res.migrations, res.dmaWaits = st.Evictions, st.Migrations, st.DMAWaits
-	res.rnrNaks, res.retransmissions = a.qp.Stats().RNRNaksReceived, a.qp.Stats().Retransmissions
+	qs := a.qp.Stats()
+	res.rnrNaks, res.retransmissions, res.timeouts = qs.RNRNaksReceived, qs.Retransmissions, qs.Timeouts
 	return res
 }
 
@@ -271,8 +273,8 @@ func TestStressInvalidation(t *testing.T) {
 			t.Run(fmt.Sprintf("GOMAXPROCS=%d/%v/ablation=%v", v.procs, v.policy, ablate), func(t *testing.T) {
 				defer runtime.GOMAXPROCS(runtime.GOMAXPROCS(v.procs))
 				r := runStress(t, seed, v.steps, Config{FaultAround: 4, NoInvalidate: ablate, ResponderFaults: v.policy})
-				t.Logf("seed %d: audited %d DMAs, stale %d, events %d, evictions %d, migrations %d, invalidations that waited for DMA %d, RNR NAKs %d, retransmissions %d, mismatches %d",
-					seed, r.audited, r.stale, r.events, r.evictions, r.migrations, r.dmaWaits, r.rnrNaks, r.retransmissions, r.mismatches)
+				t.Logf("seed %d: audited %d DMAs, stale %d, events %d, evictions %d, migrations %d, invalidations that waited for DMA %d, RNR NAKs %d, retransmitted packets %d, ACK timeouts %d, mismatches %d",
+					seed, r.audited, r.stale, r.events, r.evictions, r.migrations, r.dmaWaits, r.rnrNaks, r.retransmissions, r.timeouts, r.mismatches)
 				if v.policy == FaultRNR {
 					assert.NotZero(t, r.rnrNaks, "responder faults were answered with RNR NAKs")
 				}

@@ -16,6 +16,7 @@ const (
 	StatusRetryExceeded           // no answer after RetryCnt retransmissions (RETRY_EXC_ERR)
 	StatusRNRRetryExceeded        // RNR NAKs beyond RNRRetry (RNR_RETRY_EXC_ERR)
 	StatusFlushed                 // behind a failed message: the QP is in error (WR_FLUSH_ERR)
+	StatusLocal                   // the QP could not read the message again (its handler says why)
 )
 
 // Completion is a message the requester is done with.
@@ -32,7 +33,18 @@ type Output struct {
 	// RNRWait, when positive, asks the QP to call Resend after that long: the
 	// responder answered RNR NAK.
 	RNRWait time.Duration
-	resend  uint32 // the PSN Resend starts from
+	// Reload lists the messages whose packets Send sends again, oldest first: a
+	// NIC reads their payload from memory again before it retransmits (the
+	// packets alias Payload).
+	Reload []Reload
+	resend uint32 // the PSN Resend starts from
+}
+
+// Reload is a message about to be retransmitted: its id and its payload, which the
+// packets to be sent alias.
+type Reload struct {
+	ID      uint64
+	Payload []byte
 }
 
 // RequesterConfig are the requester's RC attributes.
@@ -88,6 +100,9 @@ func NewRequester(cfg RequesterConfig) *Requester {
 	return &Requester{cfg: cfg, nextPSN: cfg.FirstPSN & psnMask}
 }
 
+// Failed reports whether the requester is in the error state.
+func (q *Requester) Failed() bool { return q.failed }
+
 // Outstanding returns the number of messages posted and not completed.
 func (q *Requester) Outstanding() int { return len(q.out) }
 
@@ -139,12 +154,12 @@ func (q *Requester) Receive(p *Packet, now time.Time) Output {
 		if o == nil {
 			return out
 		}
+		q.stats.RNRNAKs++
 		if q.cfg.RNRRetry != 7 && o.rnrTries >= q.cfg.RNRRetry {
 			q.fail(o, StatusRNRRetryExceeded, &out)
 			return out
 		}
 		o.rnrTries++
-		q.stats.RNRNAKs++
 		out.RNRWait = RNRTimer(p.Syndrome.Timer())
 		out.resend = p.PSN
 		q.deadline = time.Time{} // the RNR timer, not the ACK timer, runs now
@@ -251,10 +266,15 @@ func (q *Requester) retransmit(psn uint32, out *Output, now time.Time, counted b
 			}
 			continue
 		}
+		resent := false
 		for _, p := range o.pkts {
 			if psnDiff(p.PSN, psn) >= 0 {
 				out.Send = append(out.Send, p)
+				resent = true
 			}
+		}
+		if resent && len(o.msg.Payload) > 0 {
+			out.Reload = append(out.Reload, Reload{ID: o.id, Payload: o.msg.Payload})
 		}
 	}
 	q.arm(now)
@@ -332,6 +352,25 @@ func RNRTimer(t uint8) time.Duration { return time.Duration(rnrTimerUS[t&31]) * 
 
 var rnrTimerUS = [32]int64{655360, 10, 20, 30, 40, 60, 80, 120, 160, 240, 320, 480, 640, 960, 1280, 1920, 2560, 3840,
 	5120, 7680, 10240, 15360, 20480, 30720, 40960, 61440, 81920, 122880, 163840, 245760, 327680, 491520}
+
+// SetRetry changes the ACK timeout and the retry counts (ibv_modify_qp on a
+// connected QP); messages outstanding keep the tries they used.
+func (q *Requester) SetRetry(timeout time.Duration, retryCnt, rnrRetry int) {
+	q.cfg.Timeout, q.cfg.RetryCnt, q.cfg.RNRRetry = timeout, retryCnt, rnrRetry
+}
+
+// Abort fails the outstanding message id with status (StatusLocal: it could not be
+// read again for a retransmission) and flushes the messages after it.
+func (q *Requester) Abort(id uint64, status Status) Output {
+	var out Output
+	for _, o := range q.out {
+		if o.id == id {
+			q.fail(o, status, &out)
+			break
+		}
+	}
+	return out
+}
 
 // InFlight returns how many PSNs the outstanding messages span (a READ counts its
 // response's packets): the requester's use of its send window.

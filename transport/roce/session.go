@@ -17,6 +17,10 @@ type Handler interface {
 	// a time, and may block. duplicate marks a READ that came again (IBTA lets the
 	// responder read memory again): its answer must not be RNR.
 	Execute(m *Message, duplicate bool) Answer
+	// Reload reads a message's payload from memory again, into payload, before it
+	// is retransmitted, as a NIC does. An error fails the message with StatusLocal.
+	// It is called with the session's lock held: it must not call the Session.
+	Reload(id uint64, payload []byte) error
 	// Complete ends a posted message. It is called in posting order, from one
 	// goroutine, never with the session's lock held.
 	Complete(c Completion)
@@ -94,8 +98,9 @@ const ackEvery = 16
 // a receive loop, a responder loop (which runs the Handler's Execute, so that a
 // request that waits does not hold up ACKs), a completion loop and the ACK timer.
 //
-// Lock order: the Handler's own locks are never taken under Session.mu, and the
-// Handler may call Post and Fail while holding its own.
+// Lock order: Session.mu is taken holding no lock of the Handler's. Under it the
+// session calls only Handler.Reload, which must not take a lock that is held while
+// Post or SetRetry is called. Fail takes no lock.
 type Session struct {
 	port Port
 	h    Handler
@@ -114,8 +119,9 @@ type Session struct {
 	done     *fifo.Queue[Completion] // to the completion loop, in posting order
 	lost     sync.Once
 
-	stop chan struct{}
-	wg   sync.WaitGroup
+	failc chan struct{} // Fail asks the timer loop to flush
+	stop  chan struct{}
+	wg    sync.WaitGroup
 }
 
 type rxPacket struct {
@@ -132,6 +138,9 @@ func NewSession(port Port, cfg SessionConfig, h Handler) *Session {
 	}
 	if cfg.Tick <= 0 {
 		cfg.Tick = max(cfg.Requester.Timeout/4, time.Millisecond)
+		if cfg.Requester.Timeout == 0 {
+			cfg.Tick = 10 * time.Millisecond // in case SetRetry sets a timeout
+		}
 	}
 	if cfg.Window <= 0 {
 		cfg.Window = 1024
@@ -141,19 +150,23 @@ func NewSession(port Port, cfg SessionConfig, h Handler) *Session {
 	}
 	s := &Session{port: port, h: h, cfg: cfg, lim: lim, req: NewRequester(cfg.Requester),
 		resp: NewResponder(cfg.PeerPSN, lim, cfg.MaxAtomics), requests: fifo.New[rxPacket](),
-		done: fifo.New[Completion](), stop: make(chan struct{})}
+		done: fifo.New[Completion](), stop: make(chan struct{}), failc: make(chan struct{}, 1)}
 	s.cond.L = &s.mu
 	bufSize := BufferSize(lim)
 	pool := &sync.Pool{New: func() any { b := make([]byte, bufSize); return &b }}
-	s.wg.Add(3)
+	s.wg.Add(4)
 	go s.recvLoop(pool)
 	go s.respLoop(pool)
 	go s.completionLoop()
-	if cfg.Requester.Timeout > 0 {
-		s.wg.Add(1)
-		go s.timerLoop()
-	}
+	go s.timerLoop()
 	return s
+}
+
+// SetRetry changes the requester's ACK timeout and retry counts.
+func (s *Session) SetRetry(timeout time.Duration, retryCnt, rnrRetry int) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.req.SetRetry(timeout, retryCnt, rnrRetry)
 }
 
 // Post sends a message; its completion comes to the Handler. It waits while the
@@ -174,6 +187,7 @@ func (s *Session) Post(id uint64, m Message) error {
 	if s.closed {
 		return ErrClosed
 	}
+	s.flushIfFailedLocked()
 	out, err := s.req.Post(id, m, time.Now())
 	if err != nil {
 		return err
@@ -183,10 +197,22 @@ func (s *Session) Post(id uint64, m Message) error {
 }
 
 // Fail puts the session in the error state: outstanding and later messages complete
-// with StatusFlushed, and the responder answers nothing more.
+// with StatusFlushed, and the responder answers nothing more. It takes no lock (the
+// timer loop flushes), so the Handler may call it holding its own.
 func (s *Session) Fail() {
 	s.errored.Store(true)
-	s.step(func() Output { return s.req.Flush(StatusFlushed) })
+	select {
+	case s.failc <- struct{}{}:
+	default: // a flush is due already
+	}
+}
+
+// flushIfFailedLocked flushes the requester once Fail was called. Called with
+// Session.mu held.
+func (s *Session) flushIfFailedLocked() {
+	if s.errored.Load() && !s.req.Failed() {
+		s.applyLocked(s.req.Flush(StatusFlushed))
+	}
 }
 
 // RequesterStats returns the requester's counters.
@@ -240,6 +266,12 @@ func (s *Session) applyLocked(out Output) {
 	}
 	if len(out.Done) > 0 {
 		s.cond.Broadcast()
+	}
+	for _, r := range out.Reload {
+		if s.h.Reload(r.ID, r.Payload) != nil {
+			s.applyLocked(s.req.Abort(r.ID, StatusLocal)) // fails what was to be resent
+			return
+		}
 	}
 	for i := range out.Send {
 		s.send(&out.Send[i]) // a lost packet is sent again by the timer
@@ -444,6 +476,12 @@ func (s *Session) timerLoop() {
 			return
 		case now := <-t.C:
 			s.step(func() Output { return s.req.Tick(now) })
+		case <-s.failc:
+			s.mu.Lock()
+			if !s.closed {
+				s.flushIfFailedLocked()
+			}
+			s.mu.Unlock()
 		}
 	}
 }

@@ -141,3 +141,6 @@ func TestSessionOverLossyUDP(t *testing.T) {
 		})
 	}
 }
+
+func (m *memory) Reload(uint64, []byte) error    { return nil }
+func (r *requester) Reload(uint64, []byte) error { return nil }
