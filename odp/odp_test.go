@@ -57,7 +57,11 @@ func newNode(t testing.TB, cfg Config) *node {
 func pair(t testing.TB, cfg Config) (*node, *node) {
 	t.Helper()
 	a, b := newNode(t, cfg), newNode(t, cfg)
-	require.NoError(t, ConnectLoopback(a.qp, b.qp))
+	if wireUDP() {
+		connectUDP(t, a.qp, b.qp, UDPConfig{Addr: addrA}, UDPConfig{Addr: addrB})
+	} else {
+		require.NoError(t, ConnectLoopback(a.qp, b.qp))
+	}
 	return a, b
 }
 

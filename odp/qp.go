@@ -144,6 +144,7 @@ type QP struct {
 	port   roce.Port     // the wire, attached by Connect
 	remote Remote        // the peer QP
 	sess   *roce.Session // the RC session, once started
+	cm     *roce.CM      // the connection manager's channel (Accept, Dial)
 	// lastRefusal says why the responder last answered a NAK (RespError).
 	lastRefusal string
 	started     bool
@@ -170,6 +171,8 @@ type pending struct {
 type Remote struct {
 	QPN uint32
 	PSN uint32
+	// MTU is the path MTU (256..4096, at most the port's); 0 takes the port's.
+	MTU int
 }
 
 // CreateQP creates an RC QP in RESET.
@@ -256,6 +259,12 @@ func (qp *QP) PSN() uint32 { return qp.psn }
 func (qp *QP) Connect(port roce.Port, remote Remote) error {
 	if remote.QPN >= 1<<24 || remote.PSN >= 1<<24 {
 		return wrap(ErrInvalidArgument, "remote QPN %#x or PSN %#x wider than 24 bits", remote.QPN, remote.PSN)
+	}
+	if remote.MTU == 0 {
+		remote.MTU = port.Limits().MTU
+	}
+	if !roce.ValidMTU(remote.MTU) || remote.MTU > port.Limits().MTU {
+		return wrap(ErrInvalidArgument, "path MTU %d (the port takes up to %d)", remote.MTU, port.Limits().MTU)
 	}
 	qp.mu.Lock()
 	defer qp.mu.Unlock()
@@ -462,11 +471,14 @@ func (qp *QP) Destroy() error {
 	}
 	qp.destroyed = true
 	qp.state = StateError
-	sess, port := qp.sess, qp.port
+	sess, port, cm := qp.sess, qp.port, qp.cm
 	qp.cond.Broadcast()
 	close(qp.done)
 	qp.mu.Unlock()
 
+	if cm != nil {
+		_ = cm.Disconnect() // the peer learns of it; the channel is gone either way
+	}
 	qp.sq.Close()
 	if sess != nil {
 		sess.Close() // closes the port

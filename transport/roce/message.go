@@ -171,6 +171,8 @@ func (r *Reassembler) Add(p *Packet) (*Message, error) {
 		m := &Message{Kind: kind, PSN: p.PSN, DestQP: p.DestQP, VA: p.VA, RKey: p.RKey, DMALen: p.DMALen,
 			Syndrome: p.Syndrome, MSN: p.MSN, Swap: p.Swap, Compare: p.Compare, Orig: p.Orig}
 		switch {
+		case kind == KindReadRequest && p.DMALen > r.lim.MaxMessage:
+			return nil, fmt.Errorf("%w: READ of %d bytes > %d", ErrMalformed, p.DMALen, r.lim.MaxMessage)
 		case op.flags()&hasRETH != 0 && kind == KindWrite && pos == posFirst:
 			if uint64(p.DMALen) > uint64(r.lim.MaxMessage) {
 				return nil, fmt.Errorf("%w: WRITE of %d bytes > %d", ErrMalformed, p.DMALen, r.lim.MaxMessage)

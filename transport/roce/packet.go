@@ -25,6 +25,9 @@ import (
 	"net/netip"
 )
 
+// maxRCMessage is the largest RC message IBTA allows, 2^31 bytes.
+const maxRCMessage = 1 << 31
+
 // UDPPort is RoCEv2's UDP destination port.
 const UDPPort = 4791
 
@@ -215,7 +218,8 @@ type Limits struct {
 	// MTU is the path MTU: the payload of a FIRST or MIDDLE packet is exactly this,
 	// of any other at most this (256, 512, 1024, 2048 or 4096).
 	MTU int
-	// MaxMessage bounds a RETH's DMA length (the largest message a QP takes).
+	// MaxMessage is the largest message a QP takes: the reassembler refuses
+	// longer ones (a NAK), Decode only RETH lengths beyond 2^31.
 	MaxMessage uint32
 }
 
@@ -338,8 +342,10 @@ func Decode(b []byte, ep Endpoints, lim Limits) (Packet, error) {
 	if f&hasRETH != 0 {
 		p.VA, p.RKey, p.DMALen = be.Uint64(b[at:]), be.Uint32(b[at+8:]), be.Uint32(b[at+12:])
 		at += RETHSize
-		if p.DMALen > lim.MaxMessage {
-			return p, fmt.Errorf("%w: DMA length %d > %d", ErrMalformed, p.DMALen, lim.MaxMessage)
+		// The largest RC message is 2^31 bytes; the QP's own limit is a message's
+		// property, refused with a NAK by the reassembler, not a malformed packet.
+		if p.DMALen > maxRCMessage {
+			return p, fmt.Errorf("%w: DMA length %d > %d", ErrMalformed, p.DMALen, maxRCMessage)
 		}
 	}
 	if f&hasAETH != 0 {

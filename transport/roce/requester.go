@@ -82,6 +82,9 @@ type Requester struct {
 	resending bool
 	deadline  time.Time
 	failed    bool
+	// confirmed is the PSN the responder last said it expects (an ACK's PSN + 1,
+	// a sequence NAK's PSN).
+	confirmed uint32
 }
 
 // RequesterStats are a requester's counters.
@@ -97,7 +100,7 @@ func (q *Requester) Stats() RequesterStats { return q.stats }
 
 // NewRequester starts a requester.
 func NewRequester(cfg RequesterConfig) *Requester {
-	return &Requester{cfg: cfg, nextPSN: cfg.FirstPSN & psnMask}
+	return &Requester{cfg: cfg, nextPSN: cfg.FirstPSN & psnMask, confirmed: cfg.FirstPSN & psnMask}
 }
 
 // Failed reports whether the requester is in the error state.
@@ -147,6 +150,9 @@ func (q *Requester) Receive(p *Packet, now time.Time) Output {
 	}
 	switch {
 	case p.Opcode == Acknowledge && p.Syndrome.Kind() == 0:
+		if next := (p.PSN + 1) & psnMask; psnDiff(next, q.confirmed) > 0 {
+			q.confirmed = next
+		}
 		q.ackThrough(p.PSN, &out, now)
 	case p.Opcode == Acknowledge && p.Syndrome.Kind() == 1: // RNR NAK
 		q.ackThrough((p.PSN-1)&psnMask, &out, now)
@@ -165,6 +171,11 @@ func (q *Requester) Receive(p *Packet, now time.Time) Output {
 		q.deadline = time.Time{} // the RNR timer, not the ACK timer, runs now
 	case p.Opcode == Acknowledge && p.Syndrome == SynNAKPSNSeqError:
 		q.stats.SeqNAKs++
+		if psnDiff(p.PSN, q.confirmed) > 0 {
+			// The responder took packets beyond what it confirmed before: progress
+			// within a long message, so the retries start over.
+			q.confirmed, q.retries = p.PSN, 0
+		}
 		q.ackThrough((p.PSN-1)&psnMask, &out, now)
 		q.retransmit(p.PSN, &out, now, true)
 	case p.Opcode == Acknowledge: // a NAK that ends the QP

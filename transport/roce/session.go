@@ -105,7 +105,7 @@ type Session struct {
 	port Port
 	h    Handler
 	cfg  SessionConfig
-	lim  Limits
+	lim  Limits // the path MTU and the port's largest message
 
 	mu      sync.Mutex // protects req, last, closed; held while the requester's packets are sent
 	cond    sync.Cond  // on mu: the window opened, or the session ended
@@ -148,8 +148,11 @@ func NewSession(port Port, cfg SessionConfig, h Handler) *Session {
 	if cfg.MaxAtomics <= 0 {
 		cfg.MaxAtomics = 16
 	}
-	s := &Session{port: port, h: h, cfg: cfg, lim: lim, req: NewRequester(cfg.Requester),
-		resp: NewResponder(cfg.PeerPSN, lim, cfg.MaxAtomics), requests: fifo.New[rxPacket](),
+	// The path MTU segments both directions: the peer's requester counts a READ
+	// response's packets with it.
+	path := Limits{MTU: cfg.Requester.MTU, MaxMessage: lim.MaxMessage}
+	s := &Session{port: port, h: h, cfg: cfg, lim: path, req: NewRequester(cfg.Requester),
+		resp: NewResponder(cfg.PeerPSN, path, cfg.MaxAtomics), requests: fifo.New[rxPacket](),
 		done: fifo.New[Completion](), stop: make(chan struct{}), failc: make(chan struct{}, 1)}
 	s.cond.L = &s.mu
 	bufSize := BufferSize(lim)

@@ -1,0 +1,122 @@
+package odp
+
+import (
+	"context"
+	"fmt"
+	"net/netip"
+
+	"github.com/odpemu/odpemu/transport/roce"
+)
+
+// UDPConfig configures a QP's RoCEv2 wire over UDP, set up the way rdma_cm does it:
+// a TCP connection-manager channel carries each side's QP number, starting PSN, path
+// MTU, Link address and private data, and stays open while the connection lives.
+type UDPConfig struct {
+	// Addr is the local address the QP's Link binds. It must be a specific
+	// address (the ICRC covers it); the default is 127.0.0.1, port 0 (any).
+	Addr netip.AddrPort
+	// MTU is the path MTU offered (256..4096, default 4096); the connection uses
+	// the smaller of the two sides'.
+	MTU int
+	// MaxMessage bounds the messages the peer may send (default 1 GiB): nothing
+	// larger is reassembled or allocated for.
+	MaxMessage uint32
+	// Loss injects drops, duplicates and reordering into what this side sends.
+	Loss roce.Loss
+	// Private is sent to the peer, which Accept or Dial returns it to (at most
+	// roce.MaxPrivate bytes): experiments put an MR's address and rkey there.
+	Private []byte
+}
+
+func (c UDPConfig) link() (*roce.Link, roce.ConnParams, error) {
+	if !c.Addr.IsValid() {
+		c.Addr = netip.AddrPortFrom(netip.AddrFrom4([4]byte{127, 0, 0, 1}), 0)
+	}
+	if c.MTU == 0 {
+		c.MTU = 4096
+	}
+	if c.MaxMessage == 0 {
+		c.MaxMessage = 1 << 30
+	}
+	link, err := roce.Listen(c.Addr, roce.Limits{MTU: c.MTU, MaxMessage: c.MaxMessage}, c.Loss)
+	if err != nil {
+		return nil, roce.ConnParams{}, wrap(ErrInvalidArgument, "%v", err)
+	}
+	return link, roce.ConnParams{MTU: c.MTU, Addr: link.LocalAddr(), Private: c.Private}, nil
+}
+
+// Accept waits for one connection request on ln and connects qp, in RESET or INIT,
+// to the requesting QP over UDP; qp is in RTS after. It returns the peer's private
+// data. ctx bounds the exchange once a peer has connected; ln.Close ends the wait.
+func (qp *QP) Accept(ctx context.Context, ln *roce.CMListener, cfg UDPConfig) ([]byte, error) {
+	link, local, err := cfg.link()
+	if err != nil {
+		return nil, err
+	}
+	local.QPN, local.PSN = qp.qpn, qp.psn
+	remote, cm, err := ln.Accept(ctx, local)
+	if err != nil {
+		_ = link.Close() // nothing was connected over it
+		return nil, err
+	}
+	return qp.connectUDP(link, cm, local, remote)
+}
+
+// Dial connects qp, in RESET or INIT, to the QP that accepts on the connection
+// manager at addr (host:port); qp is in RTS after. It returns the peer's private
+// data.
+func (qp *QP) Dial(ctx context.Context, addr string, cfg UDPConfig) ([]byte, error) {
+	link, local, err := cfg.link()
+	if err != nil {
+		return nil, err
+	}
+	local.QPN, local.PSN = qp.qpn, qp.psn
+	remote, cm, err := roce.DialCM(ctx, addr, local)
+	if err != nil {
+		_ = link.Close() // nothing was connected over it
+		return nil, err
+	}
+	return qp.connectUDP(link, cm, local, remote)
+}
+
+// connectUDP connects qp over link to remote's Link and keeps cm: when the peer
+// disconnects or its process ends, the QP moves to ERR and its work is flushed.
+func (qp *QP) connectUDP(link *roce.Link, cm *roce.CM, local, remote roce.ConnParams) ([]byte, error) {
+	r := Remote{QPN: remote.QPN, PSN: remote.PSN, MTU: min(local.MTU, remote.MTU)}
+	if err := qp.Connect(link.Dial(remote.Addr), r); err != nil {
+		_ = link.Close()    // not connected: ours to close
+		_ = cm.Disconnect() // tells the peer
+		return nil, err
+	}
+	qp.mu.Lock()
+	qp.cm = cm
+	qp.mu.Unlock()
+	qp.wg.Add(1)
+	go func() {
+		defer qp.wg.Done()
+		select {
+		case <-cm.Done():
+			qp.mu.Lock()
+			qp.toErrorLocked()
+			qp.mu.Unlock()
+		case <-qp.done:
+		}
+	}()
+	return remote.Private, nil
+}
+
+// Disconnect ends a connection made by Accept or Dial, as rdma_disconnect does:
+// the peer learns of it, and both QPs move to ERR, flushing outstanding work.
+func (qp *QP) Disconnect() error {
+	qp.mu.Lock()
+	cm := qp.cm
+	qp.toErrorLocked()
+	qp.mu.Unlock()
+	if cm == nil {
+		return wrap(ErrQPState, "QP %d was not connected by the connection manager", qp.qpn)
+	}
+	if err := cm.Disconnect(); err != nil {
+		return fmt.Errorf("odp: disconnect: %w", err)
+	}
+	return nil
+}

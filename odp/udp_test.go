@@ -1,0 +1,294 @@
+package odp
+
+import (
+	"bytes"
+	"context"
+	"encoding/binary"
+	"fmt"
+	"math/rand/v2"
+	"net"
+	"net/netip"
+	"os"
+	"testing"
+	"time"
+
+	"github.com/odpemu/odpemu/transport/roce"
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+)
+
+// wireUDP reports whether pair connects its nodes over UDP (ODPEMU_WIRE=udp): the
+// whole suite then runs over real sockets instead of the in-process pipe.
+func wireUDP() bool { return os.Getenv("ODPEMU_WIRE") == "udp" }
+
+// connectUDP connects a (Dial) to b (Accept) over UDP on loopback addresses, with
+// the connection manager on a TCP port of its own.
+func connectUDP(t testing.TB, a, b *QP, ca, cb UDPConfig) {
+	t.Helper()
+	ln, err := roce.ListenCM("127.0.0.1:0")
+	require.NoError(t, err)
+	defer func() { _ = ln.Close() }() // accepted or failed: the listener is done
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	accepted := make(chan error, 1)
+	go func() {
+		_, err := b.Accept(ctx, ln, cb)
+		accepted <- err
+	}()
+	_, err = a.Dial(ctx, ln.Addr().String(), ca)
+	require.NoError(t, err)
+	require.NoError(t, <-accepted)
+}
+
+var (
+	addrA = netip.MustParseAddrPort("127.0.0.1:0")
+	addrB = netip.MustParseAddrPort("127.0.0.2:0")
+)
+
+// WRITE, READ, SEND with immediate and atomics between ODP MRs over UDP, without
+// and with 1% of the packets lost (and some duplicated and reordered) on both
+// sides: the data arrives whole, completions are right, and with loss the
+// retransmissions are counted.
+func TestUDPDataWithLoss(t *testing.T) {
+	for _, loss := range []float64{0, 0.01} {
+		t.Run(fmt.Sprint(loss), func(t *testing.T) {
+			a, b := newNode(t, Config{}), newNode(t, Config{})
+			inj := roce.Loss{Seed: 11, Drop: loss, Duplicate: loss / 2, Reorder: loss}
+			connectUDP(t, a.qp, b.qp, UDPConfig{Addr: addrA, Loss: inj}, UDPConfig{Addr: addrB, Loss: inj})
+			for _, n := range []*node{a, b} { // a lost tail packet costs one timeout: 16.8 ms
+				require.NoError(t, n.qp.ModifyAttr(QPAttr{Timeout: 12}, AttrTimeout))
+			}
+			const size = 1 << 20
+			src, smr := a.region(t, size, rwa|AccessOnDemand)
+			back, bmr := a.region(t, size, rwa|AccessOnDemand)
+			dst, dmr := b.region(t, size, rwa|AccessOnDemand)
+			rng := rand.New(rand.NewPCG(3, 4))
+			for i := range src {
+				src[i] = byte(rng.Uint32())
+			}
+			for round := 0; round < 4; round++ {
+				off := round * (size / 4)
+				wc := a.post(t, write(smr, off, size/4, dmr, uint64(off)))
+				require.Equal(t, WCSuccess, wc.Status, wc.Detail)
+				wc = a.post(t, read(bmr, off, size/4, dmr, uint64(off)))
+				require.Equal(t, WCSuccess, wc.Status, wc.Detail)
+				require.True(t, bytes.Equal(src[off:off+size/4], back[off:off+size/4]), "round %d read back", round)
+			}
+			assert.True(t, bytes.Equal(src, dst))
+
+			require.NoError(t, b.qp.PostRecv(RecvWR{WRID: 5, SGL: sge(dmr, 0, 64<<10)}))
+			wc := a.post(t, SendWR{WRID: 6, Opcode: OpSendImm, Imm: 0xfeed, SGL: sge(smr, 4096, 64<<10)})
+			require.Equal(t, WCSuccess, wc.Status, wc.Detail)
+			rwc := wait(t, b.rcq)
+			require.Equal(t, WCSuccess, rwc.Status, rwc.Detail)
+			assert.EqualValues(t, 0xfeed, rwc.ImmData)
+			assert.EqualValues(t, 64<<10, rwc.ByteLen)
+			assert.True(t, bytes.Equal(src[4096:4096+64<<10], dst[:64<<10]))
+
+			binary.NativeEndian.PutUint64(dst[8:], 40)
+			for i := 0; i < 10; i++ {
+				wc := a.post(t, fetchAdd(bmr, 0, dmr, 8))
+				require.Equal(t, WCSuccess, wc.Status, wc.Detail)
+				assert.EqualValues(t, 40+i, binary.NativeEndian.Uint64(back[:8]), "fetch-add %d: the original value", i)
+			}
+			assert.EqualValues(t, 50, binary.NativeEndian.Uint64(dst[8:]), "each fetch-add executed once")
+
+			st := a.qp.Stats()
+			t.Logf("loss %v: requester %+v", loss, st)
+			if loss > 0 {
+				assert.Positive(t, st.Retransmissions)
+				assert.Positive(t, st.SeqNaksReceived+st.Timeouts, "losses were noticed")
+			} else { // only RNR NAKs (b's ODP faults) cause retransmissions
+				assert.Zero(t, st.SeqNaksReceived+st.Timeouts+st.Duplicates)
+			}
+		})
+	}
+}
+
+// An orderly disconnect (rdma_disconnect) flushes what is outstanding on both
+// sides: a SEND that waits for a receive completes with WR_FLUSH_ERR.
+func TestUDPDisconnectFlushes(t *testing.T) {
+	a, b := newNode(t, Config{}), newNode(t, Config{})
+	connectUDP(t, a.qp, b.qp, UDPConfig{Addr: addrA}, UDPConfig{Addr: addrB})
+	_, smr := a.region(t, 4096, rw)
+	require.NoError(t, a.qp.PostSend(SendWR{WRID: 1, Opcode: OpSend, SGL: sge(smr, 0, 64), Flags: SendSignaled}))
+	for a.qp.Stats().RNRNaksReceived == 0 { // b has no receive: RNR NAKs, retried forever
+		time.Sleep(time.Millisecond) // polling a counter, not standing in for an event
+	}
+	require.NoError(t, b.qp.Disconnect())
+	wc := wait(t, a.scq)
+	assert.Equal(t, WCWRFlushErr, wc.Status, wc.Detail)
+	assert.Equal(t, StateError, a.qp.State())
+	assert.Equal(t, StateError, b.qp.State())
+}
+
+// A peer that vanishes without a word is detected by the retry counter: the
+// requester times out RetryCnt+1 times and fails with RETRY_EXC_ERR; nothing hangs.
+func TestUDPLostPeer(t *testing.T) {
+	a := newNode(t, Config{})
+	silent, err := net.ListenUDP("udp4", &net.UDPAddr{IP: net.IPv4(127, 0, 0, 2)})
+	require.NoError(t, err)
+	defer func() { _ = silent.Close() }() // reads nothing: every packet is lost
+	link, err := roce.Listen(addrA, roce.Limits{MTU: 1024, MaxMessage: 1 << 20}, roce.Loss{})
+	require.NoError(t, err)
+	require.NoError(t, a.qp.ModifyAttr(QPAttr{Timeout: 10, RetryCnt: 2}, AttrTimeout|AttrRetryCnt))
+	require.NoError(t, a.qp.Connect(link.Dial(silent.LocalAddr().(*net.UDPAddr).AddrPort()), Remote{QPN: 9, PSN: 1}))
+	_, smr := a.region(t, 4096, rw)
+	wc := a.post(t, SendWR{WRID: 1, Opcode: OpRDMAWrite, SGL: sge(smr, 0, 64), RemoteAddr: 0x1000, RKey: 5})
+	assert.Equal(t, WCRetryExcErr, wc.Status, wc.Detail)
+	st := a.qp.Stats()
+	assert.EqualValues(t, 3, st.Timeouts, "the first sending and RetryCnt retransmissions, each timed out")
+	assert.EqualValues(t, 1, st.RetryExc)
+}
+
+// hostile is a peer that speaks raw RoCEv2 from a UDP socket: it sends what it
+// likes to a live QP and reads what comes back.
+type hostile struct {
+	t    *testing.T
+	conn *net.UDPConn
+	ep   roce.Endpoints // from the hostile socket to the QP's Link
+	qpn  uint32         // the QP's number
+	psn  uint32         // the QP's expected PSN
+	lim  roce.Limits
+}
+
+// newHostile connects to qp (Accept on its side) through the connection manager.
+func newHostile(t *testing.T, qp *QP) *hostile {
+	conn, err := net.ListenUDP("udp4", &net.UDPAddr{IP: net.IPv4(127, 0, 0, 3)})
+	require.NoError(t, err)
+	t.Cleanup(func() { _ = conn.Close() }) // the test is over
+	ln, err := roce.ListenCM("127.0.0.1:0")
+	require.NoError(t, err)
+	defer func() { _ = ln.Close() }() // one connection is all it takes
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	accepted := make(chan error, 1)
+	go func() {
+		_, err := qp.Accept(ctx, ln, UDPConfig{Addr: addrB, MTU: 1024, MaxMessage: 1 << 16})
+		accepted <- err
+	}()
+	local := conn.LocalAddr().(*net.UDPAddr).AddrPort()
+	server, cm, err := roce.DialCM(ctx, ln.Addr().String(), roce.ConnParams{QPN: 0x77, PSN: 100, MTU: 1024, Addr: local})
+	require.NoError(t, err)
+	require.NoError(t, <-accepted)
+	t.Cleanup(func() { _ = cm.Disconnect() }) // the QP goes to ERR with it
+	return &hostile{t: t, conn: conn, ep: roce.Endpoints{Src: local, Dst: server.Addr}, qpn: server.QPN, psn: 100,
+		lim: roce.Limits{MTU: 4096, MaxMessage: 1 << 20}}
+}
+
+// send encodes p for the QP and sends it.
+func (h *hostile) send(p roce.Packet) {
+	p.DestQP, p.PKey = h.qpn, 0xffff
+	b, err := p.Append(nil, h.ep)
+	require.NoError(h.t, err)
+	h.raw(b)
+}
+
+func (h *hostile) raw(b []byte) {
+	_, err := h.conn.WriteToUDPAddrPort(b, h.ep.Dst)
+	require.NoError(h.t, err)
+}
+
+// recv returns the next packet the QP sends, failing after 10 s.
+func (h *hostile) recv() roce.Packet {
+	buf := make([]byte, 8192)
+	require.NoError(h.t, h.conn.SetReadDeadline(time.Now().Add(10*time.Second)))
+	n, err := h.conn.Read(buf)
+	require.NoError(h.t, err, "no answer from the QP")
+	p, err := roce.Decode(buf[:n], roce.Endpoints{Src: h.ep.Dst, Dst: h.ep.Src}, h.lim)
+	require.NoError(h.t, err)
+	return p
+}
+
+// write sends a one-packet WRITE at the next PSN and returns the answer.
+func (h *hostile) write(rkey uint32, va uint64, data []byte) roce.Packet {
+	h.send(roce.Packet{Opcode: roce.WriteOnly, PSN: h.psn, AckReq: true, RKey: rkey, VA: va, DMALen: uint32(len(data)), Payload: data})
+	h.psn++
+	return h.recv()
+}
+
+// Hostile peers against a live QP: wrong rkeys, ranges and lengths get NAKs,
+// truncated and garbage datagrams are dropped, a replayed PSN is acknowledged but
+// not executed again, a disconnect in the middle of a message leaves memory alone.
+// The MR is only written by the requests that are valid, and another QP of the same
+// device keeps working throughout.
+func TestHostilePeer(t *testing.T) {
+	b := newNode(t, Config{})
+	mem, mr := b.region(t, 64<<10, rw|AccessOnDemand)
+	good := newNode(t, Config{})
+	gqp, err := b.pd.CreateQP(QPConfig{SendCQ: b.scq, RecvCQ: b.rcq})
+	require.NoError(t, err)
+	require.NoError(t, ConnectLoopback(good.qp, gqp))
+	gsrc, gmr := good.region(t, 4096, rw)
+	want := make([]byte, len(mem)) // what the MR must hold
+	otherQPWorks := func(round int) {
+		fill(gsrc, byte(round))
+		wc := good.post(t, write(gmr, 0, 512, mr, 60<<10))
+		require.Equal(t, WCSuccess, wc.Status, wc.Detail)
+		copy(want[60<<10:], gsrc[:512])
+	}
+	payload := bytes.Repeat([]byte{0xab}, 256)
+	nakOf := func(p roce.Packet) roce.Syndrome {
+		require.Equal(t, roce.Acknowledge, p.Opcode)
+		return p.Syndrome
+	}
+
+	cases := []struct {
+		name string
+		run  func(h *hostile)
+	}{
+		{"wrong rkey", func(h *hostile) {
+			assert.Equal(t, roce.SynNAKRemoteAccess, nakOf(h.write(mr.RKey()+1, mr.Addr(), payload)))
+		}},
+		{"out of range", func(h *hostile) {
+			assert.Equal(t, roce.SynNAKRemoteAccess, nakOf(h.write(mr.RKey(), mr.Addr()+64<<10-100, payload)))
+		}},
+		{"oversized length", func(h *hostile) {
+			// A WRITE FIRST whose RETH claims more than the QP's largest message.
+			h.send(roce.Packet{Opcode: roce.WriteFirst, PSN: h.psn, RKey: mr.RKey(), VA: mr.Addr(), DMALen: 1 << 30,
+				Payload: make([]byte, 1024)})
+			assert.Equal(t, roce.SynNAKInvalidRequest, nakOf(h.recv()))
+		}},
+		{"truncated and garbage", func(h *hostile) {
+			p := roce.Packet{Opcode: roce.WriteOnly, PSN: h.psn, AckReq: true, RKey: mr.RKey(), VA: mr.Addr(),
+				DMALen: 256, Payload: payload, DestQP: h.qpn, PKey: 0xffff}
+			b, err := p.Append(nil, h.ep)
+			require.NoError(t, err)
+			h.raw(b[:len(b)-10])                     // truncated
+			h.raw([]byte("not an RC packet at all")) // garbage
+			bad := append([]byte(nil), b...)
+			bad[len(bad)-1] ^= 1 // a wrong ICRC
+			h.raw(bad)
+			// None of it was taken: the same PSN, sent whole, is executed.
+			h.psn++
+			h.raw(b)
+			ack := h.recv()
+			assert.Equal(t, roce.SynACK, nakOf(ack))
+			copy(want, payload)
+		}},
+		{"replayed PSN", func(h *hostile) {
+			first := bytes.Repeat([]byte{1}, 256)
+			assert.Equal(t, roce.SynACK, nakOf(h.write(mr.RKey(), mr.Addr()+4096, first)))
+			copy(want[4096:], first)
+			h.psn-- // the same PSN again, with other bytes: a duplicate, not executed
+			assert.Equal(t, roce.SynACK, nakOf(h.write(mr.RKey(), mr.Addr()+4096, bytes.Repeat([]byte{2}, 256))))
+		}},
+		{"disconnect mid-message", func(h *hostile) {
+			h.send(roce.Packet{Opcode: roce.WriteFirst, PSN: h.psn, RKey: mr.RKey(), VA: mr.Addr() + 8192, DMALen: 2048,
+				Payload: bytes.Repeat([]byte{3}, 1024)})
+		}},
+	}
+	for i, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			qp, err := b.pd.CreateQP(QPConfig{SendCQ: b.scq, RecvCQ: b.rcq})
+			require.NoError(t, err)
+			h := newHostile(t, qp)
+			h.t = t
+			tc.run(h)
+			require.NoError(t, qp.Destroy()) // disconnects, mid-message or not
+			otherQPWorks(i)
+			require.NoError(t, b.dev.SyncEvents())
+			assert.True(t, bytes.Equal(want, mem), "the MR holds what valid requests wrote, nothing else")
+		})
+	}
+}
