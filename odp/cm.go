@@ -105,6 +105,17 @@ func (qp *QP) connectUDP(link *roce.Link, cm *roce.CM, local, remote roce.ConnPa
 	return remote.Private, nil
 }
 
+// Disconnected is closed when the connection made by Accept or Dial ends: the peer
+// disconnected or its process ended. It is nil for a QP connected otherwise.
+func (qp *QP) Disconnected() <-chan struct{} {
+	qp.mu.Lock()
+	defer qp.mu.Unlock()
+	if qp.cm == nil {
+		return nil
+	}
+	return qp.cm.Done()
+}
+
 // Disconnect ends a connection made by Accept or Dial, as rdma_disconnect does:
 // the peer learns of it, and both QPs move to ERR, flushing outstanding work.
 func (qp *QP) Disconnect() error {

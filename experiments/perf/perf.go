@@ -169,29 +169,23 @@ func Run(p Params) (Result, error) {
 		fill(server.buf)
 	}
 	var prefetched uint64
-	if p.Prefetch != "" {
-		flags := odp.AdviseFlags(0)
-		if p.Prefetch == "sync" {
-			flags = odp.AdviseFlush
-		}
-		for _, s := range []*side{client, server} {
-			prefetched -= s.dev.Stats().PagesPrefetched
-			if err := s.pd.AdviseMR(odp.AdvisePrefetchWrite, flags, []odp.SGE{s.sge(0, len(s.buf))}); err != nil {
-				return Result{}, fmt.Errorf("perf: prefetch: %w", err)
-			}
+	for _, s := range []*side{client, server} {
+		prefetched -= s.dev.Stats().PagesPrefetched
+		if err := s.prefetch(p); err != nil {
+			return Result{}, err
 		}
 	}
 	if p.Warm {
 		warm := p
 		warm.Iters = max(p.MRSize/p.Size, 1)
-		if _, err := client.loop(warm, server); err != nil {
+		if _, err := client.loop(warm, server.target()); err != nil {
 			return Result{}, fmt.Errorf("perf: warm-up: %w", err)
 		}
 	}
 	before := [2]odp.Stats{client.dev.Stats(), server.dev.Stats()}
 	stopInval := startInvalidator(server, p)
 	stopSample := sampleResident(server)
-	r, err := client.loop(p, server)
+	r, err := client.loop(p, server.target())
 	r.Invalidations = stopInval()
 	r.MaxResident = stopSample()
 	if err != nil {
@@ -264,6 +258,30 @@ func (s *side) addr(off uint64) uint64 {
 	return uint64(uintptr(unsafe.Pointer(unsafe.SliceData(s.buf)))) + off
 }
 
+// prefetch advises the side's whole region as p.Prefetch says, if it does.
+func (s *side) prefetch(p Params) error {
+	if p.Prefetch == "" {
+		return nil
+	}
+	flags := odp.AdviseFlags(0)
+	if p.Prefetch == "sync" {
+		flags = odp.AdviseFlush
+	}
+	if err := s.pd.AdviseMR(odp.AdvisePrefetchWrite, flags, []odp.SGE{s.sge(0, len(s.buf))}); err != nil {
+		return fmt.Errorf("perf: prefetch: %w", err)
+	}
+	return nil
+}
+
+// target is the server's region as a client sees it: its address, rkey and size.
+type target struct {
+	addr uint64
+	rkey uint32
+	size int
+}
+
+func (s *side) target() target { return target{addr: s.addr(0), rkey: s.mr.RKey(), size: len(s.buf)} }
+
 // sge is an SGE of [off, off+n) of the side's buffer.
 func (s *side) sge(off, n int) odp.SGE {
 	return odp.SGE{Addr: s.addr(uint64(off)), Length: uint32(n), LKey: s.mr.LKey()}
@@ -293,7 +311,7 @@ func WarmPair(p Params, bursts int) (pinned, onDemand []float64, err error) {
 	}
 	warm := p
 	warm.Iters = max(p.MRSize/p.Size, 1)
-	if _, err := client.loop(warm, server); err != nil {
+	if _, err := client.loop(warm, server.target()); err != nil {
 		return nil, nil, err
 	}
 	faults := func() uint64 { return client.dev.Stats().PageFaults + server.dev.Stats().PageFaults }
@@ -316,7 +334,7 @@ func WarmPair(p Params, bursts int) (pinned, onDemand []float64, err error) {
 				mrs = odpMRs
 			}
 			client.mr, server.mr = mrs[0], mrs[1]
-			r, err := client.loop(p, server)
+			r, err := client.loop(p, server.target())
 			if err != nil {
 				return nil, nil, err
 			}
@@ -340,14 +358,13 @@ func (s *side) close() { _ = s.dev.Close() }
 // loop posts p.Iters work requests keeping p.Depth in flight, one signaled every
 // p.CQMod, and times them as perftest does: average bandwidth is bytes x iterations
 // over (last completion - first post); peak is the best completion window.
-func (s *side) loop(p Params, server *side) (Result, error) {
-	remote := server.mr
+func (s *side) loop(p Params, remote target) (Result, error) {
 	op := odp.OpRDMAWrite
 	if p.Test == ReadBW {
 		op = odp.OpRDMARead
 	}
 	slots := max(len(s.buf)/p.Size, 1) // local slots; the remote side may be larger
-	rslots := max(len(server.buf)/p.Size, 1)
+	rslots := max(remote.size/p.Size, 1)
 	rng := rand.New(rand.NewPCG(uint64(p.Size), uint64(p.Iters)))
 	wcs := make([]odp.WC, 16)
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Minute)
@@ -365,7 +382,7 @@ func (s *side) loop(p Params, server *side) (Result, error) {
 			}
 			wr := odp.SendWR{WRID: uint64(posted), Opcode: op,
 				SGL:        []odp.SGE{s.sge(int(off), p.Size)},
-				RemoteAddr: server.addr(roff), RKey: remote.RKey()}
+				RemoteAddr: remote.addr + roff, RKey: remote.rkey}
 			if (posted+1)%p.CQMod == 0 || posted == p.Iters-1 {
 				wr.Flags = odp.SendSignaled
 			}

@@ -10,16 +10,20 @@
 package main
 
 import (
+	"context"
 	"encoding/csv"
 	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
+	"net/netip"
 	"os"
 	"strconv"
 	"strings"
+	"time"
 
 	"github.com/odpemu/odpemu/experiments/perf"
+	"github.com/odpemu/odpemu/transport/roce"
 	"github.com/spf13/pflag"
 )
 
@@ -91,6 +95,33 @@ func newFlagSet(name string, w io.Writer) *pflag.FlagSet {
 	return fs
 }
 
+// wireFlags checks the two-process flags and returns the wire they describe.
+func wireFlags(server, connect, bind string, loss float64, seed uint64, timeout int) (perf.Wire, error) {
+	w := perf.Wire{Loss: loss, Seed: seed}
+	switch {
+	case server != "" && connect != "":
+		return w, fmt.Errorf("--server and --connect: one side or the other")
+	case loss < 0 || loss >= 1:
+		return w, fmt.Errorf("--loss is a probability in [0, 1)")
+	case (loss > 0 || bind != "" || timeout >= 0) && server == "" && connect == "":
+		return w, fmt.Errorf("--loss, --bind and --timeout are for a two-process test (--server or --connect)")
+	case timeout > 31:
+		return w, fmt.Errorf("--timeout is 0..31")
+	}
+	if bind != "" {
+		a, err := netip.ParseAddr(bind)
+		if err != nil || a.IsUnspecified() {
+			return w, fmt.Errorf("--bind %q: a specific IP address", bind)
+		}
+		w.Bind = a
+	}
+	if timeout >= 0 {
+		t := uint8(timeout)
+		w.Timeout = &t
+	}
+	return w, nil
+}
+
 func bw(test string, args []string, stdout, stderr io.Writer) error {
 	fs := newFlagSet(test, stderr)
 	odpFlag := fs.Bool("odp", false, "register with AccessOnDemand instead of pinning")
@@ -113,7 +144,17 @@ func bw(test string, args []string, stdout, stderr io.Writer) error {
 	prefetch := fs.String("prefetch", "", "advise each side's whole region before traffic: sync or async (needs --odp)")
 	rnrRetry := fs.Int("rnr-retry", -1, "the client QP's rnr_retry, 0..7 (7: infinite; default 7)")
 	minRNR := fs.Int("min-rnr-timer", -1, "the server QP's min_rnr_timer, IBTA encoding 0..31 (default 12: 0.64 ms)")
+	server := fs.String("server", "", "run as the server of a two-process test: accept the client on this TCP address (host:port, e.g. :18515)")
+	connect := fs.String("connect", "", "run as the client of a two-process test: connect to the server at this TCP address")
+	bind := fs.String("bind", "", "local IP address of this side's RoCEv2 link (server default 127.0.0.1; client default the route to the server)")
+	loss := fs.Float64("loss", 0, "probability that this side drops a packet it sends, over UDP (0..1)")
+	seed := fs.Uint64("seed", 1, "seed of the injected loss")
+	timeout := fs.Int("timeout", -1, "the QP's local ACK timeout, IBTA encoding 0..31 (4.096 us x 2^t; default 18)")
 	if err := fs.Parse(args); err != nil {
+		return err
+	}
+	wire, err := wireFlags(*server, *connect, *bind, *loss, *seed, *timeout)
+	if err != nil {
 		return err
 	}
 	if fs.NArg() > 0 {
@@ -144,21 +185,59 @@ func bw(test string, args []string, stdout, stderr io.Writer) error {
 			sizes = append(sizes, s)
 		}
 	}
+	var ln *roce.CMListener
+	if *server != "" {
+		if ln, err = roce.ListenCM(*server); err != nil {
+			return err
+		}
+		defer func() { _ = ln.Close() }() // served: nothing is left to accept
+	}
 	if !*asJSON {
 		mode := "pinned"
 		if *odpFlag {
 			mode = "ODP"
 		}
-		fmt.Fprintf(stdout, "# %s, %s registration, two emulated NICs over loopback\n", test, mode)
+		where := "two emulated NICs over an in-process wire"
+		switch {
+		case ln != nil:
+			where = fmt.Sprintf("server waiting on %v (RoCEv2/UDP)", ln.Addr())
+		case *connect != "":
+			where = fmt.Sprintf("client of %s (RoCEv2/UDP)", *connect)
+		}
+		if *loss > 0 {
+			where += fmt.Sprintf(", dropping %.3g%% of the packets it sends", 100**loss)
+		}
+		fmt.Fprintf(stdout, "# %s, %s registration, %s\n", test, mode, where)
+		if ln != nil {
+			fmt.Fprintf(stdout, " %-10s %-12s %-14s %-14s %-10s %s\n", "#bytes", "#served[s]", "#NIC faults", "#pages", "#RNR NAKs", "#retransmitted")
+		}
+	}
+	if !*asJSON && ln == nil {
 		fmt.Fprintf(stdout, " %-10s %-12s %-18s %-21s %s\n", "#bytes", "#iterations", "BW peak[MiB/sec]", "BW average[MiB/sec]", "MsgRate[Mpps]")
 	}
 	enc := json.NewEncoder(stdout)
 	for _, s := range sizes {
-		r, err := perf.Run(perf.Params{Test: test, ODP: *odpFlag, Size: s, Iters: *iters, Depth: *depth, CQMod: *cqMod,
+		p := perf.Params{Test: test, ODP: *odpFlag, Size: s, Iters: *iters, Depth: *depth, CQMod: *cqMod,
 			MRSize: int(mrSize), Warm: *warm, FaultAround: *fa, InvalidateRate: *invRate, Budget: int64(budget), Random: *random,
-			Implicit: *implicit, Prefetch: *prefetch, RNRRetry: rnr, MinRNRTimer: timer})
+			Implicit: *implicit, Prefetch: *prefetch, RNRRetry: rnr, MinRNRTimer: timer}
+		var r perf.Result
+		switch {
+		case ln != nil:
+			r, err = perf.Serve(context.Background(), ln, p, wire)
+		case *connect != "":
+			ctx, cancel := context.WithTimeout(context.Background(), time.Minute) // the connection's setup
+			r, err = perf.Connect(ctx, *connect, p, wire)
+			cancel()
+		default:
+			r, err = perf.Run(p)
+		}
 		if err != nil {
 			return err
+		}
+		if ln != nil && !*asJSON {
+			fmt.Fprintf(stdout, " %-10d %-12.3f %-14d %-14d %-10d %d\n", r.Bytes, r.Elapsed.Seconds(), r.PageFaults, r.PagesFaulted,
+				r.RNRNaks, r.Retransmissions)
+			continue
 		}
 		if *asJSON {
 			if err := enc.Encode(r); err != nil {

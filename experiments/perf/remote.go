@@ -1,0 +1,176 @@
+package perf
+
+import (
+	"context"
+	"encoding/binary"
+	"fmt"
+	"net"
+	"net/netip"
+	"time"
+
+	"github.com/odpemu/odpemu/odp"
+	"github.com/odpemu/odpemu/transport/roce"
+)
+
+// Wire configures a run between two processes over RoCEv2/UDP, as perftest runs
+// between two hosts: the server (Serve) exposes a region, the client (Connect)
+// drives the test against it.
+type Wire struct {
+	// Bind is the local address of this side's RoCE Link. The server's default is
+	// 127.0.0.1; the client's, the address its route to the server leaves from.
+	Bind netip.Addr
+	// Loss is the probability that this side drops a packet it sends (seeded by
+	// Seed): with ODP faults, the "Pitfalls" finding that loss costs timeouts.
+	Loss float64
+	Seed uint64
+	// Timeout is the QP's local ACK timeout in the IBTA encoding (nil: the QP's
+	// default).
+	Timeout *uint8
+}
+
+// privateSize is the length of the server's private data: its region's address,
+// rkey and size.
+const privateSize = 8 + 4 + 8
+
+func (w Wire) udp(bind netip.Addr, mtu int) odp.UDPConfig {
+	if w.Bind.IsValid() {
+		bind = w.Bind
+	}
+	return odp.UDPConfig{Addr: netip.AddrPortFrom(bind, 0), MTU: mtu, Loss: roce.Loss{Seed: w.Seed, Drop: w.Loss}}
+}
+
+func (w Wire) apply(qp *odp.QP) error {
+	if w.Timeout == nil {
+		return nil
+	}
+	return qp.ModifyAttr(odp.QPAttr{Timeout: *w.Timeout}, odp.AttrTimeout)
+}
+
+// Serve accepts one client on ln and serves it a region for p's test until it
+// disconnects. It returns the server's side of the measurement: its network page
+// faults, the RNR NAKs it sent, evictions under a budget, and the connection's
+// duration as Elapsed.
+func Serve(ctx context.Context, ln *roce.CMListener, p Params, w Wire) (Result, error) {
+	if err := p.defaults(); err != nil {
+		return Result{}, err
+	}
+	s, err := newSide(odp.Config{FaultAround: p.FaultAround, ResidentBudget: p.Budget}, p)
+	if err != nil {
+		return Result{}, err
+	}
+	defer s.close()
+	if p.Budget == 0 {
+		fill(s.buf)
+	}
+	if p.MinRNRTimer != nil {
+		if err := s.qp.ModifyAttr(odp.QPAttr{MinRNRTimer: *p.MinRNRTimer}, odp.AttrMinRNRTimer); err != nil {
+			return Result{}, err
+		}
+	}
+	if err := w.apply(s.qp); err != nil {
+		return Result{}, err
+	}
+	if err := s.prefetch(p); err != nil {
+		return Result{}, err
+	}
+	t := s.target()
+	private := binary.LittleEndian.AppendUint64(nil, t.addr)
+	private = binary.LittleEndian.AppendUint32(private, t.rkey)
+	private = binary.LittleEndian.AppendUint64(private, uint64(t.size))
+	cfg := w.udp(netip.AddrFrom4([4]byte{127, 0, 0, 1}), 4096)
+	cfg.Private = private
+	before := s.dev.Stats()
+	if _, err := s.qp.Accept(ctx, ln, cfg); err != nil {
+		return Result{}, err
+	}
+	start := time.Now()
+	select {
+	case <-s.qp.Disconnected():
+	case <-ctx.Done():
+		return Result{}, ctx.Err()
+	}
+	after := s.dev.Stats()
+	qs := s.qp.Stats()
+	r := Result{Test: p.Test, ODP: p.ODP, Bytes: p.Size, Elapsed: time.Since(start),
+		PageFaults: after.PageFaults - before.PageFaults, PagesFaulted: after.PagesFaulted - before.PagesFaulted,
+		FaultTime: after.FaultTime - before.FaultTime, CPUFaults: after.CPUFaults - before.CPUFaults,
+		RNRNaks: qs.RNRNaksSent, Retransmissions: qs.Retransmissions, Evictions: after.Evictions - before.Evictions,
+		Restores: after.Restores - before.Restores, RegTime: s.mr.Registration().Total}
+	return r, nil
+}
+
+// Connect runs p's test as the client of the server whose connection manager is at
+// addr, against the region the server exposes.
+func Connect(ctx context.Context, addr string, p Params, w Wire) (Result, error) {
+	if err := p.defaults(); err != nil {
+		return Result{}, err
+	}
+	if p.Budget != 0 || p.InvalidateRate != 0 {
+		return Result{}, fmt.Errorf("perf: --budget and --invalidate-rate act on the server: give them to it")
+	}
+	bind, err := routeFrom(addr)
+	if err != nil {
+		return Result{}, err
+	}
+	s, err := newSide(odp.Config{FaultAround: p.FaultAround}, p)
+	if err != nil {
+		return Result{}, err
+	}
+	defer s.close()
+	fill(s.buf)
+	if p.RNRRetry != nil {
+		if err := s.qp.ModifyAttr(odp.QPAttr{RNRRetry: *p.RNRRetry}, odp.AttrRNRRetry); err != nil {
+			return Result{}, err
+		}
+	}
+	if err := w.apply(s.qp); err != nil {
+		return Result{}, err
+	}
+	if err := s.prefetch(p); err != nil {
+		return Result{}, err
+	}
+	private, err := s.qp.Dial(ctx, addr, w.udp(bind, 4096))
+	if err != nil {
+		return Result{}, err
+	}
+	if len(private) != privateSize {
+		return Result{}, fmt.Errorf("perf: the server sent %d bytes of private data, want %d: not an odp-perf server", len(private), privateSize)
+	}
+	remote := target{addr: binary.LittleEndian.Uint64(private), rkey: binary.LittleEndian.Uint32(private[8:]),
+		size: int(binary.LittleEndian.Uint64(private[12:]))}
+	if remote.size < p.Size {
+		return Result{}, fmt.Errorf("perf: the server's region is %d bytes, smaller than a %d-byte message: give both sides the same flags", remote.size, p.Size)
+	}
+	if p.Warm {
+		warm := p
+		warm.Iters = max(remote.size/p.Size, 1)
+		if _, err := s.loop(warm, remote); err != nil {
+			return Result{}, fmt.Errorf("perf: warm-up: %w", err)
+		}
+	}
+	before := s.dev.Stats()
+	r, err := s.loop(p, remote)
+	if err != nil {
+		return Result{}, err
+	}
+	after := s.dev.Stats()
+	qs := s.qp.Stats()
+	r.PageFaults, r.PagesFaulted = after.PageFaults-before.PageFaults, after.PagesFaulted-before.PagesFaulted
+	r.FaultTime, r.CPUFaults = after.FaultTime-before.FaultTime, after.CPUFaults-before.CPUFaults
+	r.RNRNaks, r.Retransmissions = qs.RNRNaksReceived, qs.Retransmissions
+	r.Test, r.ODP, r.Warm, r.RegTime = p.Test, p.ODP, p.Warm, s.mr.Registration().Total
+	if err := s.qp.Disconnect(); err != nil {
+		return Result{}, err
+	}
+	return r, nil
+}
+
+// routeFrom returns the local address the route to addr's host leaves from.
+func routeFrom(addr string) (netip.Addr, error) {
+	c, err := net.Dial("udp", addr) // sends nothing: it only picks the route
+	if err != nil {
+		return netip.Addr{}, fmt.Errorf("perf: no route to %s: %w", addr, err)
+	}
+	defer func() { _ = c.Close() }() // a UDP socket that sent nothing
+	return c.LocalAddr().(*net.UDPAddr).AddrPort().Addr().Unmap(), nil
+}
