@@ -74,7 +74,7 @@ func BenchmarkUDPStream(b *testing.B) {
 	defer func() { _ = rx.Close() }()
 	if rc, err := rx.SyscallConn(); err == nil { // the Link's buffer, for a fair floor
 		_ = rc.Control(func(fd uintptr) {
-			_ = unix.SetsockoptInt(int(fd), unix.SOL_SOCKET, unix.SO_RCVBUFFORCE, socketBuffer)
+			_ = unix.SetsockoptInt(int(fd), unix.SOL_SOCKET, unix.SO_RCVBUFFORCE, SocketBuffer)
 		})
 	}
 	tx, err := net.ListenUDP("udp4", &net.UDPAddr{IP: net.IPv4(127, 0, 0, 1)})

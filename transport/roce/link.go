@@ -10,6 +10,8 @@ import (
 	"sync/atomic"
 	"syscall"
 
+	"golang.org/x/net/ipv4"
+	"golang.org/x/net/ipv6"
 	"golang.org/x/sys/unix"
 )
 
@@ -40,6 +42,7 @@ type LinkStats struct {
 // for concurrent use.
 type Link struct {
 	conn  *net.UDPConn
+	batch batchConn // conn, for sendmmsg and recvmmsg
 	local netip.AddrPort
 	lim   Limits
 	inj   *injector
@@ -50,8 +53,8 @@ type Link struct {
 // sendBufs holds packet buffers for Send.
 var sendBufs = sync.Pool{New: func() any { b := make([]byte, 0, 4096+64); return &b }}
 
-// socketBuffer is the size asked for the socket's send and receive buffers.
-const socketBuffer = 8 << 20
+// SocketBuffer is the size a Link asks for its socket's send and receive buffers.
+const SocketBuffer = 8 << 20
 
 // Listen binds a Link to local (a specific IPv4 or IPv6 address; port 0 picks one).
 // Its sends leave with DF set and, from an unconnected socket, an IP identification
@@ -80,8 +83,8 @@ func Listen(local netip.AddrPort, lim Limits, loss Loss) (*Link, error) {
 			// net.core.rmem_max only CAP_NET_ADMIN may go (the FORCE options); the
 			// default stays where it may not.
 			for _, o := range [][2]int{{unix.SO_RCVBUFFORCE, unix.SO_RCVBUF}, {unix.SO_SNDBUFFORCE, unix.SO_SNDBUF}} {
-				if unix.SetsockoptInt(int(fd), unix.SOL_SOCKET, o[0], socketBuffer) != nil {
-					_ = unix.SetsockoptInt(int(fd), unix.SOL_SOCKET, o[1], socketBuffer) // capped, never refused
+				if unix.SetsockoptInt(int(fd), unix.SOL_SOCKET, o[0], SocketBuffer) != nil {
+					_ = unix.SetsockoptInt(int(fd), unix.SOL_SOCKET, o[1], SocketBuffer) // capped, never refused
 				}
 			}
 		})
@@ -94,6 +97,11 @@ func Listen(local netip.AddrPort, lim Limits, loss Loss) (*Link, error) {
 	conn := pc.(*net.UDPConn)
 	bound := conn.LocalAddr().(*net.UDPAddr).AddrPort()
 	l := &Link{conn: conn, local: netip.AddrPortFrom(bound.Addr().Unmap(), bound.Port()), lim: lim, inj: newInjector(loss)}
+	if network == "udp4" {
+		l.batch = ipv4.NewPacketConn(conn)
+	} else {
+		l.batch = ipv6.NewPacketConn(conn)
+	}
 	return l, nil
 }
 
@@ -111,6 +119,112 @@ func (l *Link) Send(p *Packet, dst netip.AddrPort) error {
 	dst = netip.AddrPortFrom(dst.Addr().Unmap(), dst.Port())
 	// The kernel copies the datagram: the buffer is reused.
 	return encode(p, Endpoints{Src: l.local, Dst: dst}, func(b []byte) error { return l.inj.send(b, dst, l.write) })
+}
+
+// batchConn is what ipv4.PacketConn and ipv6.PacketConn share: sendmmsg and
+// recvmmsg.
+type batchConn interface {
+	WriteBatch(ms []ipv4.Message, flags int) (int, error)
+	ReadBatch(ms []ipv4.Message, flags int) (int, error)
+}
+
+// maxBatch bounds the packets of one sendmmsg or recvmmsg.
+const maxBatch = 64
+
+// batchScratch is a SendBatch's working memory: the headers and trailers of up to
+// maxBatch packets (at most 64 bytes each), their vectors and messages.
+type batchScratch struct {
+	buf  []byte
+	iov  [][]byte
+	msgs []ipv4.Message
+}
+
+var batchScratches = sync.Pool{New: func() any {
+	return &batchScratch{buf: make([]byte, 0, maxBatch*64), iov: make([][]byte, 0, 3*maxBatch),
+		msgs: make([]ipv4.Message, 0, maxBatch)}
+}}
+
+// SendBatch sends pkts to dst in order, with one sendmmsg per maxBatch packets and
+// without copying their payloads (each packet goes out as headers, payload and
+// trailer). With faults injected it sends packet by packet through the injector.
+func (l *Link) SendBatch(pkts []Packet, dst netip.AddrPort) error {
+	dst = netip.AddrPortFrom(dst.Addr().Unmap(), dst.Port())
+	if l.inj.loss.active() {
+		var errs []error
+		for i := range pkts {
+			errs = append(errs, l.Send(&pkts[i], dst))
+		}
+		return errors.Join(errs...)
+	}
+	ep := Endpoints{Src: l.local, Dst: dst}
+	to := net.UDPAddrFromAddrPort(dst)
+	sc := batchScratches.Get().(*batchScratch)
+	defer batchScratches.Put(sc)
+	for len(pkts) > 0 {
+		chunk := pkts[:min(len(pkts), maxBatch)]
+		pkts = pkts[len(chunk):]
+		buf, iov, msgs := sc.buf[:0], sc.iov[:0], sc.msgs[:0]
+		for i := range chunk {
+			var h, tr []byte
+			var err error
+			if buf, h, tr, err = chunk[i].AppendSplit(buf, ep); err != nil {
+				return err
+			}
+			at := len(iov)
+			iov = append(iov, h, chunk[i].Payload, tr)
+			msgs = append(msgs, ipv4.Message{Buffers: iov[at : at+3 : at+3], Addr: to})
+		}
+		for sent := 0; sent < len(msgs); {
+			n, err := l.batch.WriteBatch(msgs[sent:], 0)
+			if err != nil {
+				return fmt.Errorf("roce: send to %v: %w", dst, err)
+			}
+			sent += n
+			l.sent.Add(uint64(n))
+		}
+	}
+	return nil
+}
+
+// RecvBatch waits for datagrams and decodes up to len(bufs) of them, one per
+// buffer, with one recvmmsg: pkts[i] came from froms[i], and its payload aliases
+// bufs[i] (BufferSize bytes). Datagrams that do not decode are counted and skipped;
+// it returns at least one packet, or an error once the Link is closed.
+func (l *Link) RecvBatch(bufs [][]byte, pkts []Packet, froms []netip.AddrPort) (int, error) {
+	msgs := make([]ipv4.Message, min(len(bufs), maxBatch))
+	for {
+		for i := range msgs {
+			msgs[i] = ipv4.Message{Buffers: bufs[i : i+1]}
+		}
+		n, err := l.batch.ReadBatch(msgs, 0)
+		if err != nil {
+			return 0, err
+		}
+		kept := 0
+		for i := 0; i < n; i++ {
+			from := msgs[i].Addr.(*net.UDPAddr).AddrPort()
+			from = netip.AddrPortFrom(from.Addr().Unmap(), from.Port())
+			if msgs[i].N == len(bufs[i]) { // possibly truncated: larger than any packet the limits allow
+				l.malformed.Add(1)
+				continue
+			}
+			p, err := Decode(bufs[i][:msgs[i].N], Endpoints{Src: from, Dst: l.local}, l.lim)
+			if err != nil {
+				l.malformed.Add(1)
+				if errors.Is(err, ErrICRC) {
+					l.badICRC.Add(1)
+				}
+				continue
+			}
+			l.received.Add(1)
+			pkts[kept], froms[kept] = p, from
+			bufs[kept], bufs[i] = bufs[i], bufs[kept]
+			kept++
+		}
+		if kept > 0 {
+			return kept, nil
+		}
+	}
 }
 
 func (l *Link) write(b []byte, dst netip.AddrPort) error {

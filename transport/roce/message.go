@@ -2,6 +2,8 @@ package roce
 
 import (
 	"fmt"
+
+	"github.com/odpemu/odpemu/internal/bufpool"
 )
 
 // Kind is what an RC message is: a request or a response.
@@ -180,7 +182,9 @@ func (r *Reassembler) Add(p *Packet) (*Message, error) {
 			if p.DMALen <= uint32(len(p.Payload)) {
 				return nil, fmt.Errorf("%w: WRITE FIRST of %d bytes for a %d-byte message", ErrMalformed, len(p.Payload), p.DMALen)
 			}
-			m.Payload = make([]byte, 0, p.DMALen) // bounded by MaxMessage, checked above
+			// Bounded by MaxMessage, checked above, and capped at the length (a pooled
+			// buffer may be larger: only power-of-two lengths go back to the pool).
+			m.Payload = bufpool.Get(int(p.DMALen))[:0:p.DMALen]
 		case kind == KindWrite && pos == posOnly && p.DMALen != uint32(len(p.Payload)):
 			return nil, fmt.Errorf("%w: WRITE ONLY of %d bytes, RETH says %d", ErrMalformed, len(p.Payload), p.DMALen)
 		}

@@ -252,6 +252,35 @@ func pad(n int) int { return (4 - n%4) % 4 }
 // Append appends p, encoded with its ICRC for the given endpoints, to b. It fails
 // for an opcode this package does not know or fields wider than their headers'.
 func (p *Packet) Append(b []byte, ep Endpoints) ([]byte, error) {
+	start := len(b)
+	b, err := p.appendHeaders(b)
+	if err != nil {
+		return b, err
+	}
+	b = append(b, p.Payload...)
+	b = append(b, make([]byte, pad(len(p.Payload)))...)
+	crc := ICRC(ep, b[start:])
+	return binary.LittleEndian.AppendUint32(b, crc), nil
+}
+
+// AppendSplit encodes p for ep as two pieces around its payload, appended to b: the
+// headers, and the trailer (pad bytes and ICRC). headers + p.Payload + trailer is the
+// packet Append makes, for a vectored send that does not copy the payload.
+func (p *Packet) AppendSplit(b []byte, ep Endpoints) (buf, headers, trailer []byte, err error) {
+	start := len(b)
+	if b, err = p.appendHeaders(b); err != nil {
+		return b, nil, nil, err
+	}
+	mid := len(b)
+	b = append(b, make([]byte, pad(len(p.Payload)))...)
+	n := mid - start + len(p.Payload) + (len(b) - mid)
+	crc := icrc(ep, n, b[start:mid], p.Payload, b[mid:])
+	b = binary.LittleEndian.AppendUint32(b, crc)
+	return b, b[start:mid], b[mid:], nil
+}
+
+// appendHeaders appends p's BTH and extension headers to b.
+func (p *Packet) appendHeaders(b []byte) ([]byte, error) {
 	switch {
 	case !p.Opcode.Valid():
 		return b, fmt.Errorf("%w: opcode %#x", ErrMalformed, uint8(p.Opcode))
@@ -260,13 +289,11 @@ func (p *Packet) Append(b []byte, ep Endpoints) ([]byte, error) {
 	case len(p.Payload) > 0 && !p.Opcode.HasPayload():
 		return b, fmt.Errorf("%w: %v carries no payload", ErrMalformed, p.Opcode)
 	}
-	start := len(b)
 	f := p.Opcode.flags()
 	be := binary.BigEndian
-	n := pad(len(p.Payload))
 	var h [BTHSize]byte
 	h[0] = byte(p.Opcode)
-	h[1] = byte(n) << 4 // TVer 0
+	h[1] = byte(pad(len(p.Payload))) << 4 // TVer 0
 	if p.Solicited {
 		h[1] |= 0x80
 	}
@@ -300,10 +327,7 @@ func (p *Packet) Append(b []byte, ep Endpoints) ([]byte, error) {
 	if f&hasImm != 0 {
 		b = be.AppendUint32(b, p.Imm)
 	}
-	b = append(b, p.Payload...)
-	b = append(b, make([]byte, n)...)
-	crc := ICRC(ep, b[start:])
-	return binary.LittleEndian.AppendUint32(b, crc), nil
+	return b, nil
 }
 
 // Decode decodes one UDP payload received from ep.Src at ep.Dst, checking every
@@ -400,10 +424,16 @@ func ICRC(ep Endpoints, pkt []byte) uint32 {
 	if len(pkt) < BTHSize {
 		return 0 // not a packet: Decode refuses it before it asks
 	}
+	return icrc(ep, len(pkt), pkt)
+}
+
+// icrc is the ICRC of an n-byte packet (without the ICRC) given as pieces; the
+// first holds at least the BTH.
+func icrc(ep Endpoints, n int, first []byte, rest ...[]byte) uint32 {
 	var ph [40 + 8]byte // the IPv6 header is the larger
 	be := binary.BigEndian
-	udpLen := 8 + len(pkt) + ICRCSize
-	var n int
+	udpLen := 8 + n + ICRCSize
+	var at int
 	if ep.ipv4() {
 		ph[0] = 0x45
 		ph[1] = 0xff // TOS, masked
@@ -415,7 +445,7 @@ func ICRC(ep Endpoints, pkt []byte) uint32 {
 		s, d := ep.Src.Addr().Unmap().As4(), ep.Dst.Addr().Unmap().As4()
 		copy(ph[12:], s[:])
 		copy(ph[16:], d[:])
-		n = 20
+		at = 20
 	} else {
 		be.PutUint32(ph[0:], 0x6fffffff) // version 6; traffic class and flow label masked
 		be.PutUint16(ph[4:], uint16(udpLen))
@@ -424,16 +454,20 @@ func ICRC(ep Endpoints, pkt []byte) uint32 {
 		s, d := ep.Src.Addr().As16(), ep.Dst.Addr().As16()
 		copy(ph[8:], s[:])
 		copy(ph[24:], d[:])
-		n = 40
+		at = 40
 	}
-	be.PutUint16(ph[n:], ep.Src.Port())
-	be.PutUint16(ph[n+2:], ep.Dst.Port())
-	be.PutUint16(ph[n+4:], uint16(udpLen))
-	be.PutUint16(ph[n+6:], 0xffff) // UDP checksum, masked
-	crc := crc32.Update(icrcSeed, crc32.IEEETable, ph[:n+8])
+	be.PutUint16(ph[at:], ep.Src.Port())
+	be.PutUint16(ph[at+2:], ep.Dst.Port())
+	be.PutUint16(ph[at+4:], uint16(udpLen))
+	be.PutUint16(ph[at+6:], 0xffff) // UDP checksum, masked
+	crc := crc32.Update(icrcSeed, crc32.IEEETable, ph[:at+8])
 	var bth [BTHSize]byte
-	copy(bth[:], pkt) // the caller's length check guarantees BTHSize bytes
-	bth[4] = 0xff     // reserved, masked
+	copy(bth[:], first) // the callers guarantee BTHSize bytes
+	bth[4] = 0xff       // reserved, masked
 	crc = crc32.Update(crc, crc32.IEEETable, bth[:])
-	return crc32.Update(crc, crc32.IEEETable, pkt[BTHSize:])
+	crc = crc32.Update(crc, crc32.IEEETable, first[BTHSize:])
+	for _, r := range rest {
+		crc = crc32.Update(crc, crc32.IEEETable, r)
+	}
+	return crc
 }

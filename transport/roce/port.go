@@ -17,13 +17,16 @@ import (
 // engine serves both. Send and Recv are safe for concurrent use; Close may be
 // called more than once.
 type Port interface {
-	// Send encodes p and puts it on the wire (through the fault injector).
-	Send(p *Packet) error
-	// Recv returns the next packet from the peer that decodes; its Payload aliases
-	// buf, which must hold BufferSize(Limits()) bytes. It fails once the port is
-	// closed or, for a Pipe, the peer's end is closed and drained.
-	Recv(buf []byte) (Packet, error)
-	// Limits are what Recv accepts.
+	// SendBatch encodes pkts and puts them on the wire, in order (through the
+	// fault injector).
+	SendBatch(pkts []Packet) error
+	// RecvBatch waits for packets from the peer and decodes up to len(bufs) of
+	// them into pkts, one per buffer: pkts[i].Payload aliases bufs[i], which must
+	// hold BufferSize(Limits()) bytes. It returns how many; datagrams that do not
+	// decode are counted and skipped. It fails once the port is closed or, for a
+	// Pipe, the peer's end is closed and drained.
+	RecvBatch(bufs [][]byte, pkts []Packet) (int, error)
+	// Limits are what RecvBatch accepts.
 	Limits() Limits
 	// Stats returns the port's counters.
 	Stats() LinkStats
@@ -104,25 +107,39 @@ func (l *Link) Dial(peer netip.AddrPort) Port {
 }
 
 type linkPort struct {
-	l    *Link
-	peer netip.AddrPort
+	l     *Link
+	peer  netip.AddrPort
+	froms []netip.AddrPort
 }
 
-func (p *linkPort) Send(pkt *Packet) error { return p.l.Send(pkt, p.peer) }
-func (p *linkPort) Limits() Limits         { return p.l.lim }
-func (p *linkPort) Stats() LinkStats       { return p.l.Stats() }
-func (p *linkPort) Close() error           { return p.l.Close() }
+func (p *linkPort) SendBatch(pkts []Packet) error { return p.l.SendBatch(pkts, p.peer) }
+func (p *linkPort) Limits() Limits                { return p.l.lim }
+func (p *linkPort) Stats() LinkStats              { return p.l.Stats() }
+func (p *linkPort) Close() error                  { return p.l.Close() }
 
-func (p *linkPort) Recv(buf []byte) (Packet, error) {
+func (p *linkPort) RecvBatch(bufs [][]byte, pkts []Packet) (int, error) {
+	if len(p.froms) < len(bufs) {
+		p.froms = make([]netip.AddrPort, len(bufs))
+	}
 	for {
-		pkt, from, err := p.l.Recv(buf)
+		n, err := p.l.RecvBatch(bufs, pkts, p.froms)
 		if err != nil {
-			return pkt, err
+			return 0, err
 		}
-		if from == p.peer {
-			return pkt, nil
+		kept := 0
+		for i := 0; i < n; i++ {
+			if p.froms[i] != p.peer {
+				p.l.foreign.Add(1)
+				continue
+			}
+			// Keep packet i in slot kept, with the buffer its payload aliases.
+			pkts[kept] = pkts[i]
+			bufs[kept], bufs[i] = bufs[i], bufs[kept]
+			kept++
 		}
-		p.l.foreign.Add(1)
+		if kept > 0 {
+			return kept, nil
+		}
 	}
 }
 
@@ -157,31 +174,47 @@ type pipeEnd struct {
 
 func (e *pipeEnd) Limits() Limits { return e.lim }
 
-func (e *pipeEnd) Send(p *Packet) error {
-	return encode(p, e.ep, func(b []byte) error {
-		return e.inj.send(b, netip.AddrPort{}, func(b []byte, _ netip.AddrPort) error {
-			if !e.out.Push(append([]byte(nil), b...)) {
-				return ErrClosed
-			}
-			e.sent.Add(1)
-			return nil
+func (e *pipeEnd) SendBatch(pkts []Packet) error {
+	for i := range pkts {
+		err := encode(&pkts[i], e.ep, func(b []byte) error {
+			return e.inj.send(b, netip.AddrPort{}, func(b []byte, _ netip.AddrPort) error {
+				if !e.out.Push(append([]byte(nil), b...)) {
+					return ErrClosed
+				}
+				e.sent.Add(1)
+				return nil
+			})
 		})
-	})
+		if err != nil {
+			return err
+		}
+	}
+	return nil
 }
 
-func (e *pipeEnd) Recv(buf []byte) (Packet, error) {
+func (e *pipeEnd) RecvBatch(bufs [][]byte, pkts []Packet) (int, error) {
 	ep := Endpoints{Src: e.ep.Dst, Dst: e.ep.Src}
-	for {
-		b, ok := e.in.Pop()
-		if !ok {
-			return Packet{}, ErrClosed
+	n := 0
+	for n < len(bufs) {
+		var b []byte
+		var ok bool
+		if n == 0 {
+			b, ok = e.in.Pop() // wait for the first
+		} else {
+			b, ok = e.in.TryPop()
 		}
-		if len(b) >= len(buf) { // larger than any packet the limits allow
+		if !ok {
+			if n == 0 {
+				return 0, ErrClosed
+			}
+			break
+		}
+		if len(b) >= len(bufs[n]) { // larger than any packet the limits allow
 			e.malformed.Add(1)
 			continue
 		}
-		n := copy(buf, b)
-		p, err := Decode(buf[:n], ep, e.lim)
+		m := copy(bufs[n], b)
+		p, err := Decode(bufs[n][:m], ep, e.lim)
 		if err != nil {
 			e.malformed.Add(1)
 			if errors.Is(err, ErrICRC) {
@@ -190,8 +223,10 @@ func (e *pipeEnd) Recv(buf []byte) (Packet, error) {
 			continue
 		}
 		e.received.Add(1)
-		return p, nil
+		pkts[n] = p
+		n++
 	}
+	return n, nil
 }
 
 // Close drops what was not received and makes the peer's Recv fail once it has

@@ -7,13 +7,14 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/odpemu/odpemu/internal/bufpool"
 	"github.com/odpemu/odpemu/internal/fifo"
 )
 
 // Handler is what a Session needs from the QP that owns it: the memory side of RC.
 type Handler interface {
 	// Execute runs a complete request, in PSN order, against local memory and says
-	// how to answer it. It runs on the session's responder goroutine, one request at
+	// how to answer it. m.Payload is valid only until it returns. It runs on the session's responder goroutine, one request at
 	// a time, and may block. duplicate marks a READ that came again (IBTA lets the
 	// responder read memory again): its answer must not be RNR.
 	Execute(m *Message, duplicate bool) Answer
@@ -115,7 +116,7 @@ type Session struct {
 	errored atomic.Bool // the responder answers nothing more
 
 	resp     *Responder              // used by the responder loop only
-	requests *fifo.Queue[rxPacket]   // from the receive loop to the responder loop
+	requests *fifo.Queue[[]rxPacket] // from the receive loop to the responder loop, a batch at a time
 	done     *fifo.Queue[Completion] // to the completion loop, in posting order
 	lost     sync.Once
 
@@ -126,7 +127,7 @@ type Session struct {
 
 type rxPacket struct {
 	p   Packet
-	buf *[]byte // the receive buffer p's payload aliases
+	buf []byte // the receive buffer p's payload aliases
 }
 
 // NewSession starts a session on port; h serves the peer's requests and takes the
@@ -152,14 +153,13 @@ func NewSession(port Port, cfg SessionConfig, h Handler) *Session {
 	// response's packets with it.
 	path := Limits{MTU: cfg.Requester.MTU, MaxMessage: lim.MaxMessage}
 	s := &Session{port: port, h: h, cfg: cfg, lim: path, req: NewRequester(cfg.Requester),
-		resp: NewResponder(cfg.PeerPSN, path, cfg.MaxAtomics), requests: fifo.New[rxPacket](),
+		resp: NewResponder(cfg.PeerPSN, path, cfg.MaxAtomics), requests: fifo.New[[]rxPacket](),
 		done: fifo.New[Completion](), stop: make(chan struct{}), failc: make(chan struct{}, 1)}
 	s.cond.L = &s.mu
-	bufSize := BufferSize(lim)
-	pool := &sync.Pool{New: func() any { b := make([]byte, bufSize); return &b }}
+	free := &bufList{size: BufferSize(lim)}
 	s.wg.Add(4)
-	go s.recvLoop(pool)
-	go s.respLoop(pool)
+	go s.recvLoop(free)
+	go s.respLoop(free)
 	go s.completionLoop()
 	go s.timerLoop()
 	return s
@@ -276,9 +276,7 @@ func (s *Session) applyLocked(out Output) {
 			return
 		}
 	}
-	for i := range out.Send {
-		s.send(&out.Send[i]) // a lost packet is sent again by the timer
-	}
+	s.send(out.Send) // a lost packet is sent again by the timer
 	st := s.req.Stats()
 	s.count(func(c *Counters) *atomic.Uint64 { return &c.Retransmitted }, st.Retransmitted-s.last.Retransmitted)
 	s.count(func(c *Counters) *atomic.Uint64 { return &c.Timeouts }, st.Timeouts-s.last.Timeouts)
@@ -317,9 +315,14 @@ func (s *Session) count(field func(*Counters) *atomic.Uint64, n uint64) {
 	}
 }
 
-func (s *Session) send(p *Packet) {
-	p.DestQP = s.cfg.PeerQPN
-	_ = s.port.Send(p) // a lost packet is the peer's timer's to recover
+func (s *Session) send(pkts []Packet) {
+	if len(pkts) == 0 {
+		return
+	}
+	for i := range pkts {
+		pkts[i].DestQP = s.cfg.PeerQPN
+	}
+	_ = s.port.SendBatch(pkts) // a lost packet is the peer's timer's to recover
 }
 
 // fail reports the connection lost, once, and fails what is outstanding.
@@ -331,12 +334,44 @@ func (s *Session) fail(err error) {
 	})
 }
 
-func (s *Session) recvLoop(pool *sync.Pool) {
+// recvBatch is how many packets the receive loop takes per call.
+const recvBatch = 32
+
+// bufList holds receive buffers between the receive loop, which hands a request's
+// buffer to the responder loop, and the responder loop, which gives it back.
+type bufList struct {
+	mu   sync.Mutex // protects free
+	free [][]byte
+	size int
+}
+
+func (l *bufList) get() []byte {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if n := len(l.free); n > 0 {
+		b := l.free[n-1]
+		l.free = l.free[:n-1]
+		return b
+	}
+	return make([]byte, l.size)
+}
+
+func (l *bufList) put(b []byte) {
+	l.mu.Lock()
+	l.free = append(l.free, b)
+	l.mu.Unlock()
+}
+
+func (s *Session) recvLoop(free *bufList) {
 	defer s.wg.Done()
-	bp := pool.Get().(*[]byte)
-	defer func() { pool.Put(bp) }()
+	bufs := make([][]byte, recvBatch)
+	pkts := make([]Packet, recvBatch)
+	for i := range bufs {
+		bufs[i] = free.get()
+	}
 	for {
-		p, err := s.port.Recv(*bp)
+		// RecvBatch reorders bufs so that pkts[i] aliases bufs[i].
+		n, err := s.port.RecvBatch(bufs, pkts)
 		if err != nil {
 			select {
 			case <-s.stop:
@@ -345,69 +380,88 @@ func (s *Session) recvLoop(pool *sync.Pool) {
 			}
 			return
 		}
-		if p.DestQP != s.cfg.LocalQPN {
-			s.count(func(c *Counters) *atomic.Uint64 { return &c.Dropped }, 1)
-			continue
-		}
-		if p.Opcode.IsRequest() {
-			if !s.requests.Push(rxPacket{p, bp}) {
-				return
+		var reqs []rxPacket
+		for i := 0; i < n; i++ {
+			p := pkts[i]
+			if p.DestQP != s.cfg.LocalQPN {
+				s.count(func(c *Counters) *atomic.Uint64 { return &c.Dropped }, 1)
+				continue
 			}
-			bp = pool.Get().(*[]byte) // the responder loop returns the other
-			continue
+			if p.Opcode.IsRequest() {
+				reqs = append(reqs, rxPacket{p, bufs[i]})
+				bufs[i] = free.get() // the responder loop gives the other back
+				continue
+			}
+			s.step(func() Output { return s.req.Receive(&p, time.Now()) })
 		}
-		s.step(func() Output { return s.req.Receive(&p, time.Now()) })
+		if len(reqs) > 0 && !s.requests.Push(reqs) {
+			return
+		}
 	}
 }
 
-func (s *Session) respLoop(pool *sync.Pool) {
+func (s *Session) respLoop(free *bufList) {
 	defer s.wg.Done()
 	unacked := 0
 	for {
-		rx, ok := s.requests.Pop()
+		batch, ok := s.requests.Pop()
 		if !ok {
 			return
 		}
-		act, m, resp := s.resp.Receive(&rx.p)
-		pool.Put(rx.buf) // Receive copied what it keeps
-		if s.errored.Load() {
-			s.count(func(c *Counters) *atomic.Uint64 { return &c.Dropped }, 1)
-			continue
-		}
-		switch act {
-		case ActExecute:
-			unacked += s.execute(m)
-		case ActDuplicate:
-			s.count(func(c *Counters) *atomic.Uint64 { return &c.Duplicates }, 1)
-			if m == nil {
-				s.reply(resp)
-				break
+		for i := range batch {
+			unacked += s.respond(&batch[i], free)
+			last := i == len(batch)-1 && s.requests.Len() == 0
+			if unacked > 0 && (unacked >= ackEvery || last) {
+				s.reply(s.resp.Ack())
+				unacked = 0
 			}
-			a := s.h.Execute(m, true)
-			if a.NAK != 0 {
-				s.reply(s.resp.Fail(m, a.NAK))
-			} else if !a.Drop && a.Response != nil {
-				s.replyData(m, a.Response)
-			}
-			a.release()
-		case ActNAK:
-			if resp.Syndrome == SynNAKPSNSeqError {
-				s.count(func(c *Counters) *atomic.Uint64 { return &c.SeqNAKsSent }, 1)
-				s.reply(resp)
-				break
-			}
-			// The peer broke the protocol (a malformed message): IBTA's invalid
-			// request, after which this QP is in error.
-			s.reply(resp)
-			s.fail(errors.New("roce: the peer sent a malformed request"))
-		case ActDrop:
-			s.count(func(c *Counters) *atomic.Uint64 { return &c.Dropped }, 1)
-		}
-		if unacked > 0 && (unacked >= ackEvery || s.requests.Len() == 0) {
-			s.reply(s.resp.Ack())
-			unacked = 0
 		}
 	}
+}
+
+// respond takes one request packet through the responder and answers what it
+// completes; it returns 1 if an ACK is owed (sent coalesced), else 0.
+func (s *Session) respond(rx *rxPacket, free *bufList) int {
+	act, m, resp := s.resp.Receive(&rx.p)
+	free.put(rx.buf) // Receive copied what it keeps
+	if s.errored.Load() {
+		s.count(func(c *Counters) *atomic.Uint64 { return &c.Dropped }, 1)
+		return 0
+	}
+	switch act {
+	case ActExecute:
+		owed := s.execute(m)
+		if m.Kind == KindWrite || m.Kind == KindSend {
+			bufpool.Put(m.Payload) // the Handler keeps none of it
+		}
+		return owed
+	case ActDuplicate:
+		s.count(func(c *Counters) *atomic.Uint64 { return &c.Duplicates }, 1)
+		if m == nil {
+			s.reply(resp)
+			break
+		}
+		a := s.h.Execute(m, true)
+		if a.NAK != 0 {
+			s.reply(s.resp.Fail(m, a.NAK))
+		} else if !a.Drop && a.Response != nil {
+			s.replyData(m, a.Response)
+		}
+		a.release()
+	case ActNAK:
+		if resp.Syndrome == SynNAKPSNSeqError {
+			s.count(func(c *Counters) *atomic.Uint64 { return &c.SeqNAKsSent }, 1)
+			s.reply(resp)
+			break
+		}
+		// The peer broke the protocol (a malformed message): IBTA's invalid
+		// request, after which this QP is in error.
+		s.reply(resp)
+		s.fail(errors.New("roce: the peer sent a malformed request"))
+	case ActDrop:
+		s.count(func(c *Counters) *atomic.Uint64 { return &c.Dropped }, 1)
+	}
+	return 0
 }
 
 // execute runs a new request and answers it; it returns 1 if an ACK is owed
@@ -453,9 +507,7 @@ func (s *Session) reply(m *Message) {
 	if err != nil {
 		return // only an invalid MTU fails, which the port refused when made
 	}
-	for i := range ps {
-		s.send(&ps[i])
-	}
+	s.send(ps)
 }
 
 func (s *Session) completionLoop() {

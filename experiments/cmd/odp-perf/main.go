@@ -30,6 +30,7 @@ import (
 const usage = `usage:
   odp-perf write_bw|read_bw [flags]   one perftest-style measurement
   odp-perf compare [flags]            pinned vs ODP, cold and warm, side by side
+  odp-perf wire [flags]               the RoCEv2 wire between two processes against a plain UDP stream
 
 Run "odp-perf <command> --help" for the flags of a command.
 `
@@ -55,6 +56,10 @@ func run(args []string, stdout, stderr io.Writer) error {
 		return bw(args[0], args[1:], stdout, stderr)
 	case "compare":
 		return compare(args[1:], stdout, stderr)
+	case "wire":
+		return wire(args[1:], stdout, stderr)
+	case "wire-server": // started by wire
+		return wireServer(args[1:], stdout, stderr)
 	case "-h", "--help", "help":
 		fmt.Fprint(stdout, usage)
 		return nil

@@ -1,0 +1,93 @@
+package main
+
+import (
+	"context"
+	"fmt"
+	"io"
+	"net"
+	"os"
+	"strconv"
+	"time"
+
+	"github.com/odpemu/odpemu/experiments/perf"
+	"github.com/odpemu/odpemu/transport/roce"
+	"github.com/spf13/pflag"
+)
+
+func wireFlagSet(name string, w io.Writer) (*pflag.FlagSet, *size, *int, *int, *int) {
+	fs := newFlagSet(name, w)
+	msg := size(1 << 20)
+	fs.VarP(&msg, "size", "s", "message size in bytes (K, M, G suffixes)")
+	iters := fs.IntP("iters", "n", 500, "messages per measurement")
+	depth := fs.IntP("tx-depth", "t", 4, "messages in flight")
+	reps := fs.Int("reps", 5, "rounds of UDP floor, pinned and ODP, side by side")
+	return fs, &msg, iters, depth, reps
+}
+
+// wire measures RDMA WRITE over the RoCEv2 wire between this process and a server
+// process it starts, pinned and ODP (warm), against a plain UDP stream of packets
+// of the same size between the same two processes, in rounds.
+func wire(args []string, stdout, stderr io.Writer) error {
+	fs, msg, iters, depth, reps := wireFlagSet("wire", stderr)
+	if err := fs.Parse(args); err != nil {
+		return err
+	}
+	if *reps < 1 || *iters < 1 || *depth < 1 || *msg < 1 {
+		return fmt.Errorf("--reps, --iters, --tx-depth and --size must be positive")
+	}
+	exe, err := os.Executable()
+	if err != nil {
+		return err
+	}
+	common := []string{"--size", strconv.Itoa(int(*msg)), "--iters", strconv.Itoa(*iters), "--tx-depth", strconv.Itoa(*depth),
+		"--reps", strconv.Itoa(*reps)}
+	cm, udp, wait, err := perf.StartWireServer(exe, append([]string{"wire-server"}, common...))
+	if err != nil {
+		return err
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Minute)
+	defer cancel()
+	p := perf.Params{Test: perf.WriteBW, Size: int(*msg), Iters: *iters, Depth: *depth, MRSize: int(*msg) * *depth}
+	fmt.Fprintf(stdout, "# RDMA WRITE of %s messages, %d in flight, %d per measurement, between two processes on loopback (server pid in a child)\n",
+		perf.HumanBytes(int(*msg)), *depth, *iters)
+	fmt.Fprintf(stdout, "# each round: a plain UDP stream of %d-byte packets (one sendto/recvfrom each, a message acknowledged as RC does), then RoCEv2 pinned, then ODP warm\n",
+		roce.BTHSize+4096+roce.ICRCSize)
+	bw, err := perf.WireClient(ctx, cm, udp, p, *reps)
+	if werr := wait(); err == nil && werr != nil {
+		err = fmt.Errorf("wire server: %w", werr)
+	}
+	if err != nil {
+		return err
+	}
+	fmt.Fprintf(stdout, " %-8s %-14s %-14s %-14s\n", "#round", "UDP[MiB/s]", "pinned[MiB/s]", "ODP[MiB/s]")
+	for i := range bw["udp"] {
+		fmt.Fprintf(stdout, " %-8d %-14.1f %-14.1f %-14.1f\n", i, bw["udp"][i], bw["pinned"][i], bw["odp"][i])
+	}
+	u, pin, o := perf.Median(bw["udp"]), perf.Median(bw["pinned"]), perf.Median(bw["odp"])
+	fmt.Fprintf(stdout, "# medians: UDP %.1f, pinned %.1f, ODP %.1f MiB/s; pinned/UDP %.3f, ODP/UDP %.3f\n", u, pin, o, pin/u, o/u)
+	return nil
+}
+
+// wireServer is the server process of wire: it prints its addresses, then serves
+// the rounds.
+func wireServer(args []string, stdout, stderr io.Writer) error {
+	fs, msg, iters, depth, reps := wireFlagSet("wire-server", stderr)
+	if err := fs.Parse(args); err != nil {
+		return err
+	}
+	ln, err := roce.ListenCM("127.0.0.1:0")
+	if err != nil {
+		return err
+	}
+	defer func() { _ = ln.Close() }() // served
+	conn, err := net.ListenUDP("udp4", &net.UDPAddr{IP: net.IPv4(127, 0, 0, 1)})
+	if err != nil {
+		return err
+	}
+	defer func() { _ = conn.Close() }() // served
+	fmt.Fprintf(stdout, "cm %s udp %s\n", ln.Addr(), conn.LocalAddr())
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Minute)
+	defer cancel()
+	p := perf.Params{Test: perf.WriteBW, Size: int(*msg), Iters: *iters, Depth: *depth, MRSize: int(*msg) * *depth}
+	return perf.WireServer(ctx, ln, conn, p, *reps)
+}

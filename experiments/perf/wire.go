@@ -1,0 +1,239 @@
+package perf
+
+import (
+	"bufio"
+	"context"
+	"errors"
+	"fmt"
+	"net"
+	"os"
+	"os/exec"
+	"strings"
+	"time"
+
+	"github.com/odpemu/odpemu/transport/roce"
+	"golang.org/x/sys/unix"
+)
+
+// The floor the wire is measured against: a plain UDP stream of packets as large as
+// RoCEv2's at a 4096-byte MTU, one sendto and one recvfrom per packet, with as
+// many messages in flight as the RC run (the sink acknowledges each message, as a
+// responder does), between the same two processes.
+
+// streamPacket is the size of a full RoCEv2 packet at a 4096-byte path MTU: BTH,
+// payload and ICRC.
+const streamPacket = roce.BTHSize + 4096 + roce.ICRCSize
+
+// endOfStream is the datagram that ends a stream.
+var endOfStream = []byte("end")
+
+// UDPSink receives one UDPStream on conn: it acknowledges every message of
+// perMsg packets with a one-byte datagram and returns at the stream's end.
+func UDPSink(ctx context.Context, conn *net.UDPConn, perMsg int) error {
+	buf := make([]byte, streamPacket+1)
+	n := 0
+	for {
+		if err := conn.SetReadDeadline(deadline(ctx)); err != nil {
+			return err
+		}
+		k, from, err := conn.ReadFromUDPAddrPort(buf)
+		if err != nil {
+			return fmt.Errorf("perf: UDP sink: %w", err)
+		}
+		if k == len(endOfStream) && string(buf[:k]) == string(endOfStream) {
+			_, err := conn.WriteToUDPAddrPort(endOfStream, from)
+			return err
+		}
+		if n++; n%perMsg == 0 {
+			if _, err := conn.WriteToUDPAddrPort([]byte{1}, from); err != nil {
+				return err
+			}
+		}
+	}
+}
+
+// UDPStream sends p.Iters messages of p.Size bytes to a UDPSink at addr, in
+// packets of streamPacket bytes, keeping p.Depth messages unacknowledged. It
+// reports bandwidth as loop does (payload bytes only).
+func UDPStream(ctx context.Context, addr string, p Params) (Result, error) {
+	if err := p.defaults(); err != nil {
+		return Result{}, err
+	}
+	raddr, err := net.ResolveUDPAddr("udp", addr)
+	if err != nil {
+		return Result{}, err
+	}
+	conn, err := net.DialUDP("udp", nil, raddr)
+	if err != nil {
+		return Result{}, err
+	}
+	defer func() { _ = conn.Close() }() // the stream is over
+	setBuffers(conn)
+	perMsg := (p.Size + 4095) / 4096
+	acks := make(chan error, p.Iters+1)
+	go func() {
+		b := make([]byte, 16)
+		for {
+			if err := conn.SetReadDeadline(deadline(ctx)); err != nil {
+				acks <- err
+				return
+			}
+			k, err := conn.Read(b)
+			if err != nil {
+				acks <- err
+				return
+			}
+			acks <- nil
+			if k == len(endOfStream) {
+				return
+			}
+		}
+	}()
+	pkt := make([]byte, streamPacket)
+	start := time.Now()
+	for sent, acked := 0, 0; acked < p.Iters; {
+		for sent < p.Iters && sent-acked < p.Depth {
+			for i := 0; i < perMsg; i++ {
+				if _, err := conn.Write(pkt); err != nil {
+					return Result{}, err
+				}
+			}
+			sent++
+		}
+		if err := <-acks; err != nil {
+			return Result{}, fmt.Errorf("perf: UDP stream: %w (a lost packet stalls the stream)", err)
+		}
+		acked++
+	}
+	elapsed := time.Since(start)
+	if _, err := conn.Write(endOfStream); err != nil {
+		return Result{}, err
+	}
+	if err := <-acks; err != nil {
+		return Result{}, err
+	}
+	total := float64(p.Size) * float64(p.Iters)
+	return Result{Test: "udp_stream", Bytes: p.Size, Iters: p.Iters, Elapsed: elapsed,
+		AvgMiBps: total / elapsed.Seconds() / (1 << 20), MsgRateMpps: float64(p.Iters) / elapsed.Seconds() / 1e6}, nil
+}
+
+func deadline(ctx context.Context) time.Time {
+	if d, ok := ctx.Deadline(); ok {
+		return d
+	}
+	return time.Now().Add(time.Minute)
+}
+
+// setBuffers gives conn the socket buffers a Link has (roce.SocketBuffer, beyond
+// rmem_max where the process may), so that the floor and the wire queue alike.
+func setBuffers(conn *net.UDPConn) {
+	rc, err := conn.SyscallConn()
+	if err != nil {
+		return
+	}
+	_ = rc.Control(func(fd uintptr) {
+		for _, o := range [][2]int{{unix.SO_RCVBUFFORCE, unix.SO_RCVBUF}, {unix.SO_SNDBUFFORCE, unix.SO_SNDBUF}} {
+			if unix.SetsockoptInt(int(fd), unix.SOL_SOCKET, o[0], roce.SocketBuffer) != nil {
+				_ = unix.SetsockoptInt(int(fd), unix.SOL_SOCKET, o[1], roce.SocketBuffer) // capped, never refused
+			}
+		}
+	})
+}
+
+// WireRound is one round of the wire comparison: the same WRITE test over the UDP
+// floor, pinned and ODP (warm), in that order.
+var WireRound = []string{"udp", "pinned", "odp"}
+
+// WireServer serves rounds of the wire comparison: for each round, a UDP sink on
+// conn, then a pinned and an ODP server on ln, with p's parameters.
+func WireServer(ctx context.Context, ln *roce.CMListener, conn *net.UDPConn, p Params, rounds int) error {
+	if err := p.defaults(); err != nil {
+		return err
+	}
+	setBuffers(conn)
+	for r := 0; r < rounds; r++ {
+		for _, kind := range WireRound {
+			var err error
+			switch kind {
+			case "udp":
+				err = UDPSink(ctx, conn, (p.Size+4095)/4096)
+			default:
+				q := p
+				q.ODP = kind == "odp"
+				_, err = Serve(ctx, ln, q, Wire{})
+			}
+			if err != nil {
+				return fmt.Errorf("perf: round %d, %s: %w", r, kind, err)
+			}
+		}
+	}
+	return nil
+}
+
+// WireClient runs rounds of the wire comparison against a WireServer and returns
+// each kind's bandwidths in round order.
+func WireClient(ctx context.Context, cmAddr, udpAddr string, p Params, rounds int) (map[string][]float64, error) {
+	out := map[string][]float64{}
+	for r := 0; r < rounds; r++ {
+		for _, kind := range WireRound {
+			var res Result
+			var err error
+			switch kind {
+			case "udp":
+				res, err = UDPStream(ctx, udpAddr, p)
+			default:
+				q := p
+				q.ODP, q.Warm = kind == "odp", kind == "odp"
+				res, err = connectRetrying(ctx, cmAddr, q)
+			}
+			if err != nil {
+				return nil, fmt.Errorf("perf: round %d, %s: %w", r, kind, err)
+			}
+			out[kind] = append(out[kind], res.AvgMiBps)
+		}
+	}
+	return out, nil
+}
+
+// connectRetrying connects once the server listens again (it opens its next
+// connection after the previous one ended).
+func connectRetrying(ctx context.Context, addr string, p Params) (Result, error) {
+	for {
+		r, err := Connect(ctx, addr, p, Wire{})
+		if err == nil || !errors.Is(err, roce.ErrCM) && !strings.Contains(err.Error(), "connection refused") {
+			return r, err
+		}
+		select {
+		case <-ctx.Done():
+			return r, err
+		case <-time.After(10 * time.Millisecond):
+		}
+	}
+}
+
+// StartWireServer starts exe (this program) with args as the server process and
+// returns the connection manager's and the UDP sink's addresses it prints first,
+// and a function that waits for it.
+func StartWireServer(exe string, args []string) (cm, udp string, wait func() error, err error) {
+	cmd := exec.Command(exe, args...)
+	cmd.Stderr = os.Stderr
+	out, err := cmd.StdoutPipe()
+	if err != nil {
+		return "", "", nil, err
+	}
+	if err := cmd.Start(); err != nil {
+		return "", "", nil, err
+	}
+	line, err := bufio.NewReader(out).ReadString('\n')
+	if err != nil {
+		_ = cmd.Process.Kill() // it did not start as it should
+		_ = cmd.Wait()
+		return "", "", nil, fmt.Errorf("perf: wire server: %w", err)
+	}
+	if _, err := fmt.Sscanf(line, "cm %s udp %s", &cm, &udp); err != nil {
+		_ = cmd.Process.Kill()
+		_ = cmd.Wait()
+		return "", "", nil, fmt.Errorf("perf: wire server said %q", line)
+	}
+	return cm, udp, cmd.Wait, nil
+}
