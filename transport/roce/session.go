@@ -91,24 +91,28 @@ type SessionConfig struct {
 	Counters []*Counters
 }
 
-// ackEvery bounds the messages a responder leaves unacknowledged while more requests
-// wait to be taken (ACK coalescing).
+// ackEvery bounds the messages a responder leaves unacknowledged within one batch
+// of received packets (ACK coalescing: one ACK answers every message before it).
+// A batch is acknowledged when the responder is through with it, so that the
+// requester's window never waits on a queue behind it.
 const ackEvery = 16
 
 // Session is one RC connection: a Requester and a Responder over a Port, driven by
 // a receive loop, a responder loop (which runs the Handler's Execute, so that a
 // request that waits does not hold up ACKs), a completion loop and the ACK timer.
 //
-// Lock order: Session.mu is taken holding no lock of the Handler's. Under it the
-// session calls only Handler.Reload, which must not take a lock that is held while
-// Post or SetRetry is called. Fail takes no lock.
+// Lock order: Session.mu, then Session.sendMu. Session.mu is taken holding no lock
+// of the Handler's; under both the session calls only Handler.Reload, which must
+// not take a lock that is held while Post or SetRetry is called. Fail takes no lock.
 type Session struct {
 	port Port
 	h    Handler
 	cfg  SessionConfig
 	lim  Limits // the path MTU and the port's largest message
 
-	mu      sync.Mutex // protects req, last, closed; held while the requester's packets are sent
+	mu      sync.Mutex // protects req, last, closed, queued
+	sendMu  sync.Mutex // held while the requester's packets are sent; taken under mu (unlockSend)
+	queued  []Packet   // the requester's packets to send when mu is released
 	cond    sync.Cond  // on mu: the window opened, or the session ended
 	req     *Requester
 	last    RequesterStats // the requester's counters when last added to cfg.Counters
@@ -183,7 +187,7 @@ func (s *Session) Post(id uint64, m Message) error {
 		n = Packets(len(m.Payload), s.cfg.Requester.MTU)
 	}
 	s.mu.Lock()
-	defer s.mu.Unlock()
+	defer s.unlockSend()
 	for !s.closed && s.req.Outstanding() > 0 && s.req.InFlight()+n > s.cfg.Window {
 		s.cond.Wait()
 	}
@@ -197,6 +201,23 @@ func (s *Session) Post(id uint64, m Message) error {
 	}
 	s.applyLocked(out)
 	return nil
+}
+
+// unlockSend releases Session.mu and sends the packets queued under it. sendMu is
+// taken before mu is released, so packets leave in the order the state machine
+// made them while the receive loop may take mu meanwhile (an ACK need not wait
+// for a long message's packets to be sent).
+func (s *Session) unlockSend() {
+	pkts := s.queued
+	s.queued = nil
+	if len(pkts) == 0 {
+		s.mu.Unlock()
+		return
+	}
+	s.sendMu.Lock()
+	s.mu.Unlock()
+	s.send(pkts)
+	s.sendMu.Unlock()
 }
 
 // Fail puts the session in the error state: outstanding and later messages complete
@@ -249,7 +270,7 @@ func (s *Session) Close() {
 // step runs one transition of the requester and applies its output.
 func (s *Session) step(f func() Output) {
 	s.mu.Lock()
-	defer s.mu.Unlock()
+	defer s.unlockSend()
 	if !s.closed {
 		s.applyLocked(f())
 	}
@@ -270,13 +291,19 @@ func (s *Session) applyLocked(out Output) {
 	if len(out.Done) > 0 {
 		s.cond.Broadcast()
 	}
-	for _, r := range out.Reload {
-		if s.h.Reload(r.ID, r.Payload) != nil {
-			s.applyLocked(s.req.Abort(r.ID, StatusLocal)) // fails what was to be resent
-			return
+	if len(out.Reload) > 0 {
+		// Packets still being sent may alias these payloads: wait for them.
+		s.sendMu.Lock()
+		for _, r := range out.Reload {
+			if s.h.Reload(r.ID, r.Payload) != nil {
+				s.sendMu.Unlock()
+				s.applyLocked(s.req.Abort(r.ID, StatusLocal)) // fails what was to be resent
+				return
+			}
 		}
+		s.sendMu.Unlock()
 	}
-	s.send(out.Send) // a lost packet is sent again by the timer
+	s.queued = append(s.queued, out.Send...) // sent by unlockSend; a lost packet is sent again by the timer
 	st := s.req.Stats()
 	s.count(func(c *Counters) *atomic.Uint64 { return &c.Retransmitted }, st.Retransmitted-s.last.Retransmitted)
 	s.count(func(c *Counters) *atomic.Uint64 { return &c.Timeouts }, st.Timeouts-s.last.Timeouts)
@@ -315,12 +342,10 @@ func (s *Session) count(field func(*Counters) *atomic.Uint64, n uint64) {
 	}
 }
 
+// send puts packets on the wire; they carry the peer's QPN already.
 func (s *Session) send(pkts []Packet) {
 	if len(pkts) == 0 {
 		return
-	}
-	for i := range pkts {
-		pkts[i].DestQP = s.cfg.PeerQPN
 	}
 	_ = s.port.SendBatch(pkts) // a lost packet is the peer's timer's to recover
 }
@@ -410,8 +435,7 @@ func (s *Session) respLoop(free *bufList) {
 		}
 		for i := range batch {
 			unacked += s.respond(&batch[i], free)
-			last := i == len(batch)-1 && s.requests.Len() == 0
-			if unacked > 0 && (unacked >= ackEvery || last) {
+			if unacked > 0 && (unacked >= ackEvery || i == len(batch)-1) {
 				s.reply(s.resp.Ack())
 				unacked = 0
 			}
@@ -503,6 +527,7 @@ func (s *Session) replyData(m *Message, resp *Message) {
 }
 
 func (s *Session) reply(m *Message) {
+	m.DestQP = s.cfg.PeerQPN
 	ps, err := Segment(m, s.lim.MTU)
 	if err != nil {
 		return // only an invalid MTU fails, which the port refused when made
@@ -536,7 +561,7 @@ func (s *Session) timerLoop() {
 			if !s.closed {
 				s.flushIfFailedLocked()
 			}
-			s.mu.Unlock()
+			s.unlockSend()
 		}
 	}
 }

@@ -47,7 +47,7 @@ func wire(args []string, stdout, stderr io.Writer) error {
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Minute)
 	defer cancel()
-	p := perf.Params{Test: perf.WriteBW, Size: int(*msg), Iters: *iters, Depth: *depth, MRSize: int(*msg) * *depth}
+	p := perf.Params{Test: perf.WriteBW, Size: int(*msg), Iters: *iters, Depth: *depth, CQMod: 1, MRSize: int(*msg) * *depth}
 	fmt.Fprintf(stdout, "# RDMA WRITE of %s messages, %d in flight, %d per measurement, between two processes on loopback (server pid in a child)\n",
 		perf.HumanBytes(int(*msg)), *depth, *iters)
 	fmt.Fprintf(stdout, "# each round: a plain UDP stream of %d-byte packets (one sendto/recvfrom each, a message acknowledged as RC does), then RoCEv2 pinned, then ODP warm\n",
@@ -88,6 +88,6 @@ func wireServer(args []string, stdout, stderr io.Writer) error {
 	fmt.Fprintf(stdout, "cm %s udp %s\n", ln.Addr(), conn.LocalAddr())
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Minute)
 	defer cancel()
-	p := perf.Params{Test: perf.WriteBW, Size: int(*msg), Iters: *iters, Depth: *depth, MRSize: int(*msg) * *depth}
+	p := perf.Params{Test: perf.WriteBW, Size: int(*msg), Iters: *iters, Depth: *depth, CQMod: 1, MRSize: int(*msg) * *depth}
 	return perf.WireServer(ctx, ln, conn, p, *reps)
 }
