@@ -505,25 +505,39 @@ func (s *Session) execute(m *Message) int {
 		s.errored.Store(true)
 		s.reply(s.resp.Fail(m, a.NAK))
 	default:
-		s.resp.Executed(m, a.Response)
-		if m.Kind == KindReadRequest || m.Kind == KindCompareSwap || m.Kind == KindFetchAdd {
-			s.replyData(m, a.Response)
-		} else if m.AckReq {
-			return 1
+		if m.Kind != KindReadRequest && m.Kind != KindCompareSwap && m.Kind != KindFetchAdd {
+			s.resp.Executed(m, nil)
+			if m.AckReq {
+				return 1
+			}
+			return 0
 		}
+		// The response is built whole before Executed keeps it: an atomic's
+		// duplicates are answered with this very message.
+		r := dataResponse(m, a.Response, (s.resp.MSN()+1)&psnMask)
+		s.resp.Executed(m, r)
+		s.reply(r)
 	}
 	return 0
 }
 
-// replyData sends a READ's response or an atomic's acknowledgement for m.
+// replyData sends a READ's response or an atomic's acknowledgement for m again
+// (a duplicate READ: the MSN is the current one).
 func (s *Session) replyData(m *Message, resp *Message) {
-	r := *resp
-	r.PSN, r.Syndrome, r.MSN = m.PSN, SynACK, s.resp.MSN()
-	r.Kind = KindAtomicAck
+	s.reply(dataResponse(m, resp, s.resp.MSN()))
+}
+
+// dataResponse is the READ response or atomic acknowledgement answering m with
+// resp's data (its Payload or Orig).
+func dataResponse(m *Message, resp *Message, msn uint32) *Message {
+	r := Message{PSN: m.PSN, Syndrome: SynACK, MSN: msn, Kind: KindAtomicAck}
+	if resp != nil {
+		r.Payload, r.Orig = resp.Payload, resp.Orig
+	}
 	if m.Kind == KindReadRequest {
 		r.Kind = KindReadResponse
 	}
-	s.reply(&r)
+	return &r
 }
 
 func (s *Session) reply(m *Message) {

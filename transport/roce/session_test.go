@@ -2,6 +2,7 @@ package roce
 
 import (
 	"bytes"
+	"encoding/binary"
 	"fmt"
 	"math/rand/v2"
 	"sync"
@@ -32,6 +33,13 @@ func (m *memory) Execute(msg *Message, duplicate bool) Answer {
 			return Answer{NAK: SynNAKRemoteAccess}
 		}
 		copy(m.b[msg.VA:], msg.Payload)
+	case KindFetchAdd:
+		if msg.VA+8 > uint64(len(m.b)) {
+			return Answer{NAK: SynNAKRemoteAccess}
+		}
+		orig := binary.LittleEndian.Uint64(m.b[msg.VA:])
+		binary.LittleEndian.PutUint64(m.b[msg.VA:], orig+msg.Swap)
+		return Answer{Response: &Message{Orig: orig}}
 	case KindReadRequest:
 		if msg.VA+uint64(msg.DMALen) > uint64(len(m.b)) {
 			return Answer{NAK: SynNAKRemoteAccess}
@@ -144,3 +152,41 @@ func TestSessionOverLossyUDP(t *testing.T) {
 
 func (m *memory) Reload(uint64, []byte) error    { return nil }
 func (r *requester) Reload(uint64, []byte) error { return nil }
+
+// Atomics over a pipe that loses half of the responses and doubles half of the
+// requests: a lost response is recovered by the requester's timer, and the
+// responder answers the duplicate from the result it kept (IBTA 9.7.5.1.5), never
+// by executing the atomic again.
+func TestSessionDuplicateAtomics(t *testing.T) {
+	lim := Limits{MTU: 1024, MaxMessage: 1 << 16}
+	pa, pb, err := Pipe(lim, Loss{})
+	require.NoError(t, err)
+	// Faults apply to what each end sends: requests from a, responses from b.
+	pa.(*pipeEnd).inj = newInjector(Loss{Seed: 3, Duplicate: 0.5})
+	pb.(*pipeEnd).inj = newInjector(Loss{Seed: 4, Drop: 0.5})
+	cfg := SessionConfig{Requester: RequesterConfig{Timeout: 2 * time.Millisecond, RetryCnt: 7, RNRRetry: 7, FirstPSN: 10},
+		PeerPSN: 20, LocalQPN: 1, PeerQPN: 2}
+	ra := newRequester()
+	a := NewSession(pa, cfg, ra)
+	defer a.Close()
+	cfg.Requester.FirstPSN, cfg.PeerPSN, cfg.LocalQPN, cfg.PeerQPN = 20, 10, 2, 1
+	mem := &memory{b: make([]byte, 64)}
+	b := NewSession(pb, cfg, mem)
+	defer b.Close()
+	const n = 200
+	for i := 0; i < n; i++ {
+		require.NoError(t, a.Post(uint64(i), Message{Kind: KindFetchAdd, VA: 8, RKey: 1, Swap: 3}))
+		var c Completion
+		select {
+		case c = <-ra.done:
+		case <-time.After(60 * time.Second): // a hang detector
+			t.Fatalf("fetch-add %d never completed (%+v)", i, a.RequesterStats())
+		}
+		require.Equal(t, StatusSuccess, c.Status, "fetch-add %d (%+v)", i, a.RequesterStats())
+		require.EqualValues(t, 3*i, c.Response.Orig, "fetch-add %d: the original value", i)
+	}
+	mem.mu.Lock()
+	defer mem.mu.Unlock()
+	assert.EqualValues(t, 3*n, binary.LittleEndian.Uint64(mem.b[8:]), "each fetch-add executed once")
+	assert.Positive(t, a.RequesterStats().Timeouts, "responses were lost")
+}
