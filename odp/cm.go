@@ -16,7 +16,7 @@ type UDPConfig struct {
 	// address (the ICRC covers it); the default is 127.0.0.1, port 0 (any).
 	Addr netip.AddrPort
 	// MTU is the path MTU offered (256..4096, default 4096); the connection uses
-	// the smaller of the two sides'.
+	// the smallest of the two sides' offers and what the route's IP MTU holds.
 	MTU int
 	// MaxMessage bounds the messages the peer may send (default 1 GiB): nothing
 	// larger is reassembled or allocated for.
@@ -82,7 +82,20 @@ func (qp *QP) Dial(ctx context.Context, addr string, cfg UDPConfig) ([]byte, err
 // connectUDP connects qp over link to remote's Link and keeps cm: when the peer
 // disconnects or its process ends, the QP moves to ERR and its work is flushed.
 func (qp *QP) connectUDP(link *roce.Link, cm *roce.CM, local, remote roce.ConnParams) ([]byte, error) {
-	r := Remote{QPN: remote.QPN, PSN: remote.PSN, MTU: min(local.MTU, remote.MTU)}
+	// The path MTU fits both sides' offers and the route's IP MTU (each side asks
+	// its own route; routes between two hosts have the same MTU both ways).
+	route, err := roce.RouteMTU(link.LocalAddr(), remote.Addr)
+	if err != nil {
+		_ = link.Close()
+		_ = cm.Disconnect()
+		return nil, err
+	}
+	r := Remote{QPN: remote.QPN, PSN: remote.PSN, MTU: min(local.MTU, remote.MTU, route)}
+	if err := link.SetPathMTU(r.MTU); err != nil {
+		_ = link.Close()
+		_ = cm.Disconnect()
+		return nil, err
+	}
 	if err := qp.Connect(link.Dial(remote.Addr), r); err != nil {
 		_ = link.Close()    // not connected: ours to close
 		_ = cm.Disconnect() // tells the peer

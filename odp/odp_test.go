@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"errors"
+	"os"
 	"testing"
 	"time"
 
@@ -13,7 +14,12 @@ import (
 	"go.uber.org/goleak"
 )
 
-func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
+func TestMain(m *testing.M) {
+	if role := os.Getenv("ODPEMU_PEER"); role != "" { // a peer of a two-process test
+		os.Exit(runPeer(role))
+	}
+	goleak.VerifyTestMain(m)
+}
 
 // node is one emulated NIC with a PD, CQs and a QP.
 type node struct {

@@ -171,7 +171,7 @@ type pending struct {
 type Remote struct {
 	QPN uint32
 	PSN uint32
-	// MTU is the path MTU (256..4096, at most the port's); 0 takes the port's.
+	// MTU is the path MTU; it must be the port's (0 takes it).
 	MTU int
 }
 
@@ -263,8 +263,8 @@ func (qp *QP) Connect(port roce.Port, remote Remote) error {
 	if remote.MTU == 0 {
 		remote.MTU = port.Limits().MTU
 	}
-	if !roce.ValidMTU(remote.MTU) || remote.MTU > port.Limits().MTU {
-		return wrap(ErrInvalidArgument, "path MTU %d (the port takes up to %d)", remote.MTU, port.Limits().MTU)
+	if remote.MTU != port.Limits().MTU {
+		return wrap(ErrInvalidArgument, "path MTU %d on a port of MTU %d (Link.SetPathMTU sets it)", remote.MTU, port.Limits().MTU)
 	}
 	qp.mu.Lock()
 	defer qp.mu.Unlock()

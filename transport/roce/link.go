@@ -108,6 +108,17 @@ func Listen(local netip.AddrPort, lim Limits, loss Loss) (*Link, error) {
 // LocalAddr returns the bound address.
 func (l *Link) LocalAddr() netip.AddrPort { return l.local }
 
+// SetPathMTU lowers the path MTU the Link's packets are checked against (Decode
+// requires FIRST and MIDDLE packets to carry exactly that much) to what the
+// connection negotiated. It must be called before the Link is used.
+func (l *Link) SetPathMTU(mtu int) error {
+	if !ValidMTU(mtu) || mtu > l.lim.MTU {
+		return fmt.Errorf("roce: path MTU %d (the Link takes up to %d)", mtu, l.lim.MTU)
+	}
+	l.lim.MTU = mtu
+	return nil
+}
+
 // Limits returns what the Link's Recv accepts.
 func (l *Link) Limits() Limits { return l.lim }
 
@@ -273,4 +284,40 @@ func (l *Link) Stats() LinkStats {
 		BadICRC: l.badICRC.Load(), Foreign: l.foreign.Load()}
 	l.inj.stats(&s)
 	return s
+}
+
+// maxHeaders is the most a packet adds to its payload on the wire: IPv6 40 (IPv4
+// 20), UDP 8, BTH 12, RETH 16, ImmDt 4, ICRC 4, and up to 3 pad bytes.
+const maxHeaders = 40 + 8 + BTHSize + RETHSize + ImmDtSize + ICRCSize + 3
+
+// RouteMTU returns the largest path MTU (256..4096, the IBTA sizes) whose packets
+// fit the IP MTU of the route from local to remote, as RoCE derives its MTU from
+// the Ethernet one (1500 gives 1024).
+func RouteMTU(local, remote netip.AddrPort) (int, error) {
+	c, err := net.DialUDP("udp", net.UDPAddrFromAddrPort(netip.AddrPortFrom(local.Addr(), 0)), net.UDPAddrFromAddrPort(remote))
+	if err != nil {
+		return 0, fmt.Errorf("roce: no route from %v to %v: %w", local.Addr(), remote, err)
+	}
+	defer func() { _ = c.Close() }() // sent nothing: only asked for the route
+	rc, err := c.SyscallConn()
+	if err != nil {
+		return 0, err
+	}
+	ipMTU, serr := 0, error(nil)
+	err = rc.Control(func(fd uintptr) {
+		if remote.Addr().Unmap().Is4() {
+			ipMTU, serr = unix.GetsockoptInt(int(fd), unix.IPPROTO_IP, unix.IP_MTU)
+		} else {
+			ipMTU, serr = unix.GetsockoptInt(int(fd), unix.IPPROTO_IPV6, unix.IPV6_MTU)
+		}
+	})
+	if err = errors.Join(err, serr); err != nil {
+		return 0, fmt.Errorf("roce: the route's MTU: %w", err)
+	}
+	for mtu := 4096; mtu >= 256; mtu /= 2 {
+		if mtu+maxHeaders <= ipMTU {
+			return mtu, nil
+		}
+	}
+	return 0, fmt.Errorf("roce: the route to %v has an IP MTU of %d, below the smallest path MTU", remote, ipMTU)
 }
