@@ -161,6 +161,13 @@ func peerServer() error {
 			return nil // the client disconnected: done
 		}
 		for _, wc := range wcs[:n] {
+			if wc.Status == WCWRFlushErr {
+				select {
+				case <-p.qp.Disconnected():
+					return nil // the receives posted when the client left
+				default:
+				}
+			}
 			if wc.Status != WCSuccess {
 				return fmt.Errorf("server completion %+v", wc)
 			}
