@@ -1,20 +1,17 @@
 package roce
 
 import (
-	"bufio"
 	"context"
 	"fmt"
 	"net"
 	"net/netip"
-	"os"
-	"os/exec"
-	"path/filepath"
 	"strconv"
 	"strings"
 	"syscall"
 	"testing"
 	"time"
 
+	"github.com/odpemu/odpemu/internal/capture"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 	"golang.org/x/sys/unix"
@@ -46,44 +43,14 @@ func sender(t *testing.T, src string) *net.UDPConn {
 // here. The check needs tshark (Debian's tshark package; .ci/run installs it) and
 // the right to capture.
 func TestWiresharkDecodes(t *testing.T) {
-	tshark, err := exec.LookPath("tshark")
-	if err != nil {
-		t.Skip("skipped: tshark is not installed (apt-get install tshark)")
-	}
 	conn := sender(t, "127.0.0.1:0")
 	local := conn.LocalAddr().(*net.UDPAddr).AddrPort()
 	dst := netip.AddrPortFrom(netip.MustParseAddr("127.0.0.1"), UDPPort)
 	ep := Endpoints{Src: netip.AddrPortFrom(local.Addr().Unmap(), local.Port()), Dst: dst}
 	pkts := samples()
 
-	capture := filepath.Join(t.TempDir(), "roce.pcapng")
-	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second) // a hang detector
-	defer cancel()
 	filter := fmt.Sprintf("udp and src port %d and dst port %d", local.Port(), UDPPort)
-	cmd := exec.CommandContext(ctx, tshark, "-i", "lo", "-f", filter, "-c", strconv.Itoa(len(pkts)), "-w", capture)
-	stderr, err := cmd.StderrPipe()
-	require.NoError(t, err)
-	require.NoError(t, cmd.Start())
-	// tshark says when its capture has started (after "Capturing on", which comes
-	// before the filter is attached); nothing sent before that is seen.
-	lines := bufio.NewScanner(stderr)
-	started := false
-	var said []string
-	for lines.Scan() {
-		said = append(said, lines.Text())
-		if strings.Contains(lines.Text(), "Capture started") {
-			started = true
-			break
-		}
-	}
-	if !started {
-		_ = cmd.Wait()
-		t.Skipf("skipped: tshark cannot capture on lo: %s", strings.Join(said, "; "))
-	}
-	go func() { // drain the rest, so that tshark never blocks on its stderr
-		for lines.Scan() {
-		}
-	}()
+	c := capture.Start(t, "lo", filter, len(pkts))
 	var icrcs []uint32
 	for _, p := range pkts {
 		b, err := p.Append(nil, ep)
@@ -92,23 +59,17 @@ func TestWiresharkDecodes(t *testing.T) {
 		_, err = conn.WriteToUDPAddrPort(b, dst)
 		require.NoError(t, err)
 	}
-	require.NoError(t, cmd.Wait(), "tshark exits after %d packets", len(pkts))
+	require.NoError(t, c.Wait(time.Minute), "tshark exits after %d packets", len(pkts))
 
 	// UDP port 4791 is RRoCE to Wireshark without being told. Its RPC-over-RDMA
 	// heuristic would take the samples' SEND payloads for RPC messages (and call
 	// them malformed): it is turned off, the InfiniBand dissector is what is checked.
-	read := exec.CommandContext(ctx, tshark, "--disable-protocol", "rpcordma", "-r", capture, "-T", "fields", "-E", "separator=;",
-		"-e", "frame.protocols", "-e", "infiniband.bth.opcode", "-e", "infiniband.bth.psn", "-e", "infiniband.invariant.crc",
-		"-e", "ip.id", "-e", "ip.flags.df", "-e", "_ws.malformed", "-e", "_ws.expert.severity")
-	var errOut strings.Builder
-	read.Stderr = &errOut
-	out, err := read.Output()
-	require.NoError(t, err, "%s", errOut.String())
-	rows := strings.Split(strings.TrimSpace(string(out)), "\n")
+	rows, err := c.Fields([]string{"--disable-protocol", "rpcordma"}, "frame.protocols", "infiniband.bth.opcode",
+		"infiniband.bth.psn", "infiniband.invariant.crc", "ip.id", "ip.flags.df", "_ws.malformed", "_ws.expert.severity")
+	require.NoError(t, err)
 	require.Len(t, rows, len(pkts))
-	for i, row := range rows {
-		f := strings.Split(row, ";")
-		require.Len(t, f, 8, row)
+	for i, f := range rows {
+		require.Len(t, f, 8, "%q", f)
 		p := pkts[i]
 		assert.Contains(t, f[0], "infiniband", "%v: dissected as InfiniBand: %s", p.Opcode, f[0])
 		assert.Equal(t, strconv.Itoa(int(p.Opcode)), f[1], "%v: opcode", p.Opcode)
@@ -124,8 +85,5 @@ func TestWiresharkDecodes(t *testing.T) {
 		assert.Contains(t, []string{"1", "True", "Set"}, f[5], "%v: DF set", p.Opcode)
 		assert.Empty(t, f[6], "%v: malformed", p.Opcode)
 		assert.NotContains(t, f[7], "error", "%v: expert errors", p.Opcode)
-	}
-	if t.Failed() {
-		_ = os.WriteFile(filepath.Join(os.TempDir(), "roce-failed.txt"), out, 0o644)
 	}
 }
