@@ -3,10 +3,11 @@ package odp
 // The emulated NIC's engine. A connected QP runs one RC session of transport/roce
 // (the requester and responder state machines of IBTA chapter 9, over a roce.Port:
 // UDP between processes and hosts, or an in-process Pipe carrying the same encoded
-// packets) and one goroutine of its own:
+// packets) and two goroutines of its own:
 //   - sendLoop processes the send queue in order: it checks local keys, faults ODP
-//     source pages in, gathers the payload and posts the message to the session,
-//     which segments it, assigns PSNs and retransmits it as RC requires;
+//     source pages in and gathers the payload; postLoop posts the messages to the
+//     session, which segments them, assigns PSNs, sends them (while sendLoop
+//     gathers the next) and retransmits them as RC requires;
 //   - the session's responder loop calls Execute for each complete request, in PSN
 //     order: it runs against this device's MRs, taking network page faults as
 //     needed, and says whether to ACK, send data, NAK or RNR NAK;
@@ -212,7 +213,11 @@ func (qp *QP) scatter(sgl []SGE, data []byte) (WCStatus, string) {
 
 func (qp *QP) sendLoop() {
 	defer qp.wg.Done()
-	debug.SetPanicOnFault(true) // see dmaCopy
+	debug.SetPanicOnFault(true)    // see dmaCopy
+	posts := make(chan posting, 2) // the next messages, gathered while one goes out
+	qp.wg.Add(1)
+	go qp.postLoop(posts)
+	defer close(posts)
 	for {
 		wr, ok := qp.sq.Pop()
 		if !ok {
@@ -223,12 +228,22 @@ func (qp *QP) sendLoop() {
 			qp.cond.Wait()
 		}
 		qp.mu.Unlock()
-		qp.send(wr)
+		if p, ok := qp.build(wr); ok {
+			posts <- p
+		}
 	}
 }
 
-// send processes one work request: it builds its message and posts it.
-func (qp *QP) send(wr *SendWR) {
+// posting is a work request's message, built and waiting to be posted.
+type posting struct {
+	p *pending
+	m roce.Message
+}
+
+// build processes one work request up to its message: local checks and the gather
+// of its payload. It reports false if the request finished already (an error
+// completion).
+func (qp *QP) build(wr *SendWR) (posting, bool) {
 	qp.mu.Lock()
 	qp.nextID++
 	p := &pending{wr: wr, id: qp.nextID}
@@ -236,34 +251,44 @@ func (qp *QP) send(wr *SendWR) {
 	if qp.state == StateError {
 		qp.finishLocked(p, WCWRFlushErr, "")
 		qp.mu.Unlock()
-		return
+		return posting{}, false
 	}
-	sess := qp.sess
 	qp.mu.Unlock()
 
 	m, release, status, detail := qp.request(wr)
 	qp.mu.Lock()
+	defer qp.mu.Unlock()
 	if status != WCSuccess {
 		qp.finishLocked(p, status, detail)
-		qp.mu.Unlock()
-		return
+		return posting{}, false
 	}
 	p.release = release
-	qp.mu.Unlock()
-	qp.inflight.Store(p.id, &inflight{wr: wr})
-	err := sess.Post(p.id, m)
+	return posting{p, m}, true
+}
+
+// postLoop posts the built messages to the session in order: the session sends
+// one while the send loop gathers the next.
+func (qp *QP) postLoop(posts <-chan posting) {
+	defer qp.wg.Done()
 	qp.mu.Lock()
-	p.posted = err == nil
+	sess := qp.sess
 	qp.mu.Unlock()
-	if err != nil {
-		qp.inflight.Delete(p.id)
+	for b := range posts {
+		qp.inflight.Store(b.p.id, &inflight{wr: b.p.wr})
+		err := sess.Post(b.p.id, b.m)
 		qp.mu.Lock()
-		if errors.Is(err, roce.ErrClosed) {
-			qp.finishLocked(p, WCWRFlushErr, "")
-		} else {
-			qp.finishLocked(p, WCLocQPOpErr, err.Error())
+		b.p.posted = err == nil
+		switch {
+		case err == nil:
+		case errors.Is(err, roce.ErrClosed):
+			qp.finishLocked(b.p, WCWRFlushErr, "")
+		default:
+			qp.finishLocked(b.p, WCLocQPOpErr, err.Error())
 		}
 		qp.mu.Unlock()
+		if err != nil {
+			qp.inflight.Delete(b.p.id)
+		}
 	}
 }
 

@@ -123,7 +123,7 @@ type QP struct {
 	cfg QPConfig
 
 	sq   *fifo.Queue[*SendWR] // posted, not yet processed
-	wg   sync.WaitGroup       // the send loop
+	wg   sync.WaitGroup       // the send and post loops, the connection manager watch
 	done chan struct{}        // closed by Destroy
 	rc   roce.Counters        // the session's RC events
 	psn  uint32               // the first PSN this QP sends

@@ -68,7 +68,7 @@ func UDPStream(ctx context.Context, addr string, p Params) (Result, error) {
 		return Result{}, err
 	}
 	defer func() { _ = conn.Close() }() // the stream is over
-	setBuffers(conn)
+	SetBuffers(conn)
 	perMsg := (p.Size + 4095) / 4096
 	acks := make(chan error, p.Iters+1)
 	go func() {
@@ -117,16 +117,19 @@ func UDPStream(ctx context.Context, addr string, p Params) (Result, error) {
 		AvgMiBps: total / elapsed.Seconds() / (1 << 20), MsgRateMpps: float64(p.Iters) / elapsed.Seconds() / 1e6}, nil
 }
 
+// deadline bounds one wait of the stream: a lost packet stalls a plain UDP stream
+// for good, which must end in an error, not a hang.
 func deadline(ctx context.Context) time.Time {
-	if d, ok := ctx.Deadline(); ok {
-		return d
+	d := time.Now().Add(10 * time.Second)
+	if c, ok := ctx.Deadline(); ok && c.Before(d) {
+		return c
 	}
-	return time.Now().Add(time.Minute)
+	return d
 }
 
-// setBuffers gives conn the socket buffers a Link has (roce.SocketBuffer, beyond
+// SetBuffers gives conn the socket buffers a Link has (roce.SocketBuffer, beyond
 // rmem_max where the process may), so that the floor and the wire queue alike.
-func setBuffers(conn *net.UDPConn) {
+func SetBuffers(conn *net.UDPConn) {
 	rc, err := conn.SyscallConn()
 	if err != nil {
 		return
@@ -145,12 +148,12 @@ func setBuffers(conn *net.UDPConn) {
 var WireRound = []string{"udp", "pinned", "odp"}
 
 // WireServer serves rounds of the wire comparison: for each round, a UDP sink on
-// conn, then a pinned and an ODP server on ln, with p's parameters.
+// conn (whose buffers SetBuffers set before its address was given out), then a
+// pinned and an ODP server on ln, with p's parameters.
 func WireServer(ctx context.Context, ln *roce.CMListener, conn *net.UDPConn, p Params, rounds int) error {
 	if err := p.defaults(); err != nil {
 		return err
 	}
-	setBuffers(conn)
 	for r := 0; r < rounds; r++ {
 		for _, kind := range WireRound {
 			var err error

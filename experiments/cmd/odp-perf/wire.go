@@ -85,6 +85,7 @@ func wireServer(args []string, stdout, stderr io.Writer) error {
 		return err
 	}
 	defer func() { _ = conn.Close() }() // served
+	perf.SetBuffers(conn)               // before the client may send: a full default buffer drops
 	fmt.Fprintf(stdout, "cm %s udp %s\n", ln.Addr(), conn.LocalAddr())
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Minute)
 	defer cancel()
