@@ -151,16 +151,6 @@ func Run(p Params) (Result, error) {
 	if err := odp.ConnectLoopback(client.qp, server.qp); err != nil {
 		return Result{}, err
 	}
-	if p.RNRRetry != nil {
-		if err := client.qp.ModifyAttr(odp.QPAttr{RNRRetry: *p.RNRRetry}, odp.AttrRNRRetry); err != nil {
-			return Result{}, err
-		}
-	}
-	if p.MinRNRTimer != nil {
-		if err := server.qp.ModifyAttr(odp.QPAttr{MinRNRTimer: *p.MinRNRTimer}, odp.AttrMinRNRTimer); err != nil {
-			return Result{}, err
-		}
-	}
 	// perftest fills its buffers after registering them: with --odp these first
 	// touches are CPU faults. Under a budget the server's region is left untouched:
 	// filling it would only evict it again.
@@ -169,9 +159,9 @@ func Run(p Params) (Result, error) {
 		fill(server.buf)
 	}
 	var prefetched uint64
-	for _, s := range []*side{client, server} {
+	for i, s := range []*side{client, server} {
 		prefetched -= s.dev.Stats().PagesPrefetched
-		if err := s.prefetch(p); err != nil {
+		if err := s.configure(p, i == 1, nil); err != nil {
 			return Result{}, err
 		}
 	}
@@ -258,8 +248,26 @@ func (s *side) addr(off uint64) uint64 {
 	return uint64(uintptr(unsafe.Pointer(unsafe.SliceData(s.buf)))) + off
 }
 
-// prefetch advises the side's whole region as p.Prefetch says, if it does.
-func (s *side) prefetch(p Params) error {
+// configure sets the side's QP attributes from p (the client's rnr_retry, the
+// server's min_rnr_timer, the local ACK timeout if given) and prefetches its region
+// as p.Prefetch says.
+func (s *side) configure(p Params, server bool, timeout *uint8) error {
+	var attr odp.QPAttr
+	var mask odp.QPAttrMask
+	if p.RNRRetry != nil && !server {
+		attr.RNRRetry, mask = *p.RNRRetry, mask|odp.AttrRNRRetry
+	}
+	if p.MinRNRTimer != nil && server {
+		attr.MinRNRTimer, mask = *p.MinRNRTimer, mask|odp.AttrMinRNRTimer
+	}
+	if timeout != nil {
+		attr.Timeout, mask = *timeout, mask|odp.AttrTimeout
+	}
+	if mask != 0 {
+		if err := s.qp.ModifyAttr(attr, mask); err != nil {
+			return err
+		}
+	}
 	if p.Prefetch == "" {
 		return nil
 	}

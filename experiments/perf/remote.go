@@ -39,13 +39,6 @@ func (w Wire) udp(bind netip.Addr, mtu int) odp.UDPConfig {
 	return odp.UDPConfig{Addr: netip.AddrPortFrom(bind, 0), MTU: mtu, Loss: roce.Loss{Seed: w.Seed, Drop: w.Loss}}
 }
 
-func (w Wire) apply(qp *odp.QP) error {
-	if w.Timeout == nil {
-		return nil
-	}
-	return qp.ModifyAttr(odp.QPAttr{Timeout: *w.Timeout}, odp.AttrTimeout)
-}
-
 // Serve accepts one client on ln and serves it a region for p's test until it
 // disconnects. It returns the server's side of the measurement: its network page
 // faults, the RNR NAKs it sent, evictions under a budget, and the connection's
@@ -62,15 +55,7 @@ func Serve(ctx context.Context, ln *roce.CMListener, p Params, w Wire) (Result, 
 	if p.Budget == 0 {
 		fill(s.buf)
 	}
-	if p.MinRNRTimer != nil {
-		if err := s.qp.ModifyAttr(odp.QPAttr{MinRNRTimer: *p.MinRNRTimer}, odp.AttrMinRNRTimer); err != nil {
-			return Result{}, err
-		}
-	}
-	if err := w.apply(s.qp); err != nil {
-		return Result{}, err
-	}
-	if err := s.prefetch(p); err != nil {
+	if err := s.configure(p, true, w.Timeout); err != nil {
 		return Result{}, err
 	}
 	t := s.target()
@@ -118,15 +103,7 @@ func Connect(ctx context.Context, addr string, p Params, w Wire) (Result, error)
 	}
 	defer s.close()
 	fill(s.buf)
-	if p.RNRRetry != nil {
-		if err := s.qp.ModifyAttr(odp.QPAttr{RNRRetry: *p.RNRRetry}, odp.AttrRNRRetry); err != nil {
-			return Result{}, err
-		}
-	}
-	if err := w.apply(s.qp); err != nil {
-		return Result{}, err
-	}
-	if err := s.prefetch(p); err != nil {
+	if err := s.configure(p, false, w.Timeout); err != nil {
 		return Result{}, err
 	}
 	private, err := s.qp.Dial(ctx, addr, w.udp(bind, 4096))

@@ -11,7 +11,6 @@ import (
 	"os/exec"
 	"path/filepath"
 	"strings"
-	"syscall"
 	"testing"
 	"time"
 )
@@ -27,7 +26,7 @@ type Capture struct {
 // Start captures on iface what filter (a capture filter) lets through, into a file
 // under t.TempDir, and returns once packets are being captured. It skips the test,
 // saying why, when tshark is missing or cannot capture. count > 0 makes tshark stop
-// by itself after that many packets; otherwise Stop ends it.
+// by itself after that many packets (Wait); otherwise the test's cleanup ends it.
 func Start(t *testing.T, iface, filter string, count int) *Capture {
 	t.Helper()
 	tshark, err := exec.LookPath("tshark")
@@ -47,18 +46,8 @@ func Start(t *testing.T, iface, filter string, count int) *Capture {
 	if err := c.cmd.Start(); err != nil {
 		t.Fatal(err)
 	}
-	// tshark says when its capture has started (after "Capturing on", which comes
-	// before the filter is attached); nothing sent before that is seen.
 	lines := bufio.NewScanner(stderr)
-	var said []string
-	started := false
-	for lines.Scan() {
-		said = append(said, lines.Text())
-		if strings.Contains(lines.Text(), "Capture started") {
-			started = true
-			break
-		}
-	}
+	said, started := waitStarted(lines)
 	go func() { // drain the rest, so that tshark never blocks on its stderr
 		for lines.Scan() {
 		}
@@ -83,18 +72,18 @@ func (c *Capture) Wait(timeout time.Duration) error {
 	}
 }
 
-// Stop ends the capture (as Ctrl-C does: tshark completes the file).
-func (c *Capture) Stop() error {
-	if err := c.cmd.Process.Signal(syscall.SIGINT); err != nil {
-		return err
+// waitStarted reads tshark's messages until it says that its capture has started
+// (after "Capturing on", which comes before the filter is attached: nothing sent
+// before is seen). It returns what tshark said and whether it started.
+func waitStarted(stderr *bufio.Scanner) ([]string, bool) {
+	var said []string
+	for stderr.Scan() {
+		said = append(said, stderr.Text())
+		if strings.Contains(stderr.Text(), "Capture started") {
+			return said, true
+		}
 	}
-	err := <-c.done
-	c.done <- err // for the cleanup
-	var exit *exec.ExitError
-	if errors.As(err, &exit) && exit.ExitCode() >= 0 { // ended by the signal: its own exit status
-		return nil
-	}
-	return err
+	return said, false
 }
 
 // Fields reads the capture back with extra tshark options (decode-as rules,
@@ -161,15 +150,7 @@ func StartLive(t *testing.T, iface, filter string, opts []string, fields ...stri
 	l.lines = bufio.NewScanner(stdout)
 	l.lines.Buffer(make([]byte, 1<<16), 1<<22)
 	errLines := bufio.NewScanner(stderr)
-	var said []string
-	started := false
-	for errLines.Scan() {
-		said = append(said, errLines.Text())
-		if strings.Contains(errLines.Text(), "Capture started") {
-			started = true
-			break
-		}
-	}
+	said, started := waitStarted(errLines)
 	go func() {
 		for errLines.Scan() {
 		}

@@ -47,7 +47,8 @@ type Link struct {
 	lim   Limits
 	inj   *injector
 
-	sent, received, malformed, badICRC, foreign atomic.Uint64
+	rx            rxCounters
+	sent, foreign atomic.Uint64
 }
 
 // sendBufs holds packet buffers for Send.
@@ -215,19 +216,10 @@ func (l *Link) RecvBatch(bufs [][]byte, pkts []Packet, froms []netip.AddrPort) (
 		for i := 0; i < n; i++ {
 			from := msgs[i].Addr.(*net.UDPAddr).AddrPort()
 			from = netip.AddrPortFrom(from.Addr().Unmap(), from.Port())
-			if msgs[i].N == len(bufs[i]) { // possibly truncated: larger than any packet the limits allow
-				l.malformed.Add(1)
+			p, ok := l.rx.decode(bufs[i], msgs[i].N, Endpoints{Src: from, Dst: l.local}, l.lim)
+			if !ok {
 				continue
 			}
-			p, err := Decode(bufs[i][:msgs[i].N], Endpoints{Src: from, Dst: l.local}, l.lim)
-			if err != nil {
-				l.malformed.Add(1)
-				if errors.Is(err, ErrICRC) {
-					l.badICRC.Add(1)
-				}
-				continue
-			}
-			l.received.Add(1)
 			pkts[kept], froms[kept] = p, from
 			bufs[kept], bufs[i] = bufs[i], bufs[kept]
 			kept++
@@ -251,27 +243,39 @@ func (l *Link) write(b []byte, dst netip.AddrPort) error {
 // that do not decode are counted and skipped. It fails only when the Link is closed
 // or the socket fails.
 func (l *Link) Recv(buf []byte) (Packet, netip.AddrPort, error) {
-	for {
-		n, from, err := l.conn.ReadFromUDPAddrPort(buf)
-		if err != nil {
-			return Packet{}, from, err
-		}
-		from = netip.AddrPortFrom(from.Addr().Unmap(), from.Port())
-		if n == len(buf) { // possibly truncated: larger than any packet the limits allow
-			l.malformed.Add(1)
-			continue
-		}
-		p, err := Decode(buf[:n], Endpoints{Src: from, Dst: l.local}, l.lim)
-		if err != nil {
-			l.malformed.Add(1)
-			if errors.Is(err, ErrICRC) {
-				l.badICRC.Add(1)
-			}
-			continue
-		}
-		l.received.Add(1)
-		return p, from, nil
+	var pkts [1]Packet
+	var froms [1]netip.AddrPort
+	_, err := l.RecvBatch([][]byte{buf}, pkts[:], froms[:])
+	return pkts[0], froms[0], err
+}
+
+// rxCounters count what a port receives.
+type rxCounters struct {
+	received, malformed, badICRC atomic.Uint64
+}
+
+// decode decodes the n-byte datagram at the start of buf and counts it; a datagram
+// that fills buf may have been cut short and is malformed (buf holds one byte more
+// than the largest packet the limits allow).
+func (c *rxCounters) decode(buf []byte, n int, ep Endpoints, lim Limits) (Packet, bool) {
+	if n >= len(buf) {
+		c.malformed.Add(1)
+		return Packet{}, false
 	}
+	p, err := Decode(buf[:n], ep, lim)
+	if err != nil {
+		c.malformed.Add(1)
+		if errors.Is(err, ErrICRC) {
+			c.badICRC.Add(1)
+		}
+		return Packet{}, false
+	}
+	c.received.Add(1)
+	return p, true
+}
+
+func (c *rxCounters) stats(s *LinkStats) {
+	s.Received, s.Malformed, s.BadICRC = c.received.Load(), c.malformed.Load(), c.badICRC.Load()
 }
 
 // BufferSize is the receive buffer Recv needs for the limits: the largest packet,
@@ -280,8 +284,8 @@ func BufferSize(lim Limits) int { return BTHSize + RETHSize + ImmDtSize + lim.MT
 
 // Stats returns the counters.
 func (l *Link) Stats() LinkStats {
-	s := LinkStats{Sent: l.sent.Load(), Received: l.received.Load(), Malformed: l.malformed.Load(),
-		BadICRC: l.badICRC.Load(), Foreign: l.foreign.Load()}
+	s := LinkStats{Sent: l.sent.Load(), Foreign: l.foreign.Load()}
+	l.rx.stats(&s)
 	l.inj.stats(&s)
 	return s
 }
