@@ -16,9 +16,11 @@
 // A goroutine that holds one of these locks takes only locks further down the list:
 //
 //	QP.attrMu                orders ModifyAttr calls
-//	roce.Session.mu          a QP's RC session: held while its packets are sent and
-//	                         while Reload gathers a payload again for a retransmission
-//	                         (network page faults and the locks below)
+//	roce.Session.mu          a QP's RC session's state machines; Reload gathers a
+//	                         payload again under it for a retransmission (network page
+//	                         faults and the locks below)
+//	roce.Session.sendMu      the requester's packets going out, in order (taken under
+//	                         Session.mu, which is released while they are sent)
 //	space.regMu              ODP userfaultfd registration changes (registerODP, Dereg,
 //	                         RegImplicitMR) in the address space
 //	invalidate.Pager.reclaimMu  one evictor at a time; Discard, Evict, Migrate, Restore

@@ -15,6 +15,15 @@
 // header, so the emulated NIC fixes what would otherwise vary: packets are sent
 // from unconnected sockets with path MTU discovery on, for which Linux sets DF and
 // an IP identification of zero (see Endpoints).
+//
+// Above the packets: Segment and the Reassembler turn messages into packets and
+// back, checking every length before they allocate; the Requester and the
+// Responder are RC's two state machines (IBTA chapter 9: PSNs, ACKs and NAKs,
+// go-back-N, the ACK and RNR timers, duplicates), free of I/O so that tests drive
+// them packet by packet; a Session runs both over a Port for a Handler, the QP that
+// owns the memory side (odp's), and its doc has the lock order. A Port is a Link's
+// UDP socket (Link.Dial) or a Pipe in one process carrying the same encoded packets.
+// ListenCM and DialCM exchange connection parameters over TCP as rdma_cm does.
 package roce
 
 import (
