@@ -362,6 +362,10 @@ func (s *Session) fail(err error) {
 // recvBatch is how many packets the receive loop takes per call.
 const recvBatch = 32
 
+// maxQueuedBatches bounds the batches of requests waiting for the responder loop,
+// and with them the receive buffers a peer can make the session hold.
+const maxQueuedBatches = 1024
+
 // bufList holds receive buffers between the receive loop, which hands a request's
 // buffer to the responder loop, and the responder loop, which gives it back.
 type bufList struct {
@@ -418,6 +422,16 @@ func (s *Session) recvLoop(free *bufList) {
 				continue
 			}
 			s.step(func() Output { return s.req.Receive(&p, time.Now()) })
+		}
+		if len(reqs) > 0 && s.requests.Len() >= maxQueuedBatches {
+			// The responder is this far behind (a request waits on a fault or a
+			// receive, or a peer floods): drop, as a NIC's full receive queue does;
+			// RC's retransmission brings what counts again.
+			for _, r := range reqs {
+				free.put(r.buf)
+			}
+			s.count(func(c *Counters) *atomic.Uint64 { return &c.Dropped }, uint64(len(reqs)))
+			continue
 		}
 		if len(reqs) > 0 && !s.requests.Push(reqs) {
 			return

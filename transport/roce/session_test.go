@@ -5,6 +5,7 @@ import (
 	"encoding/binary"
 	"fmt"
 	"math/rand/v2"
+	"runtime"
 	"sync"
 	"testing"
 	"time"
@@ -189,4 +190,42 @@ func TestSessionDuplicateAtomics(t *testing.T) {
 	defer mem.mu.Unlock()
 	assert.EqualValues(t, 3*n, binary.LittleEndian.Uint64(mem.b[8:]), "each fetch-add executed once")
 	assert.Positive(t, a.RequesterStats().Timeouts, "responses were lost")
+}
+
+// blocked is a responder whose first request waits until released.
+type blocked struct {
+	release chan struct{}
+	once    sync.Once
+}
+
+func (b *blocked) Execute(*Message, bool) Answer {
+	b.once.Do(func() { <-b.release })
+	return Answer{}
+}
+func (b *blocked) Complete(Completion)         {}
+func (b *blocked) Lost(error)                  {}
+func (b *blocked) Reload(uint64, []byte) error { return nil }
+
+// A peer that floods a responder stuck on one request makes it hold a bounded
+// number of packets: beyond maxQueuedBatches batches they are dropped and counted,
+// as a NIC's full receive queue drops them.
+func TestSessionBoundsQueuedRequests(t *testing.T) {
+	lim := Limits{MTU: 256, MaxMessage: 1 << 16}
+	pa, pb, err := Pipe(lim, Loss{})
+	require.NoError(t, err)
+	var c Counters
+	h := &blocked{release: make(chan struct{})}
+	s := NewSession(pb, SessionConfig{LocalQPN: 2, PeerQPN: 1, Counters: []*Counters{&c}}, h)
+	defer s.Close()
+	defer close(h.release)
+	const n = 200000
+	for i := 0; i < n; i++ {
+		p := Packet{Opcode: WriteOnly, DestQP: 2, PSN: uint32(i), RKey: 1, DMALen: 8, Payload: make([]byte, 8)}
+		require.NoError(t, pa.SendBatch([]Packet{p}))
+	}
+	for s.port.Stats().Received < n { // the receive loop takes them all
+		runtime.Gosched()
+	}
+	assert.LessOrEqual(t, s.requests.Len(), maxQueuedBatches)
+	assert.Positive(t, c.Dropped.Load(), "packets beyond the bound were dropped")
 }
