@@ -1,0 +1,73 @@
+package perf
+
+import (
+	"context"
+	"net"
+	"testing"
+	"time"
+
+	"github.com/odpemu/odpemu/transport/roce"
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+)
+
+// Serve and Connect run a test between two sides over RoCEv2/UDP: the client's
+// numbers are perftest's, the server's are its network page faults and the RNR
+// NAKs it sent; with loss the client retransmits.
+func TestServeConnect(t *testing.T) {
+	for _, tc := range []struct {
+		test string
+		loss float64
+	}{{WriteBW, 0}, {ReadBW, 0.01}} {
+		t.Run(tc.test, func(t *testing.T) {
+			ln, err := roce.ListenCM("127.0.0.1:0")
+			require.NoError(t, err)
+			defer func() { _ = ln.Close() }() // served
+			ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+			defer cancel()
+			p := Params{Test: tc.test, ODP: true, Size: 16 << 10, Iters: 300, Depth: 16, CQMod: 8}
+			timeout := uint8(12) // a lost tail packet costs 16.8 ms
+			w := Wire{Loss: tc.loss, Seed: 9, Timeout: &timeout}
+			served := make(chan Result, 1)
+			go func() {
+				r, err := Serve(ctx, ln, p, w)
+				assert.NoError(t, err)
+				served <- r
+			}()
+			r, err := Connect(ctx, ln.Addr().String(), p, w)
+			require.NoError(t, err)
+			s := <-served
+			assert.Equal(t, 300, r.Iters)
+			assert.Positive(t, r.AvgMiBps)
+			assert.Positive(t, s.PageFaults, "the server's ODP region faulted")
+			assert.Positive(t, s.RNRNaks, "and answered RNR NAKs")
+			if tc.loss > 0 {
+				assert.Positive(t, r.Retransmissions)
+			}
+		})
+	}
+}
+
+// One round of the wire comparison, server and client in one process: each kind
+// measures a bandwidth.
+func TestWireRound(t *testing.T) {
+	ln, err := roce.ListenCM("127.0.0.1:0")
+	require.NoError(t, err)
+	defer func() { _ = ln.Close() }() // served
+	conn, err := net.ListenUDP("udp4", &net.UDPAddr{IP: net.IPv4(127, 0, 0, 1)})
+	require.NoError(t, err)
+	defer func() { _ = conn.Close() }() // served
+	SetBuffers(conn)
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	p := Params{Test: WriteBW, Size: 256 << 10, Iters: 50, Depth: 4, CQMod: 1, MRSize: 1 << 20}
+	done := make(chan error, 1)
+	go func() { done <- WireServer(ctx, ln, conn, p, 1) }()
+	bw, err := WireClient(ctx, ln.Addr().String(), conn.LocalAddr().String(), p, 1)
+	require.NoError(t, err)
+	require.NoError(t, <-done)
+	for _, kind := range WireRound {
+		require.Len(t, bw[kind], 1, kind)
+		assert.Positive(t, bw[kind][0], kind)
+	}
+}
