@@ -90,13 +90,12 @@ func (qp *QP) connectUDP(link *roce.Link, cm *roce.CM, local, remote roce.ConnPa
 		_ = cm.Disconnect()
 		return nil, err
 	}
-	r := Remote{QPN: remote.QPN, PSN: remote.PSN, MTU: min(local.MTU, remote.MTU, route)}
-	if err := link.SetPathMTU(r.MTU); err != nil {
+	if err := link.SetPathMTU(min(local.MTU, remote.MTU, route)); err != nil {
 		_ = link.Close()
 		_ = cm.Disconnect()
 		return nil, err
 	}
-	if err := qp.Connect(link.Dial(remote.Addr), r); err != nil {
+	if err := qp.Connect(link.Dial(remote.Addr), Remote{QPN: remote.QPN, PSN: remote.PSN}); err != nil {
 		_ = link.Close()    // not connected: ours to close
 		_ = cm.Disconnect() // tells the peer
 		return nil, err

@@ -48,7 +48,7 @@ func (qp *QP) startLocked() {
 	qp.started = true
 	cfg := roce.SessionConfig{Requester: qp.retryConfigLocked(), LocalQPN: qp.qpn, PeerQPN: qp.remote.QPN,
 		PeerPSN: qp.remote.PSN, Counters: []*roce.Counters{&qp.rc, &qp.dev.rc}}
-	cfg.Requester.FirstPSN, cfg.Requester.MTU = qp.psn, qp.remote.MTU
+	cfg.Requester.FirstPSN = qp.psn // the MTU is the port's: the path MTU
 	qp.sess = roce.NewSession(qp.port, cfg, (*rcHandler)(qp))
 	qp.wg.Add(1)
 	go qp.sendLoop()

@@ -171,8 +171,6 @@ type pending struct {
 type Remote struct {
 	QPN uint32
 	PSN uint32
-	// MTU is the path MTU; it must be the port's (0 takes it).
-	MTU int
 }
 
 // CreateQP creates an RC QP in RESET.
@@ -254,17 +252,11 @@ func (qp *QP) State() QPState {
 func (qp *QP) PSN() uint32 { return qp.psn }
 
 // Connect attaches port, the wire to the peer QP remote, and moves the QP from RESET
-// or INIT to RTS. From then on the QP owns the port: Destroy closes it. If Connect
+// or INIT to RTS. The port's MTU is the path MTU (Link.SetPathMTU lowers a Link's). From then on the QP owns the port: Destroy closes it. If Connect
 // fails, the caller keeps it.
 func (qp *QP) Connect(port roce.Port, remote Remote) error {
 	if remote.QPN >= 1<<24 || remote.PSN >= 1<<24 {
 		return wrap(ErrInvalidArgument, "remote QPN %#x or PSN %#x wider than 24 bits", remote.QPN, remote.PSN)
-	}
-	if remote.MTU == 0 {
-		remote.MTU = port.Limits().MTU
-	}
-	if remote.MTU != port.Limits().MTU {
-		return wrap(ErrInvalidArgument, "path MTU %d on a port of MTU %d (Link.SetPathMTU sets it)", remote.MTU, port.Limits().MTU)
 	}
 	qp.mu.Lock()
 	defer qp.mu.Unlock()
