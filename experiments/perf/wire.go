@@ -3,12 +3,10 @@ package perf
 import (
 	"bufio"
 	"context"
-	"errors"
 	"fmt"
 	"net"
 	"os"
 	"os/exec"
-	"strings"
 	"time"
 
 	"github.com/odpemu/odpemu/transport/roce"
@@ -187,7 +185,9 @@ func WireClient(ctx context.Context, cmAddr, udpAddr string, p Params, rounds in
 			default:
 				q := p
 				q.ODP, q.Warm = kind == "odp", kind == "odp"
-				res, err = connectRetrying(ctx, cmAddr, q)
+				// The server's listener stays open: the connection waits in its
+				// backlog until it accepts.
+				res, err = Connect(ctx, cmAddr, q, Wire{})
 			}
 			if err != nil {
 				return nil, fmt.Errorf("perf: round %d, %s: %w", r, kind, err)
@@ -196,22 +196,6 @@ func WireClient(ctx context.Context, cmAddr, udpAddr string, p Params, rounds in
 		}
 	}
 	return out, nil
-}
-
-// connectRetrying connects once the server listens again (it opens its next
-// connection after the previous one ended).
-func connectRetrying(ctx context.Context, addr string, p Params) (Result, error) {
-	for {
-		r, err := Connect(ctx, addr, p, Wire{})
-		if err == nil || !errors.Is(err, roce.ErrCM) && !strings.Contains(err.Error(), "connection refused") {
-			return r, err
-		}
-		select {
-		case <-ctx.Done():
-			return r, err
-		case <-time.After(10 * time.Millisecond):
-		}
-	}
 }
 
 // StartWireServer starts exe (this program) with args as the server process and

@@ -198,12 +198,17 @@ func (l *Link) SendBatch(pkts []Packet, dst netip.AddrPort) error {
 	return nil
 }
 
+// recvMessages holds RecvBatch's message vectors, one call's each.
+var recvMessages = sync.Pool{New: func() any { m := make([]ipv4.Message, maxBatch); return &m }}
+
 // RecvBatch waits for datagrams and decodes up to len(bufs) of them, one per
 // buffer, with one recvmmsg: pkts[i] came from froms[i], and its payload aliases
 // bufs[i] (BufferSize bytes). Datagrams that do not decode are counted and skipped;
 // it returns at least one packet, or an error once the Link is closed.
 func (l *Link) RecvBatch(bufs [][]byte, pkts []Packet, froms []netip.AddrPort) (int, error) {
-	msgs := make([]ipv4.Message, min(len(bufs), maxBatch))
+	mp := recvMessages.Get().(*[]ipv4.Message)
+	defer recvMessages.Put(mp)
+	msgs := (*mp)[:min(len(bufs), maxBatch)]
 	for {
 		for i := range msgs {
 			msgs[i] = ipv4.Message{Buffers: bufs[i : i+1]}

@@ -48,6 +48,18 @@ type Message struct {
 	Payload []byte
 }
 
+// span returns how many PSNs m takes at the given MTU: its packets, or a READ
+// request's response packets.
+func (m *Message) span(mtu int) int {
+	switch m.Kind {
+	case KindReadRequest:
+		return Packets(int(m.DMALen), mtu)
+	case KindSend, KindWrite, KindReadResponse:
+		return Packets(len(m.Payload), mtu)
+	}
+	return 1
+}
+
 // Packets returns how many packets (and PSNs) a message of n payload bytes takes at
 // the given MTU.
 func Packets(n, mtu int) int { return max(1, (n+mtu-1)/mtu) }

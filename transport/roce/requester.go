@@ -117,11 +117,7 @@ func (q *Requester) Post(id uint64, m Message, now time.Time) (Output, error) {
 	if err != nil {
 		return Output{}, err
 	}
-	n := len(pkts)
-	if m.Kind == KindReadRequest {
-		n = Packets(int(m.DMALen), q.cfg.MTU)
-	}
-	o := &outstanding{id: id, msg: m, pkts: pkts, first: m.PSN, last: (m.PSN + uint32(n) - 1) & psnMask}
+	o := &outstanding{id: id, msg: m, pkts: pkts, first: m.PSN, last: (m.PSN + uint32(m.span(q.cfg.MTU)) - 1) & psnMask}
 	if m.Kind == KindReadRequest {
 		o.resp = NewReassembler(Limits{MTU: q.cfg.MTU, MaxMessage: m.DMALen})
 	}

@@ -180,12 +180,7 @@ func (s *Session) SetRetry(timeout time.Duration, retryCnt, rnrRetry int) {
 // window is full. An error means the message is invalid (it is not posted).
 func (s *Session) Post(id uint64, m Message) error {
 	m.DestQP = s.cfg.PeerQPN
-	n := 1
-	if m.Kind == KindReadRequest {
-		n = Packets(int(m.DMALen), s.cfg.Requester.MTU)
-	} else if m.Kind == KindSend || m.Kind == KindWrite {
-		n = Packets(len(m.Payload), s.cfg.Requester.MTU)
-	}
+	n := m.span(s.cfg.Requester.MTU)
 	s.mu.Lock()
 	defer s.unlockSend()
 	for !s.closed && s.req.Outstanding() > 0 && s.req.InFlight()+n > s.cfg.Window {
@@ -246,7 +241,7 @@ func (s *Session) RequesterStats() RequesterStats {
 	return s.req.Stats()
 }
 
-// Stats returns the port's counters.
+// PortStats returns the port's counters.
 func (s *Session) PortStats() LinkStats { return s.port.Stats() }
 
 // Close stops the loops and closes the port. Completions not yet delivered are
