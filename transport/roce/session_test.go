@@ -80,7 +80,11 @@ func TestSessionOverLossyUDP(t *testing.T) {
 			lb, err := Listen(netipAP("127.0.0.2:0"), lim, inj)
 			require.NoError(t, err)
 			mem := &memory{b: make([]byte, 1<<20), rnr: 2} // 100 slots of 8 KiB
-			cfg := SessionConfig{Requester: RequesterConfig{Timeout: 5 * time.Millisecond, RetryCnt: 7, RNRRetry: 7, FirstPSN: 100}, PeerPSN: 5000}
+			// Every timeout resends the whole window (up to a thousand packets here).
+			// At GOMAXPROCS=1 under the race detector a 5 ms timeout fired again before
+			// the responder had worked through the last resend, eight times running,
+			// with no packet lost (RETRY_EXC_ERR in 5 of 60 runs); 20 ms leaves it the time.
+			cfg := SessionConfig{Requester: RequesterConfig{Timeout: 20 * time.Millisecond, RetryCnt: 7, RNRRetry: 7, FirstPSN: 100}, PeerPSN: 5000}
 			cfg.LocalQPN, cfg.PeerQPN = 0x11, 0x22
 			ra := newRequester()
 			a := NewSession(la.Dial(lb.LocalAddr()), cfg, ra)
