@@ -106,6 +106,9 @@ type Config struct {
 	// stale DMA (on hardware: silent corruption). Pinned MRs are checked by frames.
 	// Costs two cgo calls and a pagemap read per DMA.
 	Audit bool
+	// FaultModel is the latency of a network page fault on the NIC's fault path (see
+	// FaultModel): the zero value is the emulator's own cost.
+	FaultModel FaultModel
 }
 
 // Device is an emulated RDMA NIC: its keys, protection domains, MRs, CQs, QPs and
@@ -159,6 +162,9 @@ func Open(cfg Config) (*Device, error) {
 	}
 	if cfg.ResponderFaults != FaultRNR && cfg.ResponderFaults != FaultStall {
 		return nil, wrap(ErrInvalidArgument, "ResponderFaults %v", cfg.ResponderFaults)
+	}
+	if err := cfg.FaultModel.check(); err != nil {
+		return nil, err
 	}
 	if cfg.ResidentBudget < 0 {
 		return nil, wrap(ErrInvalidArgument, "ResidentBudget %d", cfg.ResidentBudget)

@@ -85,33 +85,47 @@ func (mr *MR) missErr(first, count int) error {
 // beginDMA starts a DMA over MR bytes [off, off+n) (already bounds-checked), taking
 // network page faults for ODP pages that are not mapped. The DMA holds the device's
 // gate from the moment its translations are found valid; the caller must endDMA.
+// A DMA that faults is timed in the phases FaultPhases names.
 func (mr *MR) beginDMA(off, n uint64, write bool) (mmu.DMA, error) {
 	first, count := mr.pageSpan(off, n)
+	var resumed time.Time // when the last fault of this DMA ended
 	for round := 0; round < maxFaultRounds; round++ {
 		if err := mr.dev.enterDMA(); err != nil {
 			return mmu.DMA{}, err
 		}
+		t0 := time.Now()
 		dma, miss := mr.table.BeginDMA(first, count, write)
 		if miss < 0 {
+			if round > 0 {
+				mr.dev.stats.resumeNanos.Add(uint64(time.Since(resumed)))
+			}
 			return dma, nil
 		}
 		mr.dev.exitDMA() // faults wait for the fault server: never inside the gate
 		if !mr.odp {
 			return dma, mr.missErr(first, count) // a pinned table is only cleared by Dereg and munmap
 		}
+		mr.dev.stats.detectNanos.Add(uint64(time.Since(t0)))
 		if _, err := mr.networkFault(miss, first+count, write); err != nil {
 			return dma, err
 		}
+		resumed = time.Now()
 	}
 	return mmu.DMA{}, wrap(ErrBusy, "MR %#x: range kept being invalidated", mr.key)
 }
 
-// networkFault is a network page fault from page miss to end: fault, counted.
+// networkFault is a network page fault from page miss to end: fault, held for the
+// device's fault model, counted.
 func (mr *MR) networkFault(miss, end int, write bool) (int, error) {
 	t0 := time.Now()
 	mapped, err := mr.fault(miss, end, write, false)
 	if err != nil {
 		return 0, err
+	}
+	if m := mr.dev.cfg.FaultModel; m != (FaultModel{}) {
+		held := time.Now()
+		holdUntil(t0.Add(m.Latency(mapped)))
+		mr.dev.stats.modelNanos.Add(uint64(time.Since(held)))
 	}
 	ns := uint64(time.Since(t0))
 	mr.stats.faults.Add(1)

@@ -3,6 +3,7 @@ package odp
 import (
 	"errors"
 	"fmt"
+	"time"
 
 	"github.com/odpemu/odpemu/pagefault"
 )
@@ -52,6 +53,7 @@ func (mr *MR) faultWindow(lo, hi int, write, presentOnly bool) (int, error) {
 		d.as.pager.ReclaimDirect() // direct reclaim, bounded, before the fault takes its sequence
 	}
 	seq := mr.table.ReadBegin()
+	t0 := time.Now()
 	var err error
 	switch {
 	case presentOnly:
@@ -68,8 +70,11 @@ func (mr *MR) faultWindow(lo, hi int, write, presentOnly bool) (int, error) {
 	if err != nil {
 		return 0, fmt.Errorf("odp: MR %#x: fault in %#x+%d pages: %w", mr.key, addr, hi-lo, err)
 	}
+	t1 := time.Now()
+	d.stats.resolveNanos.Add(uint64(t1.Sub(t0)))
 	mr.table.Lock()
 	defer mr.table.Unlock()
+	defer func() { d.stats.updateNanos.Add(uint64(time.Since(t1))) }()
 	if mr.dead {
 		return 0, errDeregistered
 	}

@@ -14,6 +14,8 @@ type deviceCounters struct {
 	audited, stale, dmaFaults, dmaWaits            atomic.Uint64
 	overtaken, tornDMAs                            atomic.Uint64
 	asyncPrefetches, prefetchErrors                atomic.Uint64
+	// FaultPhases, in nanoseconds.
+	detectNanos, resolveNanos, updateNanos, modelNanos, resumeNanos atomic.Uint64
 }
 
 // Stats are a device's counters, named after mlx5's ODP counters.
@@ -61,12 +63,28 @@ type Stats struct {
 	// RC counters over all QPs (QP.Stats has them per QP).
 	RC QPStats
 
+	// Phases is where network page faults spent their time.
+	Phases FaultPhases
+
 	Evictions        uint64 // pages written to the backing store and dropped
 	BytesWrittenBack uint64
 	EvictionAborts   uint64 // evictions abandoned because the page was touched meanwhile
 	Migrations       uint64 // pages moved to new frames
 	Restores         uint64 // evicted pages brought back (CPU and NIC faults)
 	ResidentPages    int64  // the pager's estimate of resident ODP pages
+}
+
+// FaultPhases split the time of network page faults, summed over faults, as a NIC's
+// fault path runs: Detect is the translation lookup that found a page missing; Resolve
+// makes the pages present and reads their frames (the driver's hmm_range_fault),
+// Update installs them in the NIC's table under its lock (the MTT update); Model is
+// the time the fault model added (see FaultModel); Resume runs from the end of the
+// last fault of a DMA to its translations found valid (the NIC resuming the stalled
+// access). Resolve and Update also count the fault windows of prefetches. The
+// requester's side of a responder's fault (the RNR NAK and its timer) is not a
+// phase: QPStats counts it.
+type FaultPhases struct {
+	Detect, Resolve, Update, Model, Resume time.Duration
 }
 
 // Stats returns the device's counters.
@@ -93,6 +111,9 @@ func (d *Device) Stats() Stats {
 		GateUndrained: s.Undrained,
 	}
 	st.RC = rcStats(&d.rc)
+	st.Phases = FaultPhases{Detect: time.Duration(c.detectNanos.Load()), Resolve: time.Duration(c.resolveNanos.Load()),
+		Update: time.Duration(c.updateNanos.Load()), Model: time.Duration(c.modelNanos.Load()),
+		Resume: time.Duration(c.resumeNanos.Load())}
 	if d.as.pager != nil {
 		pg := d.as.pager.Stats()
 		st.Evictions, st.BytesWrittenBack, st.EvictionAborts = pg.Evictions, pg.WrittenBack, pg.Aborts
