@@ -11,6 +11,7 @@ import (
 	"unsafe"
 
 	"github.com/odpemu/odpemu/odp"
+	"github.com/odpemu/odpemu/transport/roce"
 )
 
 // Test names, as perftest's binaries.
@@ -48,7 +49,33 @@ type Params struct {
 	// RNRRetry is the client's rnr_retry (0..7, 7 infinite); MinRNRTimer the
 	// server's min_rnr_timer (IBTA encoding 0..31). nil: the QP's default.
 	RNRRetry, MinRNRTimer *uint8
+	// Timeout is the QPs' local ACK timeout in the IBTA encoding (nil: the QP's
+	// default).
+	Timeout *uint8
+	// Loss is the probability that each side drops a packet it sends (seeded by
+	// Seed), on the in-process wire as over UDP: with ODP faults, the "Pitfalls"
+	// finding that loss costs timeouts.
+	Loss float64
+	Seed uint64
+	// InvalidateBytes is the length of each range InvalidateRate invalidates
+	// (default Size).
+	InvalidateBytes int
+	// FaultModel is both devices' network page fault latency (default the
+	// emulator's own).
+	FaultModel odp.FaultModel
 }
+
+// device is the configuration of a side's device; a server takes the budget.
+func (p Params) device(server bool) odp.Config {
+	cfg := odp.Config{FaultAround: p.FaultAround, FaultModel: p.FaultModel}
+	if server {
+		cfg.ResidentBudget = p.Budget
+	}
+	return cfg
+}
+
+// loss is the wire's injected loss.
+func (p Params) loss() roce.Loss { return roce.Loss{Seed: p.Seed, Drop: p.Loss} }
 
 func (p *Params) defaults() error {
 	if p.Test == "" {
@@ -72,6 +99,15 @@ func (p *Params) defaults() error {
 	p.CQMod = min(p.CQMod, p.Depth)
 	if p.MRSize == 0 {
 		p.MRSize = p.Size * p.Depth
+	}
+	if p.InvalidateBytes == 0 {
+		p.InvalidateBytes = p.Size
+	}
+	if p.Loss < 0 || p.Loss >= 1 {
+		return fmt.Errorf("perf: --loss is a probability in [0, 1)")
+	}
+	if p.Timeout != nil && *p.Timeout > 31 {
+		return fmt.Errorf("perf: --timeout is 0..31")
 	}
 	if p.InvalidateRate < 0 || (p.InvalidateRate > 0 && !p.ODP) {
 		return fmt.Errorf("perf: --invalidate-rate needs ODP and a rate >= 0")
@@ -119,85 +155,141 @@ type Result struct {
 	Invalidations uint64 `json:"invalidations"`
 	// Under a budget: pages evicted and restored, and the most resident bytes of
 	// the server's region seen during the loop.
+	// Timeouts is how often the client's local ACK timer expired.
+	Timeouts    uint64 `json:"timeouts"`
 	Evictions   uint64 `json:"evictions"`
 	Restores    uint64 `json:"restores"`
 	MaxResident int64  `json:"max_resident_bytes"`
 }
 
-// Run performs one measurement on two fresh devices connected by loopback.
+// Run performs one measurement on two fresh devices connected by an in-process wire.
 func Run(p Params) (Result, error) {
 	if err := p.defaults(); err != nil {
 		return Result{}, err
 	}
-	cfg := odp.Config{FaultAround: p.FaultAround}
+	r, err := newRig(p)
+	if err != nil {
+		return Result{}, err
+	}
+	defer r.close()
+	if p.Warm {
+		warm := p
+		warm.Iters = max(p.MRSize/p.Size, 1)
+		if _, err := r.client.loop(warm, r.server.target()); err != nil {
+			return Result{}, fmt.Errorf("perf: warm-up: %w", err)
+		}
+	}
+	return r.measure(p)
+}
+
+// ColdWarm measures one pass over fresh memory, in which every page of both regions
+// is new to the NICs (p.Iters is ignored: a pass is MRSize/Size work requests), and
+// then a second pass over the same memory, in steady state.
+func ColdWarm(p Params) (cold, warm Result, err error) {
+	if err := p.defaults(); err != nil {
+		return Result{}, Result{}, err
+	}
+	p.Iters = max(p.MRSize/p.Size, 1)
+	r, err := newRig(p)
+	if err != nil {
+		return Result{}, Result{}, err
+	}
+	defer r.close()
+	if cold, err = r.measure(p); err != nil {
+		return Result{}, Result{}, err
+	}
+	p.Warm = true
+	warm, err = r.measure(p)
+	return cold, warm, err
+}
+
+// rig is a client and a server connected by an in-process wire.
+type rig struct {
+	client, server *side
+}
+
+// newRig makes a rig for p (defaults applied): devices, QPs, regions filled and
+// registered as perftest does, QP attributes set, prefetches made.
+func newRig(p Params) (_ *rig, err error) {
 	cp := p
 	if p.Budget > 0 {
 		// Under a budget the experiment is about the server's region: the client
 		// needs only a message per work request in flight, not a copy of it.
 		cp.MRSize = min(p.MRSize, p.Size*p.Depth)
 	}
-	client, err := newSide(cfg, cp)
-	if err != nil {
-		return Result{}, err
+	r := &rig{}
+	defer func() {
+		if err != nil {
+			r.close()
+		}
+	}()
+	if r.client, err = newSide(p.device(false), cp); err != nil {
+		return nil, err
 	}
-	defer client.close()
-	scfg := cfg
-	scfg.ResidentBudget = p.Budget
-	server, err := newSide(scfg, p)
-	if err != nil {
-		return Result{}, err
+	if r.server, err = newSide(p.device(true), p); err != nil {
+		return nil, err
 	}
-	defer server.close()
-	if err := odp.ConnectLoopback(client.qp, server.qp); err != nil {
-		return Result{}, err
+	pa, pb, err := roce.Pipe(odp.LoopbackLimits, p.loss())
+	if err != nil {
+		return nil, err
+	}
+	if err := odp.ConnectPorts(r.client.qp, r.server.qp, pa, pb); err != nil {
+		return nil, err
 	}
 	// perftest fills its buffers after registering them: with --odp these first
 	// touches are CPU faults. Under a budget the server's region is left untouched:
 	// filling it would only evict it again.
-	fill(client.buf)
+	fill(r.client.buf)
 	if p.Budget == 0 {
-		fill(server.buf)
+		fill(r.server.buf)
 	}
-	var prefetched uint64
-	for i, s := range []*side{client, server} {
-		prefetched -= s.dev.Stats().PagesPrefetched
-		if err := s.configure(p, i == 1, nil); err != nil {
-			return Result{}, err
+	for i, s := range []*side{r.client, r.server} {
+		if err := s.configure(p, i == 1); err != nil {
+			return nil, err
 		}
 	}
-	if p.Warm {
-		warm := p
-		warm.Iters = max(p.MRSize/p.Size, 1)
-		if _, err := client.loop(warm, server.target()); err != nil {
-			return Result{}, fmt.Errorf("perf: warm-up: %w", err)
+	return r, nil
+}
+
+func (r *rig) close() {
+	for _, s := range []*side{r.client, r.server} {
+		if s != nil {
+			s.close()
 		}
 	}
+}
+
+// measure runs p's timed loop and reports it with the devices' counters over it.
+func (r *rig) measure(p Params) (Result, error) {
+	client, server := r.client, r.server
 	before := [2]odp.Stats{client.dev.Stats(), server.dev.Stats()}
+	qbefore := client.qp.Stats()
 	stopInval := startInvalidator(server, p)
 	stopSample := sampleResident(server)
-	r, err := client.loop(p, server.target())
-	r.Invalidations = stopInval()
-	r.MaxResident = stopSample()
+	res, err := client.loop(p, server.target())
+	res.Invalidations = stopInval()
+	res.MaxResident = stopSample()
 	if err != nil {
 		return Result{}, err
 	}
 	after := [2]odp.Stats{client.dev.Stats(), server.dev.Stats()}
 	for i := range after {
-		r.PageFaults += after[i].PageFaults - before[i].PageFaults
-		r.PagesFaulted += after[i].PagesFaulted - before[i].PagesFaulted
-		r.FaultTime += after[i].FaultTime - before[i].FaultTime
-		r.CPUFaults += after[i].CPUFaults - before[i].CPUFaults
-	}
-	for _, s := range []*side{client, server} {
-		prefetched += s.dev.Stats().PagesPrefetched // async prefetches may land during the run
+		res.PageFaults += after[i].PageFaults - before[i].PageFaults
+		res.PagesFaulted += after[i].PagesFaulted - before[i].PagesFaulted
+		res.FaultTime += after[i].FaultTime - before[i].FaultTime
+		res.CPUFaults += after[i].CPUFaults - before[i].CPUFaults
+		// Async prefetches may land during the run: the whole count is reported.
+		res.PagesPrefetched += after[i].PagesPrefetched
 	}
 	qs := client.qp.Stats()
-	r.RNRNaks, r.Retransmissions, r.PagesPrefetched = qs.RNRNaksReceived, qs.Retransmissions, prefetched
-	r.Evictions = after[1].Evictions - before[1].Evictions
-	r.Restores = after[1].Restores - before[1].Restores
-	r.Test, r.ODP, r.Warm = p.Test, p.ODP, p.Warm
-	r.RegTime = client.mr.Registration().Total + server.mr.Registration().Total
-	return r, nil
+	res.RNRNaks = qs.RNRNaksReceived - qbefore.RNRNaksReceived
+	res.Retransmissions = qs.Retransmissions - qbefore.Retransmissions
+	res.Timeouts = qs.Timeouts - qbefore.Timeouts
+	res.Evictions = after[1].Evictions - before[1].Evictions
+	res.Restores = after[1].Restores - before[1].Restores
+	res.Test, res.ODP, res.Warm = p.Test, p.ODP, p.Warm
+	res.RegTime = client.mr.Registration().Total + server.mr.Registration().Total
+	return res, nil
 }
 
 type side struct {
@@ -251,7 +343,7 @@ func (s *side) addr(off uint64) uint64 {
 // configure sets the side's QP attributes from p (the client's rnr_retry, the
 // server's min_rnr_timer, the local ACK timeout if given) and prefetches its region
 // as p.Prefetch says.
-func (s *side) configure(p Params, server bool, timeout *uint8) error {
+func (s *side) configure(p Params, server bool) error {
 	var attr odp.QPAttr
 	var mask odp.QPAttrMask
 	if p.RNRRetry != nil && !server {
@@ -260,8 +352,8 @@ func (s *side) configure(p Params, server bool, timeout *uint8) error {
 	if p.MinRNRTimer != nil && server {
 		attr.MinRNRTimer, mask = *p.MinRNRTimer, mask|odp.AttrMinRNRTimer
 	}
-	if timeout != nil {
-		attr.Timeout, mask = *timeout, mask|odp.AttrTimeout
+	if p.Timeout != nil {
+		attr.Timeout, mask = *p.Timeout, mask|odp.AttrTimeout
 	}
 	if mask != 0 {
 		if err := s.qp.ModifyAttr(attr, mask); err != nil {
@@ -476,7 +568,8 @@ func startInvalidator(s *side, p Params) func() uint64 {
 				return
 			case <-tick.C:
 				off := uint64(rng.IntN(slots) * p.Size)
-				if s.dev.Invalidate(s.addr(off), uint64(p.Size)) == nil {
+				n := min(p.InvalidateBytes, len(s.buf)-int(off))
+				if s.dev.Invalidate(s.addr(off), uint64(n)) == nil {
 					n++
 				}
 			}

@@ -122,3 +122,26 @@ func BenchmarkWriteUnderInvalidation(b *testing.B) {
 		}
 	}
 }
+
+// A cold pass faults every page of both regions once (in fault-around windows); the
+// warm pass over the same memory takes no fault.
+func TestColdWarm(t *testing.T) {
+	p := Params{ODP: true, Size: 16 << 10, Depth: 16, CQMod: 8, MRSize: 1 << 20}
+	cold, warm, err := ColdWarm(p)
+	require.NoError(t, err)
+	assert.Equal(t, 64, cold.Iters, "a pass is the region")
+	assert.EqualValues(t, 2*(1<<20)/4096, cold.PagesFaulted, "every page of both regions")
+	assert.Zero(t, warm.PageFaults)
+	assert.True(t, warm.Warm)
+	assert.Positive(t, warm.AvgMiBps)
+}
+
+// The in-process wire drops what Loss says, and the QPs retransmit.
+func TestRunWithLoss(t *testing.T) {
+	timeout := uint8(10)
+	r, err := Run(Params{Size: 16 << 10, Iters: 400, Depth: 16, CQMod: 8, Loss: 0.02, Seed: 3, Timeout: &timeout})
+	require.NoError(t, err)
+	assert.Positive(t, r.Retransmissions)
+	_, err = Run(Params{Loss: 1})
+	assert.Error(t, err)
+}

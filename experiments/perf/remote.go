@@ -19,24 +19,17 @@ type Wire struct {
 	// Bind is the local address of this side's RoCE Link. The server's default is
 	// 127.0.0.1; the client's, the address its route to the server leaves from.
 	Bind netip.Addr
-	// Loss is the probability that this side drops a packet it sends (seeded by
-	// Seed): with ODP faults, the "Pitfalls" finding that loss costs timeouts.
-	Loss float64
-	Seed uint64
-	// Timeout is the QP's local ACK timeout in the IBTA encoding (nil: the QP's
-	// default).
-	Timeout *uint8
 }
 
 // privateSize is the length of the server's private data: its region's address,
 // rkey and size.
 const privateSize = 8 + 4 + 8
 
-func (w Wire) udp(bind netip.Addr, mtu int) odp.UDPConfig {
+func (w Wire) udp(p Params, bind netip.Addr, mtu int) odp.UDPConfig {
 	if w.Bind.IsValid() {
 		bind = w.Bind
 	}
-	return odp.UDPConfig{Addr: netip.AddrPortFrom(bind, 0), MTU: mtu, Loss: roce.Loss{Seed: w.Seed, Drop: w.Loss}}
+	return odp.UDPConfig{Addr: netip.AddrPortFrom(bind, 0), MTU: mtu, Loss: p.loss()}
 }
 
 // Serve accepts one client on ln and serves it a region for p's test until it
@@ -47,7 +40,7 @@ func Serve(ctx context.Context, ln *roce.CMListener, p Params, w Wire) (Result, 
 	if err := p.defaults(); err != nil {
 		return Result{}, err
 	}
-	s, err := newSide(odp.Config{FaultAround: p.FaultAround, ResidentBudget: p.Budget}, p)
+	s, err := newSide(p.device(true), p)
 	if err != nil {
 		return Result{}, err
 	}
@@ -55,14 +48,14 @@ func Serve(ctx context.Context, ln *roce.CMListener, p Params, w Wire) (Result, 
 	if p.Budget == 0 {
 		fill(s.buf)
 	}
-	if err := s.configure(p, true, w.Timeout); err != nil {
+	if err := s.configure(p, true); err != nil {
 		return Result{}, err
 	}
 	t := s.target()
 	private := binary.LittleEndian.AppendUint64(nil, t.addr)
 	private = binary.LittleEndian.AppendUint32(private, t.rkey)
 	private = binary.LittleEndian.AppendUint64(private, uint64(t.size))
-	cfg := w.udp(netip.AddrFrom4([4]byte{127, 0, 0, 1}), 4096)
+	cfg := w.udp(p, netip.AddrFrom4([4]byte{127, 0, 0, 1}), 4096)
 	cfg.Private = private
 	before := s.dev.Stats()
 	if _, err := s.qp.Accept(ctx, ln, cfg); err != nil {
@@ -97,16 +90,16 @@ func Connect(ctx context.Context, addr string, p Params, w Wire) (Result, error)
 	if err != nil {
 		return Result{}, err
 	}
-	s, err := newSide(odp.Config{FaultAround: p.FaultAround}, p)
+	s, err := newSide(p.device(false), p)
 	if err != nil {
 		return Result{}, err
 	}
 	defer s.close()
 	fill(s.buf)
-	if err := s.configure(p, false, w.Timeout); err != nil {
+	if err := s.configure(p, false); err != nil {
 		return Result{}, err
 	}
-	private, err := s.qp.Dial(ctx, addr, w.udp(bind, 4096))
+	private, err := s.qp.Dial(ctx, addr, w.udp(p, bind, 4096))
 	if err != nil {
 		return Result{}, err
 	}

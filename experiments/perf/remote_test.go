@@ -25,9 +25,10 @@ func TestServeConnect(t *testing.T) {
 			defer func() { _ = ln.Close() }() // served
 			ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 			defer cancel()
-			p := Params{Test: tc.test, ODP: true, Size: 16 << 10, Iters: 300, Depth: 16, CQMod: 8}
 			timeout := uint8(12) // a lost tail packet costs 16.8 ms
-			w := Wire{Loss: tc.loss, Seed: 9, Timeout: &timeout}
+			p := Params{Test: tc.test, ODP: true, Size: 16 << 10, Iters: 300, Depth: 16, CQMod: 8,
+				Loss: tc.loss, Seed: 9, Timeout: &timeout}
+			var w Wire
 			served := make(chan Result, 1)
 			go func() {
 				r, err := Serve(ctx, ln, p, w)

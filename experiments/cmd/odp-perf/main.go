@@ -100,31 +100,33 @@ func newFlagSet(name string, w io.Writer) *pflag.FlagSet {
 	return fs
 }
 
-// wireFlags checks the two-process flags and returns the wire they describe.
-func wireFlags(server, connect, bind string, loss float64, seed uint64, timeout int) (perf.Wire, error) {
-	w := perf.Wire{Loss: loss, Seed: seed}
+// wireFlags checks the wire's flags and returns the two-process wire they describe
+// and the ACK timeout, if given. Loss and the timeout apply to the in-process wire
+// too.
+func wireFlags(server, connect, bind string, loss float64, timeout int) (perf.Wire, *uint8, error) {
+	var w perf.Wire
 	switch {
 	case server != "" && connect != "":
-		return w, fmt.Errorf("--server and --connect: one side or the other")
+		return w, nil, fmt.Errorf("--server and --connect: one side or the other")
 	case loss < 0 || loss >= 1:
-		return w, fmt.Errorf("--loss is a probability in [0, 1)")
-	case (loss > 0 || bind != "" || timeout >= 0) && server == "" && connect == "":
-		return w, fmt.Errorf("--loss, --bind and --timeout are for a two-process test (--server or --connect)")
+		return w, nil, fmt.Errorf("--loss is a probability in [0, 1)")
+	case bind != "" && server == "" && connect == "":
+		return w, nil, fmt.Errorf("--bind is for a two-process test (--server or --connect)")
 	case timeout > 31:
-		return w, fmt.Errorf("--timeout is 0..31")
+		return w, nil, fmt.Errorf("--timeout is 0..31")
 	}
 	if bind != "" {
 		a, err := netip.ParseAddr(bind)
 		if err != nil || a.IsUnspecified() {
-			return w, fmt.Errorf("--bind %q: a specific IP address", bind)
+			return w, nil, fmt.Errorf("--bind %q: a specific IP address", bind)
 		}
 		w.Bind = a
 	}
-	if timeout >= 0 {
-		t := uint8(timeout)
-		w.Timeout = &t
+	if timeout < 0 {
+		return w, nil, nil
 	}
-	return w, nil
+	t := uint8(timeout)
+	return w, &t, nil
 }
 
 func bw(test string, args []string, stdout, stderr io.Writer) error {
@@ -152,13 +154,13 @@ func bw(test string, args []string, stdout, stderr io.Writer) error {
 	server := fs.String("server", "", "run as the server of a two-process test: accept the client on this TCP address (host:port, e.g. :18515)")
 	connect := fs.String("connect", "", "run as the client of a two-process test: connect to the server at this TCP address")
 	bind := fs.String("bind", "", "local IP address of this side's RoCEv2 link (server default 127.0.0.1; client default the route to the server)")
-	loss := fs.Float64("loss", 0, "probability that this side drops a packet it sends, over UDP (0..1)")
+	loss := fs.Float64("loss", 0, "probability that this side (both sides, in one process) drops a packet it sends (0..1)")
 	seed := fs.Uint64("seed", 1, "seed of the injected loss")
 	timeout := fs.Int("timeout", -1, "the QP's local ACK timeout, IBTA encoding 0..31 (4.096 us x 2^t; default 18)")
 	if err := fs.Parse(args); err != nil {
 		return err
 	}
-	wire, err := wireFlags(*server, *connect, *bind, *loss, *seed, *timeout)
+	wire, ackTimeout, err := wireFlags(*server, *connect, *bind, *loss, *timeout)
 	if err != nil {
 		return err
 	}
@@ -224,7 +226,8 @@ func bw(test string, args []string, stdout, stderr io.Writer) error {
 	for _, s := range sizes {
 		p := perf.Params{Test: test, ODP: *odpFlag, Size: s, Iters: *iters, Depth: *depth, CQMod: *cqMod,
 			MRSize: int(mrSize), Warm: *warm, FaultAround: *fa, InvalidateRate: *invRate, Budget: int64(budget), Random: *random,
-			Implicit: *implicit, Prefetch: *prefetch, RNRRetry: rnr, MinRNRTimer: timer}
+			Implicit: *implicit, Prefetch: *prefetch, RNRRetry: rnr, MinRNRTimer: timer,
+			Loss: *loss, Seed: *seed, Timeout: ackTimeout}
 		var r perf.Result
 		switch {
 		case ln != nil:

@@ -77,7 +77,7 @@ func TestBadArguments(t *testing.T) {
 	for _, args := range [][]string{
 		{}, {"atomic_bw"}, {"write_bw", "--size", "12Q"}, {"write_bw", "extra"}, {"compare", "--min-size", "8K", "--max-size", "4K"},
 		{"compare", "--reg-sizes", "abc"}, {"write_bw", "--iters", "0"}, {"write_bw", "--budget", "1M", "--mr-size", "8M"},
-		{"write_bw", "--server", ":0", "--connect", "127.0.0.1:1"}, {"write_bw", "--loss", "0.1"},
+		{"write_bw", "--server", ":0", "--connect", "127.0.0.1:1"}, {"write_bw", "--bind", "127.0.0.1"},
 		{"write_bw", "--server", "127.0.0.1:0", "--loss", "1.5"}, {"write_bw", "--connect", "x", "--bind", "0.0.0.0"},
 		{"write_bw", "--server", "127.0.0.1:0", "--timeout", "40"}, {"wire", "--reps", "0"},
 	} {
