@@ -9,6 +9,7 @@ import (
 	"sort"
 	"time"
 
+	"github.com/odpemu/odpemu/experiments/stats"
 	"github.com/odpemu/odpemu/odp"
 )
 
@@ -107,9 +108,9 @@ func Compare(cp *CompareParams) ([]Row, []RegRow, error) {
 			warmRatios = append(warmRatios, ow[i]/pw[i])
 		}
 		sort.Float64s(warmRatios)
-		rows = append(rows, Row{Bytes: size, PinnedCold: Median(pc), ODPCold: Median(oc), RatioCold: Median(ratios),
-			PinnedWarm: Median(pw), ODPWarm: Median(ow), RatioWarm: Median(warmRatios),
-			WarmQ1: warmRatios[len(warmRatios)/4], WarmQ3: warmRatios[len(warmRatios)*3/4], ColdFaults: uint64(Median(faults))})
+		rows = append(rows, Row{Bytes: size, PinnedCold: stats.Median(pc), ODPCold: stats.Median(oc), RatioCold: stats.Median(ratios),
+			PinnedWarm: stats.Median(pw), ODPWarm: stats.Median(ow), RatioWarm: stats.Median(warmRatios),
+			WarmQ1: warmRatios[len(warmRatios)/4], WarmQ3: warmRatios[len(warmRatios)*3/4], ColdFaults: uint64(stats.Median(faults))})
 	}
 	var regs []RegRow
 	for _, size := range cp.RegSizes {
@@ -166,7 +167,7 @@ func compareRegistration(size, reps int, step func()) (RegRow, error) {
 			step()
 		}
 	}
-	r := RegRow{Bytes: size, Pinned: time.Duration(Median(pinned)), ODP: time.Duration(Median(onDemand)),
+	r := RegRow{Bytes: size, Pinned: time.Duration(stats.Median(pinned)), ODP: time.Duration(stats.Median(onDemand)),
 		PinnedMin: time.Duration(slices.Min(pinned)), ODPMin: time.Duration(slices.Min(onDemand)),
 		ODPMax: time.Duration(slices.Max(onDemand))}
 	r.Speedup = float64(r.Pinned) / float64(max(r.ODP, 1))
@@ -175,7 +176,7 @@ func compareRegistration(size, reps int, step func()) (RegRow, error) {
 	// the median is between two of them).
 	best := pinned[0]
 	for _, p := range pinned {
-		if math.Abs(p-Median(pinned)) < math.Abs(best-Median(pinned)) {
+		if math.Abs(p-stats.Median(pinned)) < math.Abs(best-stats.Median(pinned)) {
 			best = p
 		}
 	}
@@ -273,7 +274,7 @@ func ODPRegSweep(sizes []int, reps int) ([]SweepRow, error) {
 	}
 	rows := make([]SweepRow, len(sizes))
 	for i, size := range sizes {
-		rows[i] = SweepRow{Bytes: size, Median: time.Duration(Median(times[i])), Min: time.Duration(slices.Min(times[i]))}
+		rows[i] = SweepRow{Bytes: size, Median: time.Duration(stats.Median(times[i])), Min: time.Duration(slices.Min(times[i]))}
 	}
 	return rows, nil
 }

@@ -6,7 +6,6 @@ import (
 	"context"
 	"fmt"
 	"math/rand/v2"
-	"sort"
 	"time"
 	"unsafe"
 
@@ -522,19 +521,6 @@ func (s *side) loop(p Params, remote target) (Result, error) {
 	}
 	r.PeakMiBps = max(r.PeakMiBps, r.AvgMiBps)
 	return r, nil
-}
-
-// Median returns the median of xs (the mean of the middle two for even counts).
-func Median(xs []float64) float64 {
-	if len(xs) == 0 {
-		return 0
-	}
-	s := append([]float64(nil), xs...)
-	sort.Float64s(s)
-	if len(s)%2 == 1 {
-		return s[len(s)/2]
-	}
-	return (s[len(s)/2-1] + s[len(s)/2]) / 2
 }
 
 // fill writes a byte pattern over b, doubling copies to keep setup short.

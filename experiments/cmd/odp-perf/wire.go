@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"github.com/odpemu/odpemu/experiments/perf"
+	"github.com/odpemu/odpemu/experiments/stats"
 	"github.com/odpemu/odpemu/transport/roce"
 	"github.com/spf13/pflag"
 )
@@ -63,7 +64,7 @@ func wire(args []string, stdout, stderr io.Writer) error {
 	for i := range bw["udp"] {
 		fmt.Fprintf(stdout, " %-8d %-14.1f %-14.1f %-14.1f\n", i, bw["udp"][i], bw["pinned"][i], bw["odp"][i])
 	}
-	u, pin, o := perf.Median(bw["udp"]), perf.Median(bw["pinned"]), perf.Median(bw["odp"])
+	u, pin, o := stats.Median(bw["udp"]), stats.Median(bw["pinned"]), stats.Median(bw["odp"])
 	fmt.Fprintf(stdout, "# medians: UDP %.1f, pinned %.1f, ODP %.1f MiB/s; pinned/UDP %.3f, ODP/UDP %.3f\n", u, pin, o, pin/u, o/u)
 	return nil
 }

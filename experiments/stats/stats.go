@@ -1,0 +1,66 @@
+// Package stats summarises repeated measurements: medians and quartiles, the
+// statistics every odpemu experiment reports, since means are at the mercy of one
+// slow run on a noisy machine.
+package stats
+
+import (
+	"math"
+	"slices"
+)
+
+// Summary describes a sample.
+type Summary struct {
+	N                        int
+	Min, Q1, Median, Q3, Max float64
+}
+
+// Summarize returns xs's summary; quartiles are interpolated between order
+// statistics (Hyndman and Fan's type 7, R's and NumPy's default). An empty sample
+// summarises to zeros with N 0.
+func Summarize(xs []float64) Summary {
+	if len(xs) == 0 {
+		return Summary{}
+	}
+	s := slices.Clone(xs)
+	slices.Sort(s)
+	return Summary{N: len(s), Min: s[0], Q1: quantileSorted(s, 0.25), Median: quantileSorted(s, 0.5),
+		Q3: quantileSorted(s, 0.75), Max: s[len(s)-1]}
+}
+
+// Median returns xs's median (the mean of the middle two for an even count), 0 for
+// an empty sample.
+func Median(xs []float64) float64 { return Summarize(xs).Median }
+
+// Quantile returns xs's q-quantile (0 <= q <= 1), interpolated as Summarize does; NaN
+// for an empty sample or q out of range.
+func Quantile(xs []float64, q float64) float64 {
+	if len(xs) == 0 || q < 0 || q > 1 || math.IsNaN(q) {
+		return math.NaN()
+	}
+	s := slices.Clone(xs)
+	slices.Sort(s)
+	return quantileSorted(s, q)
+}
+
+func quantileSorted(s []float64, q float64) float64 {
+	h := q * float64(len(s)-1)
+	lo := int(math.Floor(h))
+	if lo+1 >= len(s) {
+		return s[len(s)-1]
+	}
+	return s[lo] + (h-float64(lo))*(s[lo+1]-s[lo])
+}
+
+// Ratios returns a[i]/b[i] for each pair: per-pair ratios of measurements made side
+// by side, whose median cancels a noisy machine's drift better than a ratio of
+// medians. It panics if the lengths differ, a programming error.
+func Ratios(a, b []float64) []float64 {
+	if len(a) != len(b) {
+		panic("stats: Ratios of samples of different lengths")
+	}
+	r := make([]float64, len(a))
+	for i := range a {
+		r[i] = a[i] / b[i]
+	}
+	return r
+}
