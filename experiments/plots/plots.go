@@ -1,0 +1,285 @@
+// Package plots draws the experiment suite's figures with gonum/plot: the median of
+// each point's repetitions as a line, their quartiles as error bars, log scales where
+// values span decades, a legend, and axes with units. Each figure is written as PNG
+// (for looking at) and SVG (for the paper), sized for a paper's column.
+package plots
+
+import (
+	"errors"
+	"fmt"
+	"image/color"
+	"io"
+	"math"
+	"os"
+	"path/filepath"
+	"slices"
+	"strconv"
+
+	"github.com/odpemu/odpemu/experiments/results"
+	"github.com/odpemu/odpemu/experiments/stats"
+	"gonum.org/v1/plot"
+	"gonum.org/v1/plot/plotter"
+	"gonum.org/v1/plot/vg"
+	"gonum.org/v1/plot/vg/draw"
+	"gonum.org/v1/plot/vg/vgimg"
+	"gonum.org/v1/plot/vg/vgsvg"
+)
+
+// Axis describes one axis.
+type Axis struct {
+	Label string // with its unit, e.g. "registration time (µs)"
+	Log   bool
+	// Bytes labels a log axis's ticks as sizes (4K, 1M, 1G) at powers of 4.
+	Bytes bool
+	// Min, when non-zero, is where a linear axis starts (default: 0 or the data's
+	// minimum, whichever is lower).
+	Min float64
+}
+
+// Point is one x's summary of y over repetitions.
+type Point struct {
+	X float64
+	Y stats.Summary
+}
+
+// Series is one line of a figure.
+type Series struct {
+	Name   string
+	Points []Point
+	Dashed bool // a reference or model rather than a measurement
+}
+
+// Figure is a line figure.
+type Figure struct {
+	Title  string
+	X, Y   Axis
+	Series []Series
+	// Legend is the legend's corner: "tl" (default), "tr", "bl" or "br".
+	Legend string
+}
+
+// Group summarises a table's rows into series: one per distinct value of the series
+// column (in order of appearance), one point per distinct x, the summary of y over
+// the rows that share them. Rows whose x or y is not a number are skipped.
+func Group(rows []results.Row, x, y, series string) []Series {
+	var out []Series
+	for _, name := range results.Distinct(rows, series) {
+		s := Series{Name: name}
+		byX := map[float64][]float64{}
+		var xs []float64
+		for _, r := range rows {
+			if r.Get(series) != name {
+				continue
+			}
+			xv, yv := r.Float(x), r.Float(y)
+			if math.IsNaN(xv) || math.IsNaN(yv) {
+				continue
+			}
+			if _, ok := byX[xv]; !ok {
+				xs = append(xs, xv)
+			}
+			byX[xv] = append(byX[xv], yv)
+		}
+		slices.Sort(xs)
+		for _, xv := range xs {
+			s.Points = append(s.Points, Point{X: xv, Y: stats.Summarize(byX[xv])})
+		}
+		out = append(out, s)
+	}
+	return out
+}
+
+// Width and Height are a figure's size: a column of a two-column paper.
+const (
+	Width  = 3.4 * vg.Inch
+	Height = 2.5 * vg.Inch
+	dpi    = 200
+)
+
+// ErrEmpty is returned for a figure with no point to draw.
+var ErrEmpty = errors.New("plots: nothing to draw")
+
+// Save draws f and writes dir/name.png and dir/name.svg; it returns their paths.
+func (f Figure) Save(dir, name string) ([]string, error) {
+	p, err := f.plot()
+	if err != nil {
+		return nil, fmt.Errorf("plots: %s: %w", name, err)
+	}
+	var paths []string
+	for _, ext := range []string{"png", "svg"} {
+		path := filepath.Join(dir, name+"."+ext)
+		if err := write(p, path, ext); err != nil {
+			return nil, fmt.Errorf("plots: %s: %w", path, err)
+		}
+		paths = append(paths, path)
+	}
+	return paths, nil
+}
+
+func write(p *plot.Plot, path, ext string) error {
+	var out io.WriterTo
+	if ext == "png" {
+		img := vgimg.NewWith(vgimg.UseWH(Width, Height), vgimg.UseDPI(dpi))
+		p.Draw(draw.New(img))
+		out = vgimg.PngCanvas{Canvas: img}
+	} else {
+		svg := vgsvg.New(Width, Height)
+		p.Draw(draw.New(svg))
+		out = svg
+	}
+	f, err := os.Create(path)
+	if err != nil {
+		return err
+	}
+	_, err = out.WriteTo(f)
+	return errors.Join(err, f.Close())
+}
+
+// palette is Okabe and Ito's colour-blind-safe palette.
+var palette = []color.Color{
+	color.RGBA{0, 114, 178, 255}, color.RGBA{213, 94, 0, 255}, color.RGBA{0, 158, 115, 255},
+	color.RGBA{204, 121, 167, 255}, color.RGBA{230, 159, 0, 255}, color.RGBA{86, 180, 233, 255},
+	color.RGBA{0, 0, 0, 255}, color.RGBA{240, 228, 66, 255},
+}
+
+// plot builds the gonum plot of f.
+func (f Figure) plot() (*plot.Plot, error) {
+	p := plot.New()
+	p.Title.Text = f.Title
+	p.Title.TextStyle.Font.Size = vg.Points(9)
+	for _, a := range []struct {
+		ax   *plot.Axis
+		spec Axis
+	}{{&p.X, f.X}, {&p.Y, f.Y}} {
+		a.ax.Label.Text = a.spec.Label
+		a.ax.Label.TextStyle.Font.Size = vg.Points(8)
+		a.ax.Tick.Label.Font.Size = vg.Points(7)
+		switch {
+		case a.spec.Log && a.spec.Bytes:
+			a.ax.Scale, a.ax.Tick.Marker = plot.LogScale{}, byteTicks{}
+		case a.spec.Log:
+			a.ax.Scale, a.ax.Tick.Marker = plot.LogScale{}, decadeTicks{}
+		}
+	}
+	corner := f.Legend + "tl"
+	p.Legend.Top, p.Legend.Left = corner[0] == 't', corner[1] == 'l'
+	p.Legend.XOffs, p.Legend.YOffs = vg.Points(4), -vg.Points(2)
+	if !p.Legend.Left {
+		p.Legend.XOffs = -vg.Points(4)
+	}
+	if !p.Legend.Top {
+		p.Legend.YOffs = vg.Points(2)
+	}
+	p.Legend.TextStyle.Font.Size = vg.Points(7)
+	p.Legend.ThumbnailWidth = vg.Points(14)
+	p.Add(plotter.NewGrid())
+	drawn := 0
+	ymin := math.Inf(1)
+	for i, s := range f.Series {
+		var xys plotter.XYs
+		var errs plotter.YErrors
+		for _, pt := range s.Points {
+			if (f.X.Log && pt.X <= 0) || (f.Y.Log && pt.Y.Q1 <= 0) || pt.Y.N == 0 {
+				continue // nothing to place on a log axis
+			}
+			xys = append(xys, plotter.XY{X: pt.X, Y: pt.Y.Median})
+			errs = append(errs, struct{ Low, High float64 }{pt.Y.Median - pt.Y.Q1, pt.Y.Q3 - pt.Y.Median})
+			ymin = min(ymin, pt.Y.Q1)
+		}
+		if len(xys) == 0 {
+			continue
+		}
+		c := palette[i%len(palette)]
+		line, points, err := plotter.NewLinePoints(xys)
+		if err != nil {
+			return nil, err
+		}
+		line.Color, points.Color = c, c
+		line.Width = vg.Points(1)
+		points.Shape = shapes[i%len(shapes)]
+		points.Radius = vg.Points(2)
+		if s.Dashed {
+			line.Dashes = []vg.Length{vg.Points(4), vg.Points(2)}
+			points.Radius = 0
+		}
+		p.Add(line, points)
+		if !s.Dashed {
+			bars, err := plotter.NewYErrorBars(struct {
+				plotter.XYs
+				plotter.YErrors
+			}{xys, errs})
+			if err != nil {
+				return nil, err
+			}
+			bars.Color = c
+			bars.CapWidth = vg.Points(3)
+			p.Add(bars)
+		}
+		p.Legend.Add(s.Name, line, points)
+		drawn++
+	}
+	if drawn == 0 {
+		return nil, ErrEmpty
+	}
+	if !f.Y.Log {
+		p.Y.Min = min(p.Y.Min, f.Y.Min, ymin, 0)
+	}
+	return p, nil
+}
+
+var shapes = []draw.GlyphDrawer{draw.CircleGlyph{}, draw.SquareGlyph{}, draw.TriangleGlyph{}, draw.CrossGlyph{},
+	draw.PlusGlyph{}, draw.RingGlyph{}, draw.BoxGlyph{}, draw.PyramidGlyph{}}
+
+// byteTicks marks powers of 4 (every other power of 2) with sizes: 4K, 16K, ... 1G;
+// where the range spans more than 2^12, powers of 16 get labels and the others
+// minor ticks.
+type byteTicks struct{}
+
+func (byteTicks) Ticks(lo, hi float64) []plot.Tick {
+	if lo <= 0 || hi <= lo {
+		return nil
+	}
+	step := 2
+	if math.Log2(hi/lo) > 12 {
+		step = 4
+	}
+	var ts []plot.Tick
+	for e := int(math.Floor(math.Log2(lo))); float64(e) <= math.Ceil(math.Log2(hi)); e++ {
+		v := math.Ldexp(1, e)
+		if v < lo || v > hi || e%2 != 0 {
+			continue
+		}
+		t := plot.Tick{Value: v}
+		if e%step == 0 {
+			t.Label = sizeLabel(e)
+		}
+		ts = append(ts, t)
+	}
+	return ts
+}
+
+func sizeLabel(e int) string {
+	units := []string{"", "K", "M", "G", "T"}
+	u := min(e/10, len(units)-1)
+	return strconv.Itoa(1<<(e-10*u)) + units[u]
+}
+
+// decadeTicks marks powers of ten, written out up to 10^5 and as 1e6 beyond.
+type decadeTicks struct{}
+
+func (decadeTicks) Ticks(lo, hi float64) []plot.Tick {
+	ts := plot.LogTicks{Prec: -1}.Ticks(lo, hi)
+	for i, t := range ts {
+		if t.Label == "" {
+			continue
+		}
+		e := math.Round(math.Log10(t.Value))
+		switch {
+		case e >= 6 || e <= -4:
+			ts[i].Label = "1e" + strconv.Itoa(int(e))
+		default:
+			ts[i].Label = strconv.FormatFloat(t.Value, 'f', -1, 64)
+		}
+	}
+	return ts
+}

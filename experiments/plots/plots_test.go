@@ -1,0 +1,76 @@
+package plots
+
+import (
+	"bytes"
+	"errors"
+	"image/png"
+	"os"
+	"path/filepath"
+	"testing"
+
+	"github.com/odpemu/odpemu/experiments/results"
+	"github.com/odpemu/odpemu/experiments/stats"
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+)
+
+func TestGroup(t *testing.T) {
+	tb, err := results.NewTable("t", "size", "method", "rep", "ns")
+	require.NoError(t, err)
+	for _, r := range [][]any{{4096, "pinned", 0, 10}, {4096, "pinned", 1, 30}, {4096, "pinned", 2, 20},
+		{1024, "pinned", 0, 5}, {4096, "odp", 0, 1}, {4096, "odp", 1, "x"}} {
+		require.NoError(t, tb.Add(r...))
+	}
+	s := Group(tb.Rows(nil), "size", "ns", "method")
+	require.Len(t, s, 2)
+	assert.Equal(t, "pinned", s[0].Name)
+	require.Len(t, s[0].Points, 2)
+	assert.Equal(t, 1024.0, s[0].Points[0].X, "points in x order")
+	assert.Equal(t, 20.0, s[0].Points[1].Y.Median)
+	assert.Equal(t, 3, s[0].Points[1].Y.N)
+	assert.Equal(t, 1, s[1].Points[0].Y.N, "a value that is not a number is skipped")
+}
+
+func TestSaveWritesPNGAndSVG(t *testing.T) {
+	f := Figure{Title: "registration", X: Axis{Label: "size (bytes)", Log: true, Bytes: true},
+		Y: Axis{Label: "time (µs)", Log: true}, Series: []Series{
+			{Name: "pinned", Points: []Point{{X: 4096, Y: summary(10, 12, 15)}, {X: 1 << 30, Y: summary(3e5, 3.7e5, 4e5)}}},
+			{Name: "model", Dashed: true, Points: []Point{{X: 4096, Y: summary(16, 16, 16)}, {X: 1 << 30, Y: summary(8e4, 8e4, 8e4)}}},
+			{Name: "zero on a log axis", Points: []Point{{X: 0, Y: summary(1, 1, 1)}}},
+		}}
+	dir := t.TempDir()
+	paths, err := f.Save(dir, "reg")
+	require.NoError(t, err)
+	assert.Equal(t, []string{filepath.Join(dir, "reg.png"), filepath.Join(dir, "reg.svg")}, paths)
+	b, err := os.ReadFile(paths[0])
+	require.NoError(t, err)
+	img, err := png.Decode(bytes.NewReader(b))
+	require.NoError(t, err)
+	assert.Equal(t, 680, img.Bounds().Dx(), "3.4 in at 200 dpi")
+	svg, err := os.ReadFile(paths[1])
+	require.NoError(t, err)
+	assert.Contains(t, string(svg), "<svg")
+	assert.Contains(t, string(svg), "pinned")
+
+	_, err = Figure{Series: []Series{{Name: "empty"}}}.Save(dir, "empty")
+	assert.True(t, errors.Is(err, ErrEmpty))
+}
+
+func TestByteTicks(t *testing.T) {
+	var labels []string
+	for _, tk := range (byteTicks{}).Ticks(4096, 1<<30) {
+		if tk.Label != "" {
+			labels = append(labels, tk.Label)
+		}
+	}
+	assert.Equal(t, []string{"4K", "64K", "1M", "16M", "256M"}, labels)
+	labels = nil
+	for _, tk := range (byteTicks{}).Ticks(4096, 1<<20) {
+		labels = append(labels, tk.Label)
+	}
+	assert.Equal(t, []string{"4K", "16K", "64K", "256K", "1M"}, labels)
+}
+
+func summary(q1, med, q3 float64) stats.Summary {
+	return stats.Summary{N: 3, Min: q1, Q1: q1, Median: med, Q3: q3, Max: q3}
+}
