@@ -66,7 +66,6 @@ func (m Machine) String() string {
 		(m.MemoryBytes+1<<29)>>30, m.THP, cmp.Or(m.UserfaultfdMode, "none"))
 }
 
-
 // Describe reads the machine's description from the kernel.
 func Describe() Machine {
 	k := pagefault.ProbeKernelBehaviour()
