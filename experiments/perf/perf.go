@@ -76,6 +76,9 @@ func (p Params) device(server bool) odp.Config {
 // loss is the wire's injected loss.
 func (p Params) loss() roce.Loss { return roce.Loss{Seed: p.Seed, Drop: p.Loss} }
 
+// pipe is the in-process wire between two sides, with p's loss.
+func pipe(p Params) (roce.Port, roce.Port, error) { return roce.Pipe(odp.LoopbackLimits, p.loss()) }
+
 func (p *Params) defaults() error {
 	if p.Test == "" {
 		p.Test = WriteBW
@@ -150,6 +153,9 @@ type Result struct {
 	RNRNaks         uint64 `json:"rnr_naks"`
 	Retransmissions uint64 `json:"retransmissions"`
 	PagesPrefetched uint64 `json:"pages_prefetched"`
+	// PrefetchTime is how long the two sides' prefetch calls took before the run
+	// (for "async", only the calls).
+	PrefetchTime time.Duration `json:"prefetch_ns"`
 	// Invalidations issued by --invalidate-rate during the timed loop.
 	Invalidations uint64 `json:"invalidations"`
 	// Under a budget: pages evicted and restored, and the most resident bytes of
@@ -228,7 +234,7 @@ func newRig(p Params) (_ *rig, err error) {
 	if r.server, err = newSide(p.device(true), p); err != nil {
 		return nil, err
 	}
-	pa, pb, err := roce.Pipe(odp.LoopbackLimits, p.loss())
+	pa, pb, err := pipe(p)
 	if err != nil {
 		return nil, err
 	}
@@ -288,6 +294,7 @@ func (r *rig) measure(p Params) (Result, error) {
 	res.Restores = after[1].Restores - before[1].Restores
 	res.Test, res.ODP, res.Warm = p.Test, p.ODP, p.Warm
 	res.RegTime = client.mr.Registration().Total + server.mr.Registration().Total
+	res.PrefetchTime = client.prefetch + server.prefetch
 	return res, nil
 }
 
@@ -298,9 +305,25 @@ type side struct {
 	qp  *odp.QP
 	buf []byte
 	mr  *odp.MR
+	// prefetch is how long configure's prefetch call took (for "async", only the
+	// call).
+	prefetch time.Duration
 }
 
 func newSide(cfg odp.Config, p Params) (*side, error) {
+	s, err := newBareSide(cfg, p)
+	if err != nil {
+		return nil, err
+	}
+	if err := s.register(p); err != nil {
+		s.close()
+		return nil, err
+	}
+	return s, nil
+}
+
+// newBareSide is a side whose buffer is not registered yet.
+func newBareSide(cfg odp.Config, p Params) (*side, error) {
 	d, err := odp.Open(cfg)
 	if err != nil {
 		return nil, err
@@ -319,6 +342,11 @@ func newSide(cfg odp.Config, p Params) (*side, error) {
 	if s.buf, err = d.Alloc(p.MRSize); err != nil {
 		return fail(err)
 	}
+	return s, nil
+}
+
+// register registers the side's buffer as p says.
+func (s *side) register(p Params) (err error) {
 	access := odp.AccessLocalWrite | odp.AccessRemoteWrite | odp.AccessRemoteRead
 	if p.ODP {
 		access |= odp.AccessOnDemand
@@ -328,10 +356,7 @@ func newSide(cfg odp.Config, p Params) (*side, error) {
 	} else {
 		s.mr, err = s.pd.RegMR(s.buf, access)
 	}
-	if err != nil {
-		return fail(err)
-	}
-	return s, nil
+	return err
 }
 
 // addr is the address of the side's buffer at off, as its MR's SGEs name it.
@@ -366,9 +391,11 @@ func (s *side) configure(p Params, server bool) error {
 	if p.Prefetch == "sync" {
 		flags = odp.AdviseFlush
 	}
+	t0 := time.Now()
 	if err := s.pd.AdviseMR(odp.AdvisePrefetchWrite, flags, []odp.SGE{s.sge(0, len(s.buf))}); err != nil {
 		return fmt.Errorf("perf: prefetch: %w", err)
 	}
+	s.prefetch = time.Since(t0)
 	return nil
 }
 
@@ -533,9 +560,11 @@ func fill(b []byte) {
 	}
 }
 
-// startInvalidator invalidates random message-sized ranges of s's region at
+// startInvalidator invalidates random ranges of s's region of p.InvalidateBytes at
 // p.InvalidateRate per second until the returned function is called, which returns
-// how many it issued. The ticker paces an experiment's load; it synchronises nothing.
+// how many it issued. The ticker paces the load and the schedule sets the count:
+// each tick issues what is due by then, so that rates beyond the timer's resolution
+// are met. It synchronises nothing.
 func startInvalidator(s *side, p Params) func() uint64 {
 	if p.InvalidateRate == 0 {
 		return func() uint64 { return 0 }
@@ -543,20 +572,22 @@ func startInvalidator(s *side, p Params) func() uint64 {
 	stop, done := make(chan struct{}), make(chan uint64)
 	go func() {
 		rng := rand.New(rand.NewPCG(uint64(p.Size), uint64(p.InvalidateRate)))
-		tick := time.NewTicker(time.Second / time.Duration(p.InvalidateRate))
+		tick := time.NewTicker(max(time.Second/time.Duration(p.InvalidateRate), time.Millisecond))
 		defer tick.Stop()
 		slots := max(p.MRSize/p.Size, 1)
-		var n uint64
+		start := time.Now()
+		var n, issued uint64
 		for {
 			select {
 			case <-stop:
 				done <- n
 				return
-			case <-tick.C:
-				off := uint64(rng.IntN(slots) * p.Size)
-				n := min(p.InvalidateBytes, len(s.buf)-int(off))
-				if s.dev.Invalidate(s.addr(off), uint64(n)) == nil {
-					n++
+			case now := <-tick.C:
+				for due := uint64(now.Sub(start).Seconds() * float64(p.InvalidateRate)); issued < due; issued++ {
+					off := rng.IntN(slots) * p.Size
+					if s.dev.Invalidate(s.addr(uint64(off)), uint64(min(p.InvalidateBytes, len(s.buf)-off))) == nil {
+						n++
+					}
 				}
 			}
 		}

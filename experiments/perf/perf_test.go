@@ -145,3 +145,30 @@ func TestRunWithLoss(t *testing.T) {
 	_, err = Run(Params{Loss: 1})
 	assert.Error(t, err)
 }
+
+// A one-shot transfer registers, moves and deregisters. ODP maps the (present)
+// source pages at registration, or without the snapshot faults each fault-around
+// window once; pinned never faults.
+func TestOneShot(t *testing.T) {
+	for _, tc := range []struct{ odp, noSnapshot bool }{{false, false}, {true, false}, {true, true}} {
+		r, err := OneShot(Params{ODP: tc.odp, Size: 64 << 10, FaultAround: 16}, 1<<20, tc.noSnapshot)
+		require.NoError(t, err)
+		assert.Equal(t, 1<<20, r.Bytes)
+		assert.Positive(t, r.Register)
+		assert.Positive(t, r.Transfer)
+		assert.Positive(t, r.Deregister)
+		assert.Equal(t, r.Total, r.Register+r.Transfer+r.Deregister)
+		switch {
+		case tc.noSnapshot:
+			assert.EqualValues(t, 256, r.PagesFault, "every source page, once")
+			assert.EqualValues(t, 16, r.PageFaults)
+		case tc.odp:
+			assert.Equal(t, 256, r.Mapped, "every source page, by the snapshot or faults")
+		default:
+			assert.Zero(t, r.PageFaults)
+		}
+	}
+	r, err := OneShot(Params{Size: 64 << 10}, 4096, false)
+	require.NoError(t, err)
+	assert.Equal(t, 4096, r.Bytes, "a message is at most the transfer")
+}

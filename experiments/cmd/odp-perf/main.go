@@ -23,6 +23,7 @@ import (
 	"time"
 
 	"github.com/odpemu/odpemu/experiments/perf"
+	"github.com/odpemu/odpemu/experiments/progress"
 	"github.com/odpemu/odpemu/transport/roce"
 	"github.com/spf13/pflag"
 )
@@ -311,9 +312,9 @@ func compare(args []string, stdout, stderr io.Writer) error {
 	cp := perf.CompareParams{Test: *test, Sizes: sizes, Iters: *iters, Reps: *reps, RegSizes: regs, MRSize: int(mrSize),
 		WarmPairs: *warmPairs, WarmIters: *warmIters}
 	if !*quiet {
-		bar := newProgress(stderr, "pinned vs ODP")
-		defer bar.finish()
-		cp.Progress = bar.update
+		bar := progress.New(stderr, "pinned vs ODP: runs")
+		defer bar.Finish()
+		cp.Progress = bar.Update
 	}
 	rows, regRows, err := perf.Compare(&cp)
 	if err != nil {

@@ -115,7 +115,7 @@ func TestProgressWithoutTerminal(t *testing.T) {
 	lines := strings.Split(strings.TrimSpace(stderr), "\n")
 	// 2 sizes x (2 pairs x 2 + 1 warm) + 1 region size x 2 pairs x 2 = 14 runs.
 	require.Len(t, lines, 14)
-	assert.Equal(t, "pinned vs ODP: 14/14 runs done", strings.SplitN(lines[13], " (", 2)[0])
+	assert.Equal(t, "pinned vs ODP: runs: 14/14 done", strings.SplitN(lines[13], " (", 2)[0])
 	// With an even number of reps the pinned stages still come from a real run.
 	assert.NotContains(t, out, "account 0s, pin 0s, mtt 0s")
 	_, stderr, err = runArgs(append(args, "--quiet")...)

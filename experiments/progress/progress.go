@@ -1,4 +1,6 @@
-package main
+// Package progress shows a long run's progress: a bar on a terminal, a short line
+// per finished step otherwise (a file or a pipe gets no redraws).
+package progress
 
 import (
 	"fmt"
@@ -10,17 +12,17 @@ import (
 	"golang.org/x/term"
 )
 
-// progress reports a long comparison's progress: a bar when w is a terminal, a short
-// line per finished step otherwise (a file or a pipe gets no redraws).
-type progress struct {
+// Bar reports the progress of one task of a known (or growing) number of steps.
+type Bar struct {
 	bar   *progressbar.ProgressBar // nil when w is not a terminal
 	w     io.Writer
 	desc  string
 	start time.Time
 }
 
-func newProgress(w io.Writer, desc string) *progress {
-	p := &progress{w: w, desc: desc, start: time.Now()}
+// New starts a bar for the task desc on w.
+func New(w io.Writer, desc string) *Bar {
+	p := &Bar{w: w, desc: desc, start: time.Now()}
 	if f, ok := w.(*os.File); ok && term.IsTerminal(int(f.Fd())) {
 		p.bar = progressbar.NewOptions(-1, progressbar.OptionSetWriter(w), progressbar.OptionSetDescription(desc),
 			progressbar.OptionShowCount(), progressbar.OptionSetElapsedTime(true), progressbar.OptionClearOnFinish())
@@ -28,9 +30,10 @@ func newProgress(w io.Writer, desc string) *progress {
 	return p
 }
 
-func (p *progress) update(done, total int) {
+// Update reports done of total steps done.
+func (p *Bar) Update(done, total int) {
 	if p.bar == nil {
-		fmt.Fprintf(p.w, "%s: %d/%d runs done (%s)\n", p.desc, done, total, time.Since(p.start).Round(time.Second))
+		fmt.Fprintf(p.w, "%s: %d/%d done (%s)\n", p.desc, done, total, time.Since(p.start).Round(time.Second))
 		return
 	}
 	if p.bar.GetMax() != total {
@@ -39,7 +42,8 @@ func (p *progress) update(done, total int) {
 	_ = p.bar.Set(done) // drawing errors only lose a frame of the bar
 }
 
-func (p *progress) finish() {
+// Finish ends the bar.
+func (p *Bar) Finish() {
 	if p.bar != nil {
 		_ = p.bar.Finish()
 	}

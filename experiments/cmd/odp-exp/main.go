@@ -1,0 +1,125 @@
+// Command odp-exp runs odpemu's experiment suite: every comparison of on-demand
+// paging with pinned registration, written as CSV tables, PNG and SVG figures, a
+// JSON manifest of the machine and configuration, and summary.md.
+//
+//	odp-exp [--tiny | --quick | --full] [--only NAME[,NAME]] [--out DIR] [--seed N] [--list]
+//
+// The quick scale (the default) takes about ten minutes on a 2-core machine; tiny
+// takes seconds per experiment (CI); full is for real machines. Results go to
+// experiments/results/<timestamp>/ unless --out names a directory.
+package main
+
+import (
+	"errors"
+	"fmt"
+	"io"
+	"os"
+	"path/filepath"
+	"strings"
+	"time"
+
+	"github.com/odpemu/odpemu/experiments/progress"
+	"github.com/odpemu/odpemu/experiments/suite"
+	"github.com/spf13/pflag"
+)
+
+func main() {
+	err := run(os.Args[1:], os.Stdout, os.Stderr)
+	switch {
+	case errors.Is(err, pflag.ErrHelp):
+		os.Exit(0)
+	case err != nil:
+		fmt.Fprintln(os.Stderr, "odp-exp:", err)
+		os.Exit(1)
+	}
+}
+
+func run(args []string, stdout, stderr io.Writer) error {
+	fs := pflag.NewFlagSet("odp-exp", pflag.ContinueOnError)
+	fs.SetOutput(stderr)
+	tiny := fs.Bool("tiny", false, "seconds per experiment: a check that everything runs (CI)")
+	quick := fs.Bool("quick", false, "about ten minutes on a 2-core machine (the default)")
+	full := fs.Bool("full", false, "larger regions and more repetitions, for real machines")
+	only := fs.StringSlice("only", nil, "run only these experiments (see --list)")
+	out := fs.String("out", "", "results directory (default experiments/results/<timestamp>)")
+	seed := fs.Uint64("seed", 1, "seed of every random choice")
+	list := fs.Bool("list", false, "list the experiments and exit")
+	quiet := fs.Bool("quiet", false, "no progress")
+	if err := fs.Parse(args); err != nil {
+		return err
+	}
+	if fs.NArg() > 0 {
+		return fmt.Errorf("unexpected argument %q", fs.Arg(0))
+	}
+	if *list {
+		for _, e := range suite.Experiments() {
+			fmt.Fprintf(stdout, "%-14s %s\n", e.Name, e.Title)
+		}
+		return nil
+	}
+	scale := suite.Quick
+	switch {
+	case b2i(*tiny)+b2i(*quick)+b2i(*full) > 1:
+		return errors.New("--tiny, --quick and --full: one of them")
+	case *tiny:
+		scale = suite.Tiny
+	case *full:
+		scale = suite.Full
+	}
+	dir := *out
+	if dir == "" {
+		dir = filepath.Join("experiments", "results", time.Now().UTC().Format("20060102-150405"))
+	}
+	cfg := suite.Config{Scale: scale, Only: *only, Dir: dir, Seed: *seed, Command: append([]string{"odp-exp"}, args...)}
+	if !*quiet {
+		cfg.Progress = &bars{w: stderr}
+	}
+	fmt.Fprintf(stdout, "odp-exp: %s run into %s\n", scale, dir)
+	rep, err := suite.Run(cfg)
+	if rep != nil {
+		fmt.Fprintf(stdout, "\n%-14s %-40s %s\n", "experiment", "result", "value")
+		for _, h := range rep.Headlines {
+			fmt.Fprintf(stdout, "%-14s %-40s %s\n", h.Experiment, h.What, h.Value)
+		}
+		fmt.Fprintf(stdout, "\nsummary: %s\n", filepath.Join(dir, "summary.md"))
+	}
+	return err
+}
+
+// bars shows each experiment's progress.
+type bars struct {
+	w           io.Writer
+	bar         *progress.Bar
+	done, total int
+}
+
+func (b *bars) Start(name string, steps int) {
+	b.bar, b.done, b.total = progress.New(b.w, name), 0, steps
+	b.bar.Update(0, steps)
+}
+
+func (b *bars) Step() {
+	b.done++
+	if b.bar != nil {
+		b.bar.Update(b.done, b.total)
+	}
+}
+
+func (b *bars) Done(name string, elapsed time.Duration, err error) {
+	if b.bar != nil {
+		b.bar.Finish()
+		b.bar = nil
+	}
+	status := "done"
+	if err != nil {
+		status = "FAILED: " + strings.ReplaceAll(err.Error(), "\n", "; ")
+	}
+	fmt.Fprintf(b.w, "%s: %s in %s\n", name, status, elapsed.Round(100*time.Millisecond))
+}
+
+func b2i(b bool) int {
+	if b {
+		return 1
+	}
+	return 0
+}

@@ -1,0 +1,91 @@
+package perf
+
+import (
+	"fmt"
+	"time"
+
+	"github.com/odpemu/odpemu/odp"
+)
+
+// OneShotResult is one transfer of fresh memory, registration included.
+type OneShotResult struct {
+	Bytes                  int
+	Register, Transfer     time.Duration
+	Deregister, Total      time.Duration
+	PageFaults, PagesFault uint64 // the source's network page faults
+	// Mapped is the source's pages the NIC had mapped at the end, by faults or by
+	// the registration's snapshot of present pages (see odp.Config.NoSnapshot).
+	Mapped  int
+	RNRNaks uint64
+}
+
+// oneShotSink bounds the server's region: the transfer's destination is a
+// long-lived, registered and warm buffer that the WRITEs wrap around in.
+const oneShotSink = 16 << 20
+
+// OneShot answers the question an application faces when it must send n bytes it
+// has just produced in fresh memory, once: it registers the memory (pinned, or on
+// demand with p.ODP), WRITEs it in p.Size messages to a server's warm pinned buffer
+// and deregisters it; the total is what the application waits for. The
+// application's writing of the data is not timed. p.Iters and p.MRSize are ignored.
+// With noSnapshot the ODP registration maps none of the (present) pages, and every
+// page takes a network page fault; by default it maps them, as mlx5 does.
+func OneShot(p Params, n int, noSnapshot bool) (OneShotResult, error) {
+	p.Size = min(max(p.Size, 0), n)
+	p.MRSize = n
+	p.Iters = 1
+	if err := p.defaults(); err != nil {
+		return OneShotResult{}, err
+	}
+	if p.Implicit || p.Prefetch != "" || p.Budget != 0 || p.InvalidateRate != 0 {
+		return OneShotResult{}, fmt.Errorf("perf: a one-shot transfer takes no implicit MR, prefetch, budget or invalidations")
+	}
+	p.Iters = max(n/p.Size, 1)
+	sp := p
+	sp.ODP, sp.FaultModel, sp.MRSize = false, odp.FaultModel{}, min(n, oneShotSink)
+	server, err := newSide(sp.device(true), sp)
+	if err != nil {
+		return OneShotResult{}, err
+	}
+	defer server.close()
+	fill(server.buf)
+	ccfg := p.device(false)
+	ccfg.NoSnapshot = noSnapshot
+	client, err := newBareSide(ccfg, p)
+	if err != nil {
+		return OneShotResult{}, err
+	}
+	defer client.close()
+	pa, pb, err := pipe(p)
+	if err != nil {
+		return OneShotResult{}, err
+	}
+	if err := odp.ConnectPorts(client.qp, server.qp, pa, pb); err != nil {
+		return OneShotResult{}, err
+	}
+	for i, s := range []*side{client, server} {
+		if err := s.configure(sp, i == 1); err != nil {
+			return OneShotResult{}, err
+		}
+	}
+	fill(client.buf) // the data the application produced
+	r := OneShotResult{Bytes: n}
+	start := time.Now()
+	if err := client.register(p); err != nil {
+		return OneShotResult{}, err
+	}
+	registered := time.Now()
+	if _, err := client.loop(p, server.target()); err != nil {
+		return OneShotResult{}, err
+	}
+	transferred := time.Now()
+	st := client.mr.Stats()
+	if err := client.mr.Dereg(); err != nil {
+		return OneShotResult{}, err
+	}
+	r.Total = time.Since(start)
+	r.Register, r.Transfer, r.Deregister = registered.Sub(start), transferred.Sub(registered), r.Total-transferred.Sub(start)
+	r.PageFaults, r.PagesFault, r.Mapped = st.PageFaults, st.PagesFaulted, st.ValidPages
+	r.RNRNaks = client.qp.Stats().RNRNaksReceived
+	return r, nil
+}

@@ -1,0 +1,124 @@
+package suite
+
+import (
+	"fmt"
+	"runtime"
+
+	"github.com/odpemu/odpemu/experiments/perf"
+	"github.com/odpemu/odpemu/experiments/plots"
+	"github.com/odpemu/odpemu/experiments/results"
+	"github.com/odpemu/odpemu/experiments/stats"
+	"github.com/odpemu/odpemu/odp"
+)
+
+var coldWarm = Experiment{
+	Name:  "coldwarm",
+	Title: "Bandwidth of a first pass over fresh memory and of steady state, pinned vs ODP variants",
+	Run:   runColdWarm,
+}
+
+// transferVariant is one way to register and prepare the memory of a transfer.
+type transferVariant struct {
+	name        string
+	odp         bool
+	faultAround int
+	prefetch    string
+	model       odp.FaultModel
+}
+
+var coldWarmVariants = []transferVariant{
+	{name: "pinned"},
+	{name: "odp", odp: true, faultAround: 16},
+	{name: "odp-fa1", odp: true, faultAround: 1},
+	{name: "odp-fa64", odp: true, faultAround: 64},
+	{name: "odp-prefetch-sync", odp: true, faultAround: 16, prefetch: "sync"},
+	{name: "odp-prefetch-async", odp: true, faultAround: 16, prefetch: "async"},
+	{name: "odp-connectx4", odp: true, faultAround: 16, model: odp.FaultModelConnectX4},
+}
+
+func (v transferVariant) params(size, region int) perf.Params {
+	return perf.Params{ODP: v.odp, Size: size, MRSize: region, FaultAround: v.faultAround, Prefetch: v.prefetch,
+		FaultModel: v.model}
+}
+
+func runColdWarm(x *X) error {
+	sizes := pick(x.Scale, []int{4 << 10, 64 << 10}, []int{4 << 10, 64 << 10, 1 << 20}, []int{4 << 10, 16 << 10, 64 << 10, 256 << 10, 1 << 20})
+	region := pick(x.Scale, 4<<20, 32<<20, 512<<20)
+	reps := pick(x.Scale, 1, 3, 5)
+	x.Param("message_sizes", sizes)
+	x.Param("region_bytes", region)
+	x.Param("reps", reps)
+	x.Param("pass", "the cold pass WRITEs every message-sized slot of a fresh region once (region/size work requests, 128 in flight) "+
+		"to a fresh region of the same size; the warm pass repeats it over the same memory")
+	x.Steps(len(sizes) * reps)
+	t := x.Table("", "size_bytes", "variant", "fault_model", "fault_around", "prefetch", "rep", "pass", "bw_mib_s",
+		"msg_rate_mpps", "elapsed_ns", "iterations", "network_page_faults", "pages_faulted", "rnr_naks",
+		"retransmissions", "prefetch_ns")
+	for _, size := range sizes {
+		for rep := range reps {
+			runtime.GC()
+			for i := range coldWarmVariants {
+				v := coldWarmVariants[(i+rep)%len(coldWarmVariants)]
+				cold, warm, err := perf.ColdWarm(v.params(size, region))
+				if err != nil {
+					return fmt.Errorf("%s, %s: %w", v.name, human(size), err)
+				}
+				for _, r := range []struct {
+					pass string
+					r    perf.Result
+				}{{"cold", cold}, {"warm", warm}} {
+					if err := t.Add(size, v.name, v.model.String(), v.faultAround, v.prefetch, rep, r.pass, r.r.AvgMiBps,
+						r.r.MsgRateMpps, r.r.Elapsed, r.r.Iters, r.r.PageFaults, r.r.PagesFaulted, r.r.RNRNaks,
+						r.r.Retransmissions, r.r.PrefetchTime); err != nil {
+						return err
+					}
+				}
+			}
+			x.Step()
+		}
+	}
+	return coldWarmReport(x, t, sizes)
+}
+
+func coldWarmReport(x *X, t *results.Table, sizes []int) error {
+	var main []plots.Series
+	for _, s := range []struct{ variant, pass string }{{"pinned", "cold"}, {"pinned", "warm"}, {"odp", "cold"}, {"odp", "warm"},
+		{"odp-connectx4", "cold"}} {
+		g := plots.Group(t.Rows(results.Where("variant", s.variant, "pass", s.pass)), "size_bytes", "bw_mib_s", "variant")
+		if len(g) == 1 {
+			g[0].Name = s.variant + ", " + s.pass
+			main = append(main, g[0])
+		}
+	}
+	if err := x.Figure("coldwarm", plots.Figure{Title: "First pass over fresh memory (cold) and steady state (warm)",
+		X: plots.Axis{Label: "message size (bytes)", Log: true, Bytes: true}, Y: plots.Axis{Label: "bandwidth (MiB/s)"},
+		Series: main}); err != nil {
+		return err
+	}
+	var ratios []plots.Series
+	for _, v := range coldWarmVariants[1:] {
+		s := plots.Series{Name: v.name}
+		for _, n := range sizes {
+			if r := perRep(t, "bw_mib_s", sel("size_bytes", n, "variant", v.name, "pass", "cold"), sel("size_bytes", n, "variant", "pinned", "pass", "cold")); len(r) > 0 {
+				s.Points = append(s.Points, plots.Point{X: float64(n), Y: stats.Summarize(r)})
+			}
+		}
+		ratios = append(ratios, s)
+	}
+	if err := x.Figure("coldwarm_variants", plots.Figure{Title: "Cold pass: ODP variants over pinned",
+		X: plots.Axis{Label: "message size (bytes)", Log: true, Bytes: true}, Y: plots.Axis{Label: "bandwidth ratio to pinned (1: parity)", Log: true},
+		Series: ratios, Legend: "br"}); err != nil {
+		return err
+	}
+	for _, n := range sizes {
+		cold := stats.Summarize(perRep(t, "bw_mib_s", sel("size_bytes", n, "variant", "odp", "pass", "cold"), sel("size_bytes", n, "variant", "pinned", "pass", "cold")))
+		warm := stats.Summarize(perRep(t, "bw_mib_s", sel("size_bytes", n, "variant", "odp", "pass", "warm"), sel("size_bytes", n, "variant", "pinned", "pass", "warm")))
+		x.Headline(fmt.Sprintf("%s messages: ODP / pinned bandwidth, cold pass and warm", human(n)),
+			fmt.Sprintf("cold %.2f, warm %.2f", cold.Median, warm.Median),
+			fmt.Sprintf("medians of %d per-repetition ratios; warm quartiles %.2f-%.2f", cold.N, warm.Q1, warm.Q3))
+		pc := stats.Summarize(perRep(t, "bw_mib_s", sel("size_bytes", n, "variant", "pinned", "pass", "cold"), sel("size_bytes", n, "variant", "pinned", "pass", "warm")))
+		x.Headline(fmt.Sprintf("%s messages: pinned cold pass / warm pass bandwidth", human(n)), fmt.Sprintf("%.2f", pc.Median),
+			fmt.Sprintf("should be about 1 (pinned takes no fault); quartiles %.2f-%.2f of %d", pc.Q1, pc.Q3, pc.N))
+	}
+	return nil
+}

@@ -1,0 +1,78 @@
+package suite
+
+import (
+	"fmt"
+	"time"
+
+	"github.com/odpemu/odpemu/experiments/perf"
+	"github.com/odpemu/odpemu/experiments/plots"
+	"github.com/odpemu/odpemu/experiments/results"
+	"github.com/odpemu/odpemu/experiments/stats"
+)
+
+// human writes a byte count as KiB, MiB or GiB.
+func human(n int) string { return perf.HumanBytes(n) }
+
+// dur writes nanoseconds as a duration of three significant digits or so.
+func dur(ns float64) string {
+	d := time.Duration(ns)
+	for _, r := range []time.Duration{time.Second, time.Millisecond, time.Microsecond} {
+		if d >= 10*r {
+			return d.Round(r / 10).String()
+		}
+	}
+	return d.Round(time.Nanosecond).String()
+}
+
+// ratio writes a ratio: two decimals near 1, fewer far from it.
+func ratio(r float64) string {
+	switch {
+	case r >= 100:
+		return fmt.Sprintf("%.0fx", r)
+	case r >= 10:
+		return fmt.Sprintf("%.1fx", r)
+	}
+	return fmt.Sprintf("%.2fx", r)
+}
+
+// scaleY multiplies every y of the series by f (units: ns to µs is 1e-3).
+func scaleY(series []plots.Series, f float64) []plots.Series {
+	for i := range series {
+		for j := range series[i].Points {
+			y := &series[i].Points[j].Y
+			y.Min, y.Q1, y.Median, y.Q3, y.Max = y.Min*f, y.Q1*f, y.Median*f, y.Q3*f, y.Max*f
+		}
+	}
+	return series
+}
+
+// exactly is the summary of a value that is not measured (a model's).
+func exactly(v float64) stats.Summary {
+	return stats.Summary{N: 1, Min: v, Q1: v, Median: v, Q3: v, Max: v}
+}
+
+// sel selects rows whose columns equal the values given as column, value pairs;
+// values are written as the table writes them.
+func sel(pairs ...any) func(results.Row) bool {
+	strs := make([]string, len(pairs))
+	for i, v := range pairs {
+		strs[i] = fmt.Sprint(v)
+	}
+	return results.Where(strs...)
+}
+
+// perRep pairs the rows a selects with the rows b selects by repetition and returns
+// col's ratio a/b for each pair: ratios of measurements made side by side.
+func perRep(t *results.Table, col string, a, b func(results.Row) bool) []float64 {
+	den := map[string]float64{}
+	for _, r := range t.Rows(b) {
+		den[r.Get("rep")] = r.Float(col)
+	}
+	var out []float64
+	for _, r := range t.Rows(a) {
+		if d, ok := den[r.Get("rep")]; ok && d > 0 {
+			out = append(out, r.Float(col)/d)
+		}
+	}
+	return out
+}

@@ -1,0 +1,120 @@
+package suite
+
+import (
+	"fmt"
+	"runtime"
+
+	"github.com/odpemu/odpemu/experiments/perf"
+	"github.com/odpemu/odpemu/experiments/plots"
+	"github.com/odpemu/odpemu/experiments/results"
+	"github.com/odpemu/odpemu/experiments/stats"
+	"github.com/odpemu/odpemu/odp"
+)
+
+var oneShot = Experiment{
+	Name:  "oneshot",
+	Title: "Moving N bytes of fresh memory once, registration and deregistration included",
+	Run:   runOneShot,
+}
+
+// oneShotVariant is one way to register the source of a one-shot transfer.
+type oneShotVariant struct {
+	name       string
+	odp        bool
+	noSnapshot bool
+	model      odp.FaultModel
+}
+
+var oneShotVariants = []oneShotVariant{
+	{name: "pinned"},
+	{name: "odp", odp: true},
+	{name: "odp-faulting", odp: true, noSnapshot: true},
+	{name: "odp-faulting-connectx4", odp: true, noSnapshot: true, model: odp.FaultModelConnectX4},
+}
+
+// oneShotMsg is the message size of the transfers (smaller transfers are one message).
+const oneShotMsg = 64 << 10
+
+func runOneShot(x *X) error {
+	top := min(pick(x.Scale, 1<<20, 1<<30, 1<<30), memoryCap())
+	sizes := sizesPow4(4096, top)
+	reps := pick(x.Scale, 1, 3, 5)
+	x.Param("sizes", sizes)
+	x.Param("reps", reps)
+	x.Param("message_bytes", oneShotMsg)
+	x.Param("variants", "pinned; odp (registration maps the present pages, as mlx5's snapshot does); "+
+		"odp-faulting (no snapshot: every page takes a network page fault); the same with ConnectX-4 fault latency")
+	x.Steps(len(sizes) * reps)
+	t := x.Table("", "size_bytes", "variant", "fault_model", "rep", "total_ns", "register_ns", "transfer_ns",
+		"dereg_ns", "network_page_faults", "pages_faulted", "pages_mapped")
+	for _, n := range sizes {
+		for rep := range reps {
+			runtime.GC()
+			for i := range oneShotVariants {
+				v := oneShotVariants[(i+rep)%len(oneShotVariants)] // each variant leads in turn
+				r, err := perf.OneShot(perf.Params{ODP: v.odp, Size: oneShotMsg, FaultModel: v.model}, n, v.noSnapshot)
+				if err != nil {
+					return fmt.Errorf("%s, %s: %w", v.name, human(n), err)
+				}
+				if err := t.Add(n, v.name, v.model.String(), rep, r.Total, r.Register, r.Transfer, r.Deregister,
+					r.PageFaults, r.PagesFault, r.Mapped); err != nil {
+					return err
+				}
+			}
+			x.Step()
+		}
+	}
+	return oneShotReport(x, t, sizes)
+}
+
+func oneShotReport(x *X, t *results.Table, sizes []int) error {
+	series := scaleY(plots.Group(t.Rows(nil), "size_bytes", "total_ns", "variant"), 1e-3)
+	if err := x.Figure("oneshot", plots.Figure{Title: "One transfer of fresh memory, registration included",
+		X: plots.Axis{Label: "bytes moved", Log: true, Bytes: true}, Y: plots.Axis{Label: "time (µs), median and quartiles", Log: true},
+		Series: series}); err != nil {
+		return err
+	}
+	// ODP / pinned per size, from the per-repetition pairs.
+	var ratios []plots.Series
+	for _, v := range oneShotVariants[1:] {
+		s := plots.Series{Name: v.name + " / pinned"}
+		for _, n := range sizes {
+			r := perRep(t, "total_ns", sel("size_bytes", n, "variant", v.name), sel("size_bytes", n, "variant", "pinned"))
+			if len(r) > 0 {
+				s.Points = append(s.Points, plots.Point{X: float64(n), Y: stats.Summarize(r)})
+			}
+		}
+		ratios = append(ratios, s)
+	}
+	if err := x.Figure("oneshot_ratio", plots.Figure{Title: "One-shot transfer time, ODP over pinned",
+		X: plots.Axis{Label: "bytes moved", Log: true, Bytes: true}, Y: plots.Axis{Label: "time ratio (below 1: ODP is faster)", Log: true},
+		Series: ratios, Legend: "bl"}); err != nil {
+		return err
+	}
+	for _, v := range oneShotVariants[1:] {
+		x.Headline(fmt.Sprintf("one-shot transfer: smallest size from which %s beats pinned", v.name),
+			crossover(t, sizes, v.name), fmt.Sprintf("median of per-repetition ratios of total time below 1 at that size and every larger one; at %s: %s",
+				human(sizes[len(sizes)-1]), ratio(stats.Median(perRep(t, "total_ns", sel("size_bytes", sizes[len(sizes)-1], "variant", v.name), sel("size_bytes", sizes[len(sizes)-1], "variant", "pinned"))))))
+	}
+	return nil
+}
+
+// crossover returns the smallest size from which variant's median ratio to pinned
+// stays below 1, or says that there is none.
+func crossover(t *results.Table, sizes []int, variant string) string {
+	from := -1
+	for i := len(sizes) - 1; i >= 0; i-- {
+		r := perRep(t, "total_ns", sel("size_bytes", sizes[i], "variant", variant), sel("size_bytes", sizes[i], "variant", "pinned"))
+		if len(r) == 0 || stats.Median(r) >= 1 {
+			break
+		}
+		from = i
+	}
+	switch from {
+	case -1:
+		return fmt.Sprintf("none up to %s", human(sizes[len(sizes)-1]))
+	case 0:
+		return fmt.Sprintf("every size from %s", human(sizes[0]))
+	}
+	return human(sizes[from])
+}

@@ -1,0 +1,232 @@
+// Package suite is odpemu's experiment suite: every experiment that compares
+// on-demand paging with pinned registration, run at one of three scales, each
+// writing tidy CSV tables, figures and headline numbers into one results directory
+// with a manifest and a summary.
+//
+// Experiments measure the alternatives side by side in one run, interleaved within
+// each repetition, so that the ratios they report hold on a noisy machine; they
+// report medians and quartiles over a stated number of repetitions.
+package suite
+
+import (
+	"errors"
+	"fmt"
+	"os"
+	"path/filepath"
+	"runtime"
+	"slices"
+	"time"
+
+	"github.com/odpemu/odpemu/experiments/plots"
+	"github.com/odpemu/odpemu/experiments/results"
+)
+
+// Scale is how big a run is.
+type Scale int
+
+// The scales.
+const (
+	// Tiny runs each experiment in seconds: a check that everything works (CI).
+	Tiny Scale = iota
+	// Quick runs the whole suite in about ten minutes on a 2-core machine.
+	Quick
+	// Full is for real machines: larger regions, more repetitions.
+	Full
+)
+
+// String returns "tiny", "quick" or "full".
+func (s Scale) String() string {
+	switch s {
+	case Tiny:
+		return "tiny"
+	case Quick:
+		return "quick"
+	case Full:
+		return "full"
+	}
+	return fmt.Sprintf("Scale(%d)", int(s))
+}
+
+// pick returns the value for scale s.
+func pick[T any](s Scale, tiny, quick, full T) T {
+	switch s {
+	case Tiny:
+		return tiny
+	case Full:
+		return full
+	}
+	return quick
+}
+
+// Experiment is one question the suite answers.
+type Experiment struct {
+	Name  string // the CSV's and figures' base name, and --only's argument
+	Title string
+	Run   func(x *X) error
+}
+
+// Experiments lists every experiment, in the order the suite runs them.
+func Experiments() []Experiment {
+	return []Experiment{registration, oneShot, coldWarm, invalidationStorm, overcommit, rnrPitfalls}
+}
+
+// Headline is one number of the summary.
+type Headline struct {
+	Experiment string
+	What       string // what the number is
+	Value      string // the number, with its unit
+	Detail     string // how it was obtained: repetitions, medians, ranges
+}
+
+// Progress hears of an experiment's progress.
+type Progress interface {
+	// Start begins an experiment of steps steps.
+	Start(name string, steps int)
+	// Step reports one step done.
+	Step()
+	// Done ends the experiment.
+	Done(name string, elapsed time.Duration, err error)
+}
+
+// Config configures a run of the suite.
+type Config struct {
+	Scale Scale
+	// Only, when not empty, names the experiments to run.
+	Only []string
+	// Dir is where results go; it is created.
+	Dir string
+	// Seed seeds every random choice (loss, access patterns); experiments derive
+	// their own seeds from it and record them.
+	Seed     uint64
+	Progress Progress
+	// Command is recorded in the manifest.
+	Command []string
+}
+
+// ErrUnknownExperiment is returned for a name in Config.Only that names none.
+var ErrUnknownExperiment = errors.New("suite: unknown experiment")
+
+// Report is what a run produced.
+type Report struct {
+	Dir       string
+	Scale     Scale
+	Manifest  results.Manifest
+	Headlines []Headline
+}
+
+// X is an experiment's view of a run: its scale and seed, and where its tables,
+// figures and headlines go.
+type X struct {
+	Scale Scale
+	Seed  uint64
+	name  string
+	dir   string
+	prog  Progress
+
+	tables    []*results.Table
+	files     []string
+	headlines []Headline
+	params    map[string]any
+}
+
+// Steps announces how many steps the experiment will report.
+func (x *X) Steps(n int) { x.prog.Start(x.name, n) }
+
+// Step reports one step done.
+func (x *X) Step() { x.prog.Step() }
+
+// Table makes the experiment's table name ("" for the experiment's own name),
+// written as CSV when the experiment ends.
+func (x *X) Table(name string, columns ...string) *results.Table {
+	if name == "" {
+		name = x.name
+	}
+	t, err := results.NewTable(name, columns...)
+	if err != nil {
+		panic(err) // the experiments' columns are constants
+	}
+	x.tables = append(x.tables, t)
+	return t
+}
+
+// Figure saves f as name's PNG and SVG.
+func (x *X) Figure(name string, f plots.Figure) error {
+	paths, err := f.Save(x.dir, name)
+	if err != nil {
+		return err
+	}
+	for _, p := range paths {
+		x.files = append(x.files, filepath.Base(p))
+	}
+	return nil
+}
+
+// Headline adds a number to the summary.
+func (x *X) Headline(what, value, detail string) {
+	x.headlines = append(x.headlines, Headline{Experiment: x.name, What: what, Value: value, Detail: detail})
+}
+
+// Param records a parameter of the experiment in the manifest.
+func (x *X) Param(name string, v any) { x.params[name] = v }
+
+// Run runs the configured experiments and writes their results, the manifest and
+// the summary into cfg.Dir. An experiment that fails is recorded as failed and the
+// others still run; Run then returns an error naming the failures.
+func Run(cfg Config) (*Report, error) {
+	all := Experiments()
+	for _, n := range cfg.Only {
+		if !slices.ContainsFunc(all, func(e Experiment) bool { return e.Name == n }) {
+			return nil, fmt.Errorf("%w %q", ErrUnknownExperiment, n)
+		}
+	}
+	if err := os.MkdirAll(cfg.Dir, 0o755); err != nil {
+		return nil, err
+	}
+	if cfg.Progress == nil {
+		cfg.Progress = silent{}
+	}
+	rep := &Report{Dir: cfg.Dir, Scale: cfg.Scale}
+	m := &rep.Manifest
+	m.Started, m.Command, m.Machine, m.Go, m.Revision = time.Now(), cfg.Command, results.Describe(), runtime.Version(), results.Revision()
+	params := map[string]map[string]any{}
+	m.Config = map[string]any{"scale": cfg.Scale.String(), "seed": cfg.Seed, "only": cfg.Only, "experiments": params}
+	var failed []error
+	for i, e := range all {
+		if len(cfg.Only) > 0 && !slices.Contains(cfg.Only, e.Name) {
+			continue
+		}
+		x := &X{Scale: cfg.Scale, Seed: cfg.Seed + uint64(i)*1000, name: e.Name, dir: cfg.Dir, prog: cfg.Progress,
+			params: map[string]any{}}
+		x.Param("seed", x.Seed)
+		start := time.Now()
+		err := e.Run(x)
+		rec := results.ExperimentRecord{Name: e.Name, WallTime: time.Since(start)}
+		for _, t := range x.tables {
+			path, werr := t.WriteCSV(cfg.Dir)
+			if werr != nil {
+				err = errors.Join(err, werr)
+				continue
+			}
+			rec.Files = append(rec.Files, filepath.Base(path))
+			rec.Rows += t.Len()
+		}
+		rec.Files = append(rec.Files, x.files...)
+		if err != nil {
+			rec.Error = err.Error()
+			failed = append(failed, fmt.Errorf("%s: %w", e.Name, err))
+		}
+		cfg.Progress.Done(e.Name, rec.WallTime, err)
+		m.Experiments = append(m.Experiments, rec)
+		params[e.Name] = x.params
+		rep.Headlines = append(rep.Headlines, x.headlines...)
+	}
+	m.WallTime = time.Since(m.Started)
+	err := errors.Join(m.Write(cfg.Dir), writeSummary(rep))
+	return rep, errors.Join(err, errors.Join(failed...))
+}
+
+type silent struct{}
+
+func (silent) Start(string, int)                 {}
+func (silent) Step()                             {}
+func (silent) Done(string, time.Duration, error) {}

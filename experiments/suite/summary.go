@@ -1,0 +1,67 @@
+package suite
+
+import (
+	"fmt"
+	"os"
+	"path/filepath"
+	"strings"
+	"time"
+)
+
+// writeSummary writes summary.md: the machine, the headline numbers, each linked to
+// its experiment's CSV, and every figure.
+func writeSummary(rep *Report) error {
+	m := rep.Manifest
+	var b strings.Builder
+	fmt.Fprintf(&b, "# odpemu experiment suite\n\n")
+	fmt.Fprintf(&b, "- Machine: %s\n", m.Machine)
+	fmt.Fprintf(&b, "- Run: %s, started %s, %s wall time, Go %s, revision %s\n", rep.Scale,
+		m.Started.UTC().Format(time.RFC3339), m.WallTime.Round(time.Second), m.Go, orUnknown(m.Revision))
+	fmt.Fprintf(&b, "- Files: `manifest.json` records the machine, the configuration and the seeds.\n\n")
+	fmt.Fprintf(&b, "## Headlines\n\n| Experiment | Result | Value | How |\n|---|---|---|---|\n")
+	csvOf := map[string]string{}
+	for _, e := range m.Experiments {
+		for _, f := range e.Files {
+			if strings.HasSuffix(f, ".csv") && csvOf[e.Name] == "" {
+				csvOf[e.Name] = f
+			}
+		}
+	}
+	for _, h := range rep.Headlines {
+		exp := h.Experiment
+		if f := csvOf[exp]; f != "" {
+			exp = fmt.Sprintf("[%s](%s)", exp, f)
+		}
+		fmt.Fprintf(&b, "| %s | %s | %s | %s |\n", exp, cell(h.What), cell(h.Value), cell(h.Detail))
+	}
+	fmt.Fprintf(&b, "\n## Experiments\n\n")
+	for _, e := range m.Experiments {
+		status := fmt.Sprintf("%d rows, %s", e.Rows, e.WallTime.Round(100*time.Millisecond))
+		if e.Error != "" {
+			status += ", **failed**: " + cell(e.Error)
+		}
+		fmt.Fprintf(&b, "### %s\n\n%s.\n\n", e.Name, status)
+		for _, f := range e.Files {
+			switch filepath.Ext(f) {
+			case ".csv":
+				fmt.Fprintf(&b, "- [%s](%s)\n", f, f)
+			case ".png":
+				fmt.Fprintf(&b, "\n![%s](%s)\n", strings.TrimSuffix(f, ".png"), f)
+			}
+		}
+		b.WriteString("\n")
+	}
+	return os.WriteFile(filepath.Join(rep.Dir, "summary.md"), []byte(b.String()), 0o644)
+}
+
+// cell makes s safe inside a Markdown table cell.
+func cell(s string) string {
+	return strings.NewReplacer("|", `\|`, "\n", " ").Replace(s)
+}
+
+func orUnknown(s string) string {
+	if s == "" {
+		return "unknown"
+	}
+	return s
+}
