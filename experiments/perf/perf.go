@@ -59,6 +59,9 @@ type Params struct {
 	// InvalidateBytes is the length of each range InvalidateRate invalidates
 	// (default Size).
 	InvalidateBytes int
+	// Duration, if set, ends the timed loop early: no work request is posted after
+	// it (Iters is then a bound, and Result.Iters says how many ran).
+	Duration time.Duration
 	// FaultModel is both devices' network page fault latency (default the
 	// emulator's own).
 	FaultModel odp.FaultModel
@@ -499,8 +502,12 @@ func (s *side) loop(p Params, remote target) (Result, error) {
 	var stamps []time.Time // completion times of signaled WRs
 	var marks []int        // WRs completed at each stamp
 	posted, completed := 0, 0
-	for completed < p.Iters {
-		for posted < p.Iters && posted-completed < p.Depth {
+	limit := p.Iters
+	for completed < limit {
+		for posted < limit && posted-completed < p.Depth {
+			if p.Duration > 0 && posted > 0 && posted < limit-1 && time.Since(start) > p.Duration {
+				limit = posted + 1 // this one is the last, and signaled
+			}
 			off := uint64((posted % slots) * p.Size)
 			roff := uint64((posted % rslots) * p.Size)
 			if p.Random {
@@ -509,7 +516,7 @@ func (s *side) loop(p Params, remote target) (Result, error) {
 			wr := odp.SendWR{WRID: uint64(posted), Opcode: op,
 				SGL:        []odp.SGE{s.sge(int(off), p.Size)},
 				RemoteAddr: remote.addr + roff, RKey: remote.rkey}
-			if (posted+1)%p.CQMod == 0 || posted == p.Iters-1 {
+			if (posted+1)%p.CQMod == 0 || posted == limit-1 {
 				wr.Flags = odp.SendSignaled
 			}
 			if posted == 0 {
@@ -535,10 +542,10 @@ func (s *side) loop(p Params, remote target) (Result, error) {
 		}
 	}
 	elapsed := stamps[len(stamps)-1].Sub(start)
-	r := Result{Bytes: p.Size, Iters: p.Iters, Elapsed: elapsed}
-	total := float64(p.Size) * float64(p.Iters)
+	r := Result{Bytes: p.Size, Iters: limit, Elapsed: elapsed}
+	total := float64(p.Size) * float64(limit)
 	r.AvgMiBps = total / elapsed.Seconds() / (1 << 20)
-	r.MsgRateMpps = float64(p.Iters) / elapsed.Seconds() / 1e6
+	r.MsgRateMpps = float64(limit) / elapsed.Seconds() / 1e6
 	prevT, prevN := start, 0
 	for i, t := range stamps {
 		if d := t.Sub(prevT).Seconds(); d > 0 {

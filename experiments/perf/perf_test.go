@@ -3,6 +3,7 @@ package perf
 import (
 	"fmt"
 	"testing"
+	"time"
 
 	"github.com/odpemu/odpemu/experiments/stats"
 	"github.com/stretchr/testify/assert"
@@ -171,4 +172,13 @@ func TestOneShot(t *testing.T) {
 	r, err := OneShot(Params{Size: 64 << 10}, 4096, false)
 	require.NoError(t, err)
 	assert.Equal(t, 4096, r.Bytes, "a message is at most the transfer")
+}
+
+// A run bounded by a duration stops posting when it expires and reports what ran.
+func TestRunDuration(t *testing.T) {
+	r, err := Run(Params{Size: 4096, Iters: 1 << 30 / 4096 * 1024, Depth: 16, CQMod: 8, Duration: 50 * time.Millisecond})
+	require.NoError(t, err)
+	assert.Less(t, r.Iters, 1<<30/4096*1024)
+	assert.Positive(t, r.Iters)
+	assert.GreaterOrEqual(t, r.Elapsed, 50*time.Millisecond)
 }

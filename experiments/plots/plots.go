@@ -54,8 +54,6 @@ type Figure struct {
 	Title  string
 	X, Y   Axis
 	Series []Series
-	// Legend is the legend's corner: "tl" (default), "tr", "bl" or "br".
-	Legend string
 }
 
 // Group summarises a table's rows into series: one per distinct value of the series
@@ -161,15 +159,8 @@ func (f Figure) plot() (*plot.Plot, error) {
 			a.ax.Scale, a.ax.Tick.Marker = plot.LogScale{}, decadeTicks{}
 		}
 	}
-	corner := f.Legend + "tl"
-	p.Legend.Top, p.Legend.Left = corner[0] == 't', corner[1] == 'l'
+	p.Legend.Top, p.Legend.Left = true, true
 	p.Legend.XOffs, p.Legend.YOffs = vg.Points(4), -vg.Points(2)
-	if !p.Legend.Left {
-		p.Legend.XOffs = -vg.Points(4)
-	}
-	if !p.Legend.Top {
-		p.Legend.YOffs = vg.Points(2)
-	}
 	p.Legend.TextStyle.Font.Size = vg.Points(7)
 	p.Legend.ThumbnailWidth = vg.Points(14)
 	p.Add(plotter.NewGrid())
@@ -224,7 +215,26 @@ func (f Figure) plot() (*plot.Plot, error) {
 	if !f.Y.Log {
 		p.Y.Min = min(p.Y.Min, f.Y.Min, ymin, 0)
 	}
+	headroom(&p.Y, f.Y.Log, drawn)
 	return p, nil
+}
+
+// headroom raises the y axis's top so that the data stays below the legend, which
+// sits in the top left corner: each of its lines takes about 7% of the height.
+func headroom(ax *plot.Axis, log bool, lines int) {
+	h := min(0.07*float64(lines)+0.03, 0.6)
+	lo, hi := ax.Min, ax.Max
+	if log {
+		lo, hi = math.Log10(lo), math.Log10(hi)
+	}
+	if hi <= lo {
+		hi = lo + 1
+	}
+	hi += (hi - lo) * h / (1 - h)
+	if log {
+		hi = math.Pow(10, hi)
+	}
+	ax.Max = hi
 }
 
 var shapes = []draw.GlyphDrawer{draw.CircleGlyph{}, draw.SquareGlyph{}, draw.TriangleGlyph{}, draw.CrossGlyph{},

@@ -3,6 +3,7 @@ package suite
 import (
 	"fmt"
 	"runtime"
+	"time"
 
 	"github.com/odpemu/odpemu/experiments/perf"
 	"github.com/odpemu/odpemu/experiments/plots"
@@ -24,17 +25,17 @@ var faultModels = []odp.FaultModel{odp.FaultModelEmulator, odp.FaultModelConnect
 func runInvalidation(x *X) error {
 	const size = 64 << 10
 	region := pick(x.Scale, 4<<20, 16<<20, 256<<20)
-	iters := pick(x.Scale, 400, 8000, 40000)
+	runFor := pick(x.Scale, 100*time.Millisecond, 500*time.Millisecond, 2*time.Second)
 	rates := pick(x.Scale, []int{1000}, []int{100, 1000, 10000}, []int{10, 100, 1000, 10000})
 	ranges := pick(x.Scale, []int{64 << 10}, []int{4 << 10, 64 << 10, 1 << 20}, []int{4 << 10, 64 << 10, 1 << 20})
 	reps := pick(x.Scale, 1, 3, 5)
 	x.Param("message_bytes", size)
 	x.Param("region_bytes", region)
-	x.Param("iterations", iters)
+	x.Param("run_duration", runFor.String())
 	x.Param("rates_per_s", rates)
 	x.Param("range_bytes", ranges)
 	x.Param("reps", reps)
-	x.Param("run", "warm region, WRITEs striding over it, 128 in flight; random ranges of the server's MR invalidated on schedule")
+	x.Param("run", "warm region, WRITEs striding over it for the run's duration, 128 in flight; random ranges of the server's MR invalidated on schedule")
 	x.Steps(reps * (1 + len(faultModels)*(1+len(rates)*len(ranges))))
 	t := x.Table("", "variant", "fault_model", "rate_per_s", "range_bytes", "rep", "bw_mib_s", "elapsed_ns",
 		"invalidations", "achieved_rate_per_s", "network_page_faults", "pages_faulted", "rnr_naks")
@@ -56,7 +57,7 @@ func runInvalidation(x *X) error {
 		runtime.GC()
 		for i := range runs {
 			r := runs[(i+rep)%len(runs)]
-			res, err := perf.Run(perf.Params{ODP: r.odp, Size: size, Iters: iters, MRSize: region, Warm: true,
+			res, err := perf.Run(perf.Params{ODP: r.odp, Size: size, Iters: 1 << 30, Duration: runFor, MRSize: region, Warm: true,
 				InvalidateRate: r.rate, InvalidateBytes: r.bytes, FaultModel: r.model})
 			if err != nil {
 				return fmt.Errorf("rate %d, range %d: %w", r.rate, r.bytes, err)
@@ -89,8 +90,9 @@ func invalidationReport(x *X, t *results.Table, rates, ranges []int) error {
 			{"pinned", "pinned", odp.FaultModelEmulator.String()}} {
 			s := stats.Summarize(results.Floats(t.Rows(sel("variant", base.variant, "fault_model", base.model, "rate_per_s", 0)), "bw_mib_s"))
 			line := plots.Series{Name: base.name, Dashed: true}
-			for _, r := range []int{rates[0], rates[len(rates)-1]} {
-				line.Points = append(line.Points, plots.Point{X: float64(r), Y: exactly(s.Median)})
+			// Across the rates measured, and a little beyond when there is one.
+			for _, r := range []float64{float64(rates[0]) / 1.5, float64(rates[len(rates)-1]) * 1.5} {
+				line.Points = append(line.Points, plots.Point{X: r, Y: exactly(s.Median)})
 			}
 			series = append(series, line)
 		}
@@ -98,7 +100,7 @@ func invalidationReport(x *X, t *results.Table, rates, ranges []int) error {
 			Title:  fmt.Sprintf("Invalidation storm, %s fault cost", m),
 			X:      plots.Axis{Label: "invalidations per second", Log: true},
 			Y:      plots.Axis{Label: "bandwidth (MiB/s)"},
-			Series: series, Legend: "bl"}); err != nil {
+			Series: series}); err != nil {
 			return err
 		}
 		top, mid := rates[len(rates)-1], ranges[len(ranges)/2]

@@ -88,7 +88,7 @@ func oneShotReport(x *X, t *results.Table, sizes []int) error {
 	}
 	if err := x.Figure("oneshot_ratio", plots.Figure{Title: "One-shot transfer time, ODP over pinned",
 		X: plots.Axis{Label: "bytes moved", Log: true, Bytes: true}, Y: plots.Axis{Label: "time ratio (below 1: ODP is faster)", Log: true},
-		Series: ratios, Legend: "bl"}); err != nil {
+		Series: ratios}); err != nil {
 		return err
 	}
 	for _, v := range oneShotVariants[1:] {

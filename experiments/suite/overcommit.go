@@ -105,7 +105,7 @@ func overcommitReport(x *X, t *results.Table) error {
 	}
 	if err := x.Figure("overcommit_faults", plots.Figure{Title: "Network page faults under a resident budget",
 		X: plots.Axis{Label: "resident budget / working set"}, Y: plots.Axis{Label: "network page faults per second"},
-		Series: faults, Legend: "tr"}); err != nil {
+		Series: faults}); err != nil {
 		return err
 	}
 	lo := budgetRatios[len(budgetRatios)-1]

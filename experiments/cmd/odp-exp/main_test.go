@@ -1,0 +1,124 @@
+package main
+
+import (
+	"bytes"
+	"encoding/json"
+	"errors"
+	"image/png"
+	"math"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+
+	"github.com/odpemu/odpemu/experiments/results"
+	"github.com/odpemu/odpemu/experiments/suite"
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+	"go.uber.org/goleak"
+)
+
+func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
+
+func runArgs(args ...string) (string, string, error) {
+	var out, errOut bytes.Buffer
+	err := run(args, &out, &errOut)
+	return out.String(), errOut.String(), err
+}
+
+// tinyRows is how many rows each experiment writes at the tiny scale: its
+// parameters' product (sizes x repetitions x variants x ...).
+var tinyRows = map[string]int{
+	"registration": 7 * 2 * 2,           // 4K..16M by 4, 2 reps, pinned and ODP
+	"oneshot":      5 * 1 * 4,           // 4K..1M by 4, 1 rep, 4 variants
+	"coldwarm":     2 * 1 * 7 * 2,       // 2 sizes, 1 rep, 7 variants, cold and warm
+	"invalidation": 1 * (1 + 2*(1+1*1)), // 1 rep: pinned, and per fault model no storm and 1 rate x 1 range
+	"overcommit":   1 * 4 * 3,           // 1 rep, 4 budgets, pinned and 2 fault models
+	"rnr":          1 * 2 * 2 * (2 + 1), // 1 rep, 2 models, 2 timers, 2 losses and rnr_retry 1
+}
+
+// The whole suite at the tiny scale: every CSV parses with its rows, every figure
+// is a PNG and an SVG, the manifest and the summary say what ran.
+func TestTinySuite(t *testing.T) {
+	dir := filepath.Join(t.TempDir(), "run")
+	out, _, err := runArgs("--tiny", "--quiet", "--out", dir, "--seed", "7")
+	require.NoError(t, err, out)
+	assert.Contains(t, out, "summary: "+filepath.Join(dir, "summary.md"))
+
+	b, err := os.ReadFile(filepath.Join(dir, "manifest.json"))
+	require.NoError(t, err)
+	var m results.Manifest
+	require.NoError(t, json.Unmarshal(b, &m))
+	assert.NotEmpty(t, m.Machine.Kernel)
+	assert.Positive(t, m.Machine.Cores)
+	assert.Positive(t, m.WallTime)
+	cfg := m.Config.(map[string]any)
+	assert.Equal(t, "tiny", cfg["scale"])
+	assert.EqualValues(t, 7, cfg["seed"])
+
+	summary, err := os.ReadFile(filepath.Join(dir, "summary.md"))
+	require.NoError(t, err)
+	require.Len(t, m.Experiments, len(suite.Experiments()))
+	for _, e := range m.Experiments {
+		t.Run(e.Name, func(t *testing.T) {
+			assert.Empty(t, e.Error)
+			tb, err := results.ReadCSV(filepath.Join(dir, e.Name+".csv"))
+			require.NoError(t, err)
+			assert.Equal(t, tinyRows[e.Name], tb.Len(), "rows")
+			assert.Equal(t, tb.Len(), e.Rows)
+			assert.Contains(t, tb.Columns, "rep", "a tidy table names the repetition")
+			for _, r := range tb.Rows(nil) {
+				for _, c := range tb.Columns {
+					if strings.HasSuffix(c, "_ns") || strings.HasSuffix(c, "_bytes") {
+						assert.False(t, math.IsNaN(r.Float(c)), "%s is a number", c)
+					}
+				}
+			}
+			pngs := 0
+			for _, f := range e.Files {
+				path := filepath.Join(dir, f)
+				require.FileExists(t, path)
+				if filepath.Ext(f) == ".png" {
+					pngs++
+					fh, err := os.Open(path)
+					require.NoError(t, err)
+					_, err = png.Decode(fh)
+					assert.NoError(t, err, f)
+					assert.NoError(t, fh.Close())
+					assert.FileExists(t, strings.TrimSuffix(path, ".png")+".svg")
+					assert.Contains(t, string(summary), "("+f+")", "the summary shows the figure")
+				}
+			}
+			assert.Positive(t, pngs, "at least one figure")
+			assert.Contains(t, string(summary), "["+e.Name+"]("+e.Name+".csv)", "a headline links the CSV")
+		})
+	}
+}
+
+func TestOnlyAndList(t *testing.T) {
+	out, _, err := runArgs("--list")
+	require.NoError(t, err)
+	for _, e := range suite.Experiments() {
+		assert.Contains(t, out, e.Name)
+	}
+	dir := t.TempDir()
+	_, stderr, err := runArgs("--tiny", "--only", "registration", "--out", dir)
+	require.NoError(t, err)
+	assert.Contains(t, stderr, "registration: done")
+	entries, err := os.ReadDir(dir)
+	require.NoError(t, err)
+	var names []string
+	for _, e := range entries {
+		names = append(names, e.Name())
+	}
+	assert.ElementsMatch(t, []string{"registration.csv", "registration.png", "registration.svg", "manifest.json", "summary.md"}, names)
+}
+
+func TestBadArguments(t *testing.T) {
+	_, _, err := runArgs("--tiny", "--only", "nonsense", "--out", t.TempDir())
+	assert.True(t, errors.Is(err, suite.ErrUnknownExperiment), "%v", err)
+	for _, args := range [][]string{{"--tiny", "--full"}, {"extra"}, {"--seed", "x"}} {
+		_, _, err := runArgs(args...)
+		assert.Error(t, err, "%v", args)
+	}
+}
