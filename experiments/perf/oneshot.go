@@ -17,6 +17,18 @@ type OneShotResult struct {
 	// the registration's snapshot of present pages (see odp.Config.NoSnapshot).
 	Mapped  int
 	RNRNaks uint64
+	// Source is the source device's counters over the transfer.
+	Source odp.Stats
+}
+
+// OneShotOptions vary a one-shot transfer.
+type OneShotOptions struct {
+	// NoSnapshot: the ODP registration maps none of the present pages, and every
+	// page takes a network page fault; by default it maps them, as mlx5 does.
+	NoSnapshot bool
+	// Untouched leaves the source unwritten: every page is missing and a network
+	// page fault must allocate it, as for memory the application has not used.
+	Untouched bool
 }
 
 // oneShotSink bounds the server's region: the transfer's destination is a
@@ -28,9 +40,7 @@ const oneShotSink = 16 << 20
 // demand with p.ODP), WRITEs it in p.Size messages to a server's warm pinned buffer
 // and deregisters it; the total is what the application waits for. The
 // application's writing of the data is not timed. p.Iters and p.MRSize are ignored.
-// With noSnapshot the ODP registration maps none of the (present) pages, and every
-// page takes a network page fault; by default it maps them, as mlx5 does.
-func OneShot(p Params, n int, noSnapshot bool) (OneShotResult, error) {
+func OneShot(p Params, n int, o OneShotOptions) (OneShotResult, error) {
 	p.Size = min(max(p.Size, 0), n)
 	p.MRSize = n
 	p.Iters = 1
@@ -50,7 +60,7 @@ func OneShot(p Params, n int, noSnapshot bool) (OneShotResult, error) {
 	defer server.close()
 	fill(server.buf)
 	ccfg := p.device(false)
-	ccfg.NoSnapshot = noSnapshot
+	ccfg.NoSnapshot = o.NoSnapshot
 	client, err := newBareSide(ccfg, p)
 	if err != nil {
 		return OneShotResult{}, err
@@ -68,8 +78,11 @@ func OneShot(p Params, n int, noSnapshot bool) (OneShotResult, error) {
 			return OneShotResult{}, err
 		}
 	}
-	fill(client.buf) // the data the application produced
+	if !o.Untouched {
+		fill(client.buf) // the data the application produced
+	}
 	r := OneShotResult{Bytes: n}
+	before := client.dev.Stats()
 	start := time.Now()
 	if err := client.register(p); err != nil {
 		return OneShotResult{}, err
@@ -87,5 +100,14 @@ func OneShot(p Params, n int, noSnapshot bool) (OneShotResult, error) {
 	r.Register, r.Transfer, r.Deregister = registered.Sub(start), transferred.Sub(registered), r.Total-transferred.Sub(start)
 	r.PageFaults, r.PagesFault, r.Mapped = st.PageFaults, st.PagesFaulted, st.ValidPages
 	r.RNRNaks = client.qp.Stats().RNRNaksReceived
+	r.Source = statsDelta(client.dev.Stats(), before)
 	return r, nil
+}
+
+// statsDelta returns the fault counters of a minus b.
+func statsDelta(a, b odp.Stats) odp.Stats {
+	return odp.Stats{PageFaults: a.PageFaults - b.PageFaults, PagesFaulted: a.PagesFaulted - b.PagesFaulted,
+		FaultTime: a.FaultTime - b.FaultTime, CPUFaults: a.CPUFaults - b.CPUFaults, CPUFaultTime: a.CPUFaultTime - b.CPUFaultTime,
+		Phases: odp.FaultPhases{Detect: a.Phases.Detect - b.Phases.Detect, Resolve: a.Phases.Resolve - b.Phases.Resolve,
+			Update: a.Phases.Update - b.Phases.Update, Model: a.Phases.Model - b.Phases.Model, Resume: a.Phases.Resume - b.Phases.Resume}}
 }

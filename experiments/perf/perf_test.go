@@ -152,7 +152,7 @@ func TestRunWithLoss(t *testing.T) {
 // window once; pinned never faults.
 func TestOneShot(t *testing.T) {
 	for _, tc := range []struct{ odp, noSnapshot bool }{{false, false}, {true, false}, {true, true}} {
-		r, err := OneShot(Params{ODP: tc.odp, Size: 64 << 10, FaultAround: 16}, 1<<20, tc.noSnapshot)
+		r, err := OneShot(Params{ODP: tc.odp, Size: 64 << 10, FaultAround: 16}, 1<<20, OneShotOptions{NoSnapshot: tc.noSnapshot})
 		require.NoError(t, err)
 		assert.Equal(t, 1<<20, r.Bytes)
 		assert.Positive(t, r.Register)
@@ -163,13 +163,15 @@ func TestOneShot(t *testing.T) {
 		case tc.noSnapshot:
 			assert.EqualValues(t, 256, r.PagesFault, "every source page, once")
 			assert.EqualValues(t, 16, r.PageFaults)
+			assert.EqualValues(t, 16, r.Source.PageFaults)
+			assert.Positive(t, r.Source.Phases.Resolve)
 		case tc.odp:
 			assert.Equal(t, 256, r.Mapped, "every source page, by the snapshot or faults")
 		default:
 			assert.Zero(t, r.PageFaults)
 		}
 	}
-	r, err := OneShot(Params{Size: 64 << 10}, 4096, false)
+	r, err := OneShot(Params{Size: 64 << 10}, 4096, OneShotOptions{})
 	require.NoError(t, err)
 	assert.Equal(t, 4096, r.Bytes, "a message is at most the transfer")
 }

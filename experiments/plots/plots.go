@@ -103,6 +103,11 @@ func (f Figure) Save(dir, name string) ([]string, error) {
 	if err != nil {
 		return nil, fmt.Errorf("plots: %s: %w", name, err)
 	}
+	return saveBoth(p, dir, name)
+}
+
+// saveBoth writes p as dir/name.png and dir/name.svg.
+func saveBoth(p *plot.Plot, dir, name string) ([]string, error) {
 	var paths []string
 	for _, ext := range []string{"png", "svg"} {
 		path := filepath.Join(dir, name+"."+ext)
@@ -292,4 +297,68 @@ func (decadeTicks) Ticks(lo, hi float64) []plot.Tick {
 		}
 	}
 	return ts
+}
+
+// Stack is one segment of every bar of a bar figure: its value per category.
+type Stack struct {
+	Name   string
+	Values []float64
+}
+
+// Bars is a stacked bar figure: one bar per category, its segments stacked in the
+// order given.
+type Bars struct {
+	Title      string
+	Y          Axis
+	Categories []string
+	Stacks     []Stack
+}
+
+// Save draws b and writes dir/name.png and dir/name.svg; it returns their paths.
+func (b Bars) Save(dir, name string) ([]string, error) {
+	p, err := b.plot()
+	if err != nil {
+		return nil, fmt.Errorf("plots: %s: %w", name, err)
+	}
+	return saveBoth(p, dir, name)
+}
+
+func (b Bars) plot() (*plot.Plot, error) {
+	if len(b.Categories) == 0 || len(b.Stacks) == 0 {
+		return nil, ErrEmpty
+	}
+	p := plot.New()
+	p.Title.Text = b.Title
+	p.Title.TextStyle.Font.Size = vg.Points(9)
+	p.Y.Label.Text = b.Y.Label
+	p.Y.Label.TextStyle.Font.Size = vg.Points(8)
+	p.Y.Tick.Label.Font.Size = vg.Points(7)
+	p.X.Tick.Label.Font.Size = vg.Points(7)
+	p.Legend.Top, p.Legend.Left = true, true
+	p.Legend.XOffs, p.Legend.YOffs = vg.Points(4), -vg.Points(2)
+	p.Legend.TextStyle.Font.Size = vg.Points(7)
+	p.Add(plotter.NewGrid())
+	width := (Width - vg.Points(60)) / vg.Length(len(b.Categories)) * 0.6
+	var below *plotter.BarChart
+	for i, s := range b.Stacks {
+		if len(s.Values) != len(b.Categories) {
+			return nil, fmt.Errorf("stack %q has %d values for %d categories", s.Name, len(s.Values), len(b.Categories))
+		}
+		bars, err := plotter.NewBarChart(plotter.Values(s.Values), width)
+		if err != nil {
+			return nil, err
+		}
+		bars.Color = palette[i%len(palette)]
+		bars.LineStyle.Width = 0
+		if below != nil {
+			bars.StackOn(below)
+		}
+		below = bars
+		p.Add(bars)
+		p.Legend.Add(s.Name, bars)
+	}
+	p.NominalX(b.Categories...)
+	p.Y.Min = 0
+	headroom(&p.Y, false, len(b.Stacks))
+	return p, nil
 }

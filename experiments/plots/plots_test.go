@@ -74,3 +74,16 @@ func TestByteTicks(t *testing.T) {
 func summary(q1, med, q3 float64) stats.Summary {
 	return stats.Summary{N: 3, Min: q1, Q1: q1, Median: med, Q3: q3, Max: q3}
 }
+
+func TestBars(t *testing.T) {
+	b := Bars{Title: "anatomy", Y: Axis{Label: "µs per page"}, Categories: []string{"a", "b"},
+		Stacks: []Stack{{Name: "resolve", Values: []float64{1, 2}}, {Name: "update", Values: []float64{0.5, 0.1}}}}
+	paths, err := b.Save(t.TempDir(), "bars")
+	require.NoError(t, err)
+	assert.Len(t, paths, 2)
+	b.Stacks[1].Values = []float64{1}
+	_, err = b.Save(t.TempDir(), "bad")
+	assert.Error(t, err, "a stack with a value missing")
+	_, err = Bars{}.Save(t.TempDir(), "empty")
+	assert.True(t, errors.Is(err, ErrEmpty))
+}

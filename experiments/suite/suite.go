@@ -17,7 +17,6 @@ import (
 	"slices"
 	"time"
 
-	"github.com/odpemu/odpemu/experiments/plots"
 	"github.com/odpemu/odpemu/experiments/results"
 )
 
@@ -67,7 +66,7 @@ type Experiment struct {
 
 // Experiments lists every experiment, in the order the suite runs them.
 func Experiments() []Experiment {
-	return []Experiment{registration, oneShot, coldWarm, invalidationStorm, overcommit, rnrPitfalls}
+	return []Experiment{registration, oneShot, coldWarm, faultAnatomy, invalidationStorm, overcommit, bufferStrategies, rnrPitfalls}
 }
 
 // Headline is one number of the summary.
@@ -149,8 +148,13 @@ func (x *X) Table(name string, columns ...string) *results.Table {
 	return t
 }
 
+// figure is a plots.Figure or plots.Bars.
+type figure interface {
+	Save(dir, name string) ([]string, error)
+}
+
 // Figure saves f as name's PNG and SVG.
-func (x *X) Figure(name string, f plots.Figure) error {
+func (x *X) Figure(name string, f figure) error {
 	paths, err := f.Save(x.dir, name)
 	if err != nil {
 		return err

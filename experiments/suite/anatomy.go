@@ -1,0 +1,134 @@
+package suite
+
+import (
+	"fmt"
+	"runtime"
+	"time"
+
+	"github.com/odpemu/odpemu/experiments/perf"
+	"github.com/odpemu/odpemu/experiments/plots"
+	"github.com/odpemu/odpemu/experiments/results"
+	"github.com/odpemu/odpemu/experiments/stats"
+	"github.com/odpemu/odpemu/experiments/uffdfloor"
+	"github.com/odpemu/odpemu/odp"
+)
+
+var faultAnatomy = Experiment{
+	Name:  "anatomy",
+	Title: "Anatomy of a network page fault (detect, resolve, table update, resume) against userfaultfd's floors",
+	Run:   runAnatomy,
+}
+
+// The phases of a network page fault, as odp.FaultPhases has them.
+var phases = []string{"detect", "resolve", "update", "model", "resume"}
+
+func phaseValues(p odp.FaultPhases) []time.Duration {
+	return []time.Duration{p.Detect, p.Resolve, p.Update, p.Model, p.Resume}
+}
+
+// anatomyVariant is one way the NIC takes its faults.
+type anatomyVariant struct {
+	name        string
+	faultAround int
+	model       odp.FaultModel
+}
+
+var anatomyVariants = []anatomyVariant{
+	{"odp-fa1", 1, odp.FaultModel{}},
+	{"odp-fa16", 16, odp.FaultModel{}},
+	{"odp-fa16-connectx4", 16, odp.FaultModelConnectX4},
+}
+
+// The floors, measured in C.
+const (
+	floorHandler = "c-uffd-handler"
+	floorCopy    = "uffdio-copy"
+)
+
+func runAnatomy(x *X) error {
+	region := pick(x.Scale, 1<<20, 16<<20, 256<<20)
+	reps := pick(x.Scale, 2, 5, 10)
+	pages := region / 4096
+	x.Param("region_bytes", region)
+	x.Param("reps", reps)
+	x.Param("run", "a pass of 4 KiB WRITEs from an untouched ODP source (registered without snapshot) to a warm pinned sink: "+
+		"every source page takes a requester-side network page fault that allocates it; floors: the same number of pages "+
+		"installed by UFFDIO_COPY alone, and faulted by a thread and served by a minimal C handler thread")
+	x.Steps(reps)
+	t := x.Table("", "variant", "rep", "faults", "pages", "phase", "total_ns", "per_fault_ns", "per_page_ns")
+	add := func(variant string, rep int, faults, pages uint64, phase string, total time.Duration) error {
+		return t.Add(variant, rep, faults, pages, phase, total, float64(total)/float64(max(faults, 1)), float64(total)/float64(max(pages, 1)))
+	}
+	for rep := range reps {
+		runtime.GC()
+		for i := range anatomyVariants {
+			v := anatomyVariants[(i+rep)%len(anatomyVariants)]
+			r, err := perf.OneShot(perf.Params{ODP: true, Size: 4096, FaultAround: v.faultAround, FaultModel: v.model}, region,
+				perf.OneShotOptions{NoSnapshot: true, Untouched: true})
+			if err != nil {
+				return fmt.Errorf("%s: %w", v.name, err)
+			}
+			s := r.Source
+			for j, d := range phaseValues(s.Phases) {
+				if err := add(v.name, rep, s.PageFaults, s.PagesFaulted, phases[j], d); err != nil {
+					return err
+				}
+			}
+			if err := add(v.name, rep, s.PageFaults, s.PagesFaulted, "fault", s.FaultTime); err != nil {
+				return err
+			}
+		}
+		copyPer, err := uffdfloor.CopyPerPage(pages)
+		if err != nil {
+			return err
+		}
+		handlerPer, err := uffdfloor.HandlerPerFault(pages)
+		if err != nil {
+			return err
+		}
+		n := uint64(pages)
+		if err := add(floorCopy, rep, n, n, "total", copyPer*time.Duration(pages)); err != nil {
+			return err
+		}
+		if err := add(floorHandler, rep, n, n, "total", handlerPer*time.Duration(pages)); err != nil {
+			return err
+		}
+		x.Step()
+	}
+	return anatomyReport(x, t)
+}
+
+func anatomyReport(x *X, t *results.Table) error {
+	med := func(variant, phase, col string) float64 {
+		return stats.Median(results.Floats(t.Rows(sel("variant", variant, "phase", phase)), col))
+	}
+	cats := []string{"FA 1", "FA 16", "FA 16, CX-4", "C handler", "COPY ioctl"}
+	var stacks []plots.Stack
+	for _, ph := range phases {
+		s := plots.Stack{Name: ph}
+		for _, v := range anatomyVariants {
+			s.Values = append(s.Values, med(v.name, ph, "per_page_ns")/1e3)
+		}
+		s.Values = append(s.Values, 0, 0)
+		stacks = append(stacks, s)
+	}
+	stacks = append(stacks, plots.Stack{Name: "floor (whole fault)", Values: []float64{0, 0, 0,
+		med(floorHandler, "total", "per_page_ns") / 1e3, med(floorCopy, "total", "per_page_ns") / 1e3}})
+	if err := x.Figure("anatomy", plots.Bars{Title: "A network page fault's time per page (FA: fault-around)",
+		Y: plots.Axis{Label: "time per page (µs)"}, Categories: cats, Stacks: stacks}); err != nil {
+		return err
+	}
+	for _, v := range anatomyVariants[:2] {
+		fault := med(v.name, "fault", "per_fault_ns")
+		x.Headline(fmt.Sprintf("network page fault, %s: time per fault, per page", v.name),
+			fmt.Sprintf("%s, %s", dur(fault), dur(med(v.name, "fault", "per_page_ns"))),
+			fmt.Sprintf("medians; resolve %s, table update %s, resume %s per fault", dur(med(v.name, "resolve", "per_fault_ns")),
+				dur(med(v.name, "update", "per_fault_ns")), dur(med(v.name, "resume", "per_fault_ns"))))
+	}
+	h := stats.Summarize(results.Floats(t.Rows(sel("variant", floorHandler)), "per_page_ns"))
+	x.Headline("floors: a page by UFFDIO_COPY, a fault served by a minimal C handler",
+		fmt.Sprintf("%s, %s", dur(med(floorCopy, "total", "per_page_ns")), dur(h.Median)),
+		fmt.Sprintf("medians; the handler's quartiles %s-%s (its thread's wake-up); the emulator's 1-page fault over the handler's: %s",
+			dur(h.Q1), dur(h.Q3), ratio(med("odp-fa1", "fault", "per_fault_ns")/h.Median)))
+	return nil
+}

@@ -1,0 +1,358 @@
+package suite
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"math/rand/v2"
+	"runtime"
+	"time"
+	"unsafe"
+
+	"github.com/odpemu/odpemu/experiments/plots"
+	"github.com/odpemu/odpemu/experiments/regcache"
+	"github.com/odpemu/odpemu/experiments/results"
+	"github.com/odpemu/odpemu/experiments/stats"
+	"github.com/odpemu/odpemu/odp"
+	"github.com/odpemu/odpemu/transport/roce"
+	"golang.org/x/sys/unix"
+)
+
+var bufferStrategies = Experiment{
+	Name:  "buffers",
+	Title: "How applications manage RDMA buffers, vs buffer reuse: register each time, bounce, pin-down cache, ODP",
+	Run:   runBuffers,
+}
+
+// The strategies, the ways applications really manage RDMA memory.
+const (
+	stratRegister    = "register-each" // register and deregister around each transfer
+	stratBounce      = "bounce"        // copy into one pinned buffer registered once
+	stratCache       = "pin-cache"     // regcache: pinned registrations kept, invalidated by unmap events
+	stratODP         = "odp"           // one implicit ODP MR over the address space
+	stratODPPrefetch = "odp-prefetch"  // and a synchronous prefetch of each new buffer
+	stratODPHW       = "odp-connectx4" // implicit ODP with a ConnectX-4's fault latency
+)
+
+var strategies = []string{stratRegister, stratBounce, stratCache, stratODP, stratODPPrefetch, stratODPHW}
+
+// bufferWorkload is the transfers' shape.
+type bufferWorkload struct {
+	size      int // bytes per transfer (one WRITE)
+	pool      int // live buffers the application keeps
+	transfers int // measured, after pool warm-up transfers
+}
+
+func runBuffers(x *X) error {
+	w := bufferWorkload{size: 256 << 10, pool: 16, transfers: pick(x.Scale, 40, 200, 2000)}
+	reuses := pick(x.Scale, []float64{0, 1}, []float64{0, 0.5, 0.9, 1}, []float64{0, 0.1, 0.25, 0.5, 0.75, 0.9, 0.99, 1})
+	reps := pick(x.Scale, 1, 3, 5)
+	x.Param("transfer_bytes", w.size)
+	x.Param("pool_buffers", w.pool)
+	x.Param("transfers", w.transfers)
+	x.Param("reuse_rates", reuses)
+	x.Param("reps", reps)
+	x.Param("cache_capacity_bytes", w.pool*w.size)
+	x.Param("workload", "each transfer WRITEs one buffer: with probability reuse one of the application's live buffers, "+
+		"else a new one it allocates and fills, freeing (munmap) a random live one; the first pool transfers fill the pool "+
+		"and are not timed; timed: the strategy's work and the transfer, not the application's allocation and filling")
+	x.Steps(len(reuses) * reps)
+	t := x.Table("", "strategy", "reuse", "rep", "transfers", "bytes", "total_ns", "new_buffers", "registrations",
+		"cache_hits", "cache_misses", "cache_invalidations", "network_page_faults")
+	for _, reuse := range reuses {
+		for rep := range reps {
+			runtime.GC()
+			for i := range strategies {
+				s := strategies[(i+rep)%len(strategies)]
+				r, err := runStrategy(s, w, reuse, x.Seed+uint64(rep))
+				if err != nil {
+					return fmt.Errorf("%s at reuse %.2f: %w", s, reuse, err)
+				}
+				if err := t.Add(s, reuse, rep, w.transfers, w.transfers*w.size, r.total, r.fresh, r.registrations,
+					r.cache.Hits, r.cache.Misses, r.cache.Invalidations, r.faults); err != nil {
+					return err
+				}
+			}
+			x.Step()
+		}
+	}
+	return buffersReport(x, t, reuses)
+}
+
+type strategyResult struct {
+	total                time.Duration
+	fresh, registrations int
+	cache                regcache.Stats
+	faults               uint64
+}
+
+// bufferRig is a client device whose QP WRITEs to a server's warm pinned sink.
+type bufferRig struct {
+	client, server *odp.Device
+	pd             *odp.PD
+	qp             *odp.QP
+	cq             *odp.CQ
+	sink           *odp.MR
+	wcs            []odp.WC
+}
+
+func newBufferRig(cfg odp.Config, size int) (_ *bufferRig, err error) {
+	r := &bufferRig{wcs: make([]odp.WC, 1)}
+	defer func() {
+		if err != nil {
+			r.close()
+		}
+	}()
+	var qps [2]*odp.QP
+	for i, d := range []**odp.Device{&r.client, &r.server} {
+		if *d, err = odp.Open(cfg); err != nil {
+			return nil, err
+		}
+		pd, err := (*d).AllocPD()
+		if err != nil {
+			return nil, err
+		}
+		cq, err := (*d).CreateCQ(4)
+		if err != nil {
+			return nil, err
+		}
+		if qps[i], err = pd.CreateQP(odp.QPConfig{SendCQ: cq, RecvCQ: cq, MaxSendWR: 4}); err != nil {
+			return nil, err
+		}
+		if i == 0 {
+			r.pd, r.cq = pd, cq
+			continue
+		}
+		buf, err := (*d).Alloc(size)
+		if err != nil {
+			return nil, err
+		}
+		if r.sink, err = pd.RegMR(buf, odp.AccessLocalWrite|odp.AccessRemoteWrite); err != nil {
+			return nil, err
+		}
+	}
+	r.qp = qps[0]
+	pa, pb, err := roce.Pipe(odp.LoopbackLimits, roce.Loss{})
+	if err != nil {
+		return nil, err
+	}
+	return r, odp.ConnectPorts(qps[0], qps[1], pa, pb)
+}
+
+func (r *bufferRig) close() {
+	for _, d := range []*odp.Device{r.client, r.server} {
+		if d != nil {
+			_ = d.Close() // a measurement does not depend on the teardown
+		}
+	}
+}
+
+// write WRITEs buf, registered by lkey, to the sink and waits for its completion.
+func (r *bufferRig) write(buf []byte, lkey uint32) error {
+	if err := r.qp.PostSend(odp.SendWR{Opcode: odp.OpRDMAWrite, Flags: odp.SendSignaled,
+		SGL:        []odp.SGE{{Addr: uint64(uintptr(unsafe.Pointer(unsafe.SliceData(buf)))), Length: uint32(len(buf)), LKey: lkey}},
+		RemoteAddr: r.sink.Addr(), RKey: r.sink.RKey()}); err != nil {
+		return err
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	if _, err := r.cq.Wait(ctx, r.wcs); err != nil {
+		return err
+	}
+	if wc := r.wcs[0]; wc.Status != odp.WCSuccess {
+		return fmt.Errorf("WRITE: %v (%s)", wc.Status, wc.Detail)
+	}
+	return nil
+}
+
+// runStrategy runs the workload with one strategy.
+func runStrategy(strategy string, w bufferWorkload, reuse float64, seed uint64) (res strategyResult, err error) {
+	onDemand := strategy == stratODP || strategy == stratODPPrefetch || strategy == stratODPHW
+	cfg := odp.Config{}
+	if strategy == stratODPHW {
+		cfg.FaultModel = odp.FaultModelConnectX4
+	}
+	rig, err := newBufferRig(cfg, w.size)
+	if err != nil {
+		return res, err
+	}
+	defer rig.close()
+	const pinned = odp.AccessLocalWrite
+	// The application's buffers: ODP memory comes from the device, pinned
+	// strategies' from plain anonymous mappings.
+	alloc := func() ([]byte, error) {
+		if onDemand {
+			return rig.client.Alloc(w.size)
+		}
+		return unix.Mmap(-1, 0, w.size, unix.PROT_READ|unix.PROT_WRITE, unix.MAP_PRIVATE|unix.MAP_ANONYMOUS)
+	}
+	free := func(b []byte) error {
+		if onDemand {
+			return rig.client.Free(b)
+		}
+		return unix.Munmap(b)
+	}
+	var live [][]byte
+	defer func() {
+		for _, b := range live {
+			err = errors.Join(err, free(b))
+		}
+	}()
+	// The strategy's state.
+	var bounce []byte
+	var bounceMR, implicit *odp.MR
+	var cache *regcache.Cache
+	switch strategy {
+	case stratBounce:
+		if bounce, err = alloc(); err != nil {
+			return res, err
+		}
+		live = append(live, bounce) // freed with the rest; never sent from directly
+		if bounceMR, err = rig.pd.RegMR(bounce, pinned); err != nil {
+			return res, err
+		}
+	case stratCache:
+		if cache, err = regcache.New(rig.pd, pinned, int64(w.pool*w.size)); err != nil {
+			return res, err
+		}
+		defer func() { err = errors.Join(err, cache.Close()) }()
+	default:
+		if onDemand {
+			if implicit, err = rig.pd.RegImplicitMR(pinned | odp.AccessOnDemand); err != nil {
+				return res, err
+			}
+		}
+	}
+	if bounce != nil {
+		live = live[:0] // the bounce buffer is not one of the application's
+		defer func() { err = errors.Join(err, free(bounce)) }()
+	}
+	rng := rand.New(rand.NewPCG(seed, uint64(reuse*1e6)))
+	// send is the strategy's work for one transfer, timed.
+	send := func(buf []byte, fresh bool) error {
+		switch strategy {
+		case stratRegister:
+			mr, err := rig.pd.RegMR(buf, pinned)
+			if err != nil {
+				return err
+			}
+			res.registrations++
+			return errors.Join(rig.write(buf, mr.LKey()), mr.Dereg())
+		case stratBounce:
+			copy(bounce, buf)
+			return rig.write(bounce, bounceMR.LKey())
+		case stratCache:
+			h, err := cache.Get(buf)
+			if err != nil {
+				return err
+			}
+			return errors.Join(rig.write(buf, h.MR().LKey()), h.Release())
+		case stratODPPrefetch:
+			if fresh {
+				if err := rig.pd.AdviseMR(odp.AdvisePrefetch, odp.AdviseFlush, []odp.SGE{{
+					Addr: uint64(uintptr(unsafe.Pointer(&buf[0]))), Length: uint32(len(buf)), LKey: implicit.LKey()}}); err != nil {
+					return err
+				}
+			}
+		}
+		return rig.write(buf, implicit.LKey())
+	}
+	faults := rig.client.Stats().PageFaults
+	var warmCache regcache.Stats // the cache's counters after the untimed transfers
+	for i := range w.pool + w.transfers {
+		timed := i >= w.pool
+		var buf []byte
+		fresh := len(live) < w.pool || rng.Float64() >= reuse
+		if fresh {
+			if buf, err = alloc(); err != nil {
+				return res, err
+			}
+			for j := 0; j < len(buf); j += 512 {
+				buf[j] = byte(i + j)
+			}
+			if len(live) < w.pool {
+				live = append(live, buf)
+			} else {
+				k := rng.IntN(len(live))
+				if err := free(live[k]); err != nil {
+					return res, err
+				}
+				live[k] = buf
+			}
+		} else {
+			buf = live[rng.IntN(len(live))]
+		}
+		if timed && fresh {
+			res.fresh++
+		}
+		if !timed {
+			if err := send(buf, fresh); err != nil {
+				return res, err
+			}
+			faults, res.registrations = rig.client.Stats().PageFaults, 0
+			if cache != nil {
+				if warmCache, err = cache.Stats(); err != nil {
+					return res, err
+				}
+			}
+			continue
+		}
+		t0 := time.Now()
+		if err := send(buf, fresh); err != nil {
+			return res, err
+		}
+		res.total += time.Since(t0)
+	}
+	res.faults = rig.client.Stats().PageFaults - faults
+	if cache != nil {
+		if res.cache, err = cache.Stats(); err != nil {
+			return res, err
+		}
+		res.cache.Hits -= warmCache.Hits
+		res.cache.Misses -= warmCache.Misses
+		res.cache.Invalidations -= warmCache.Invalidations
+	}
+	return res, nil
+}
+
+func buffersReport(x *X, t *results.Table, reuses []float64) error {
+	// Throughput per strategy vs reuse.
+	tp, err := results.NewTable("throughput", "reuse", "strategy", "mib_s")
+	if err != nil {
+		return err
+	}
+	for _, r := range t.Rows(nil) {
+		if err := tp.Add(r.Float("reuse"), r.Get("strategy"), r.Float("bytes")/(1<<20)/(r.Float("total_ns")/1e9)); err != nil {
+			return err
+		}
+	}
+	if err := x.Figure("buffers", plots.Figure{Title: "Buffer strategies vs buffer reuse (256 KiB transfers)",
+		X: plots.Axis{Label: "fraction of transfers from a buffer sent before"}, Y: plots.Axis{Label: "throughput (MiB/s)"},
+		Series: plots.Group(tp.Rows(nil), "reuse", "mib_s", "strategy")}); err != nil {
+		return err
+	}
+	// Where the pin-down cache stops beating ODP: the lowest reuse from which its
+	// time stays below ODP's.
+	from := -1.0
+	for i := len(reuses) - 1; i >= 0; i-- {
+		r := perRep(t, "total_ns", sel("strategy", stratCache, "reuse", reuses[i]), sel("strategy", stratODP, "reuse", reuses[i]))
+		if len(r) == 0 || stats.Median(r) >= 1 {
+			break
+		}
+		from = reuses[i]
+	}
+	what := "reuse from which the pin-down cache beats ODP (emulator faults)"
+	switch {
+	case from < 0:
+		x.Headline(what, "none", "ODP is as fast or faster at every reuse rate measured")
+	default:
+		x.Headline(what, fmt.Sprintf("%.2f", from), "median of per-repetition time ratios below 1 from there up")
+	}
+	for _, s := range []string{stratRegister, stratBounce, stratODP, stratODPHW} {
+		lo := stats.Median(perRep(t, "total_ns", sel("strategy", stratCache, "reuse", reuses[0]), sel("strategy", s, "reuse", reuses[0])))
+		hi := stats.Median(perRep(t, "total_ns", sel("strategy", stratCache, "reuse", reuses[len(reuses)-1]), sel("strategy", s, "reuse", reuses[len(reuses)-1])))
+		x.Headline(fmt.Sprintf("pin-down cache time / %s time, at reuse %.2g and %.2g", s, reuses[0], reuses[len(reuses)-1]),
+			fmt.Sprintf("%.2f, %.2f", lo, hi), "medians of per-repetition ratios; below 1: the cache is faster")
+	}
+	return nil
+}
