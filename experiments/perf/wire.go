@@ -171,6 +171,25 @@ func WireServer(ctx context.Context, ln *roce.CMListener, conn *net.UDPConn, p P
 	return nil
 }
 
+// ServeWireRounds is a wire comparison's server process: it listens on loopback,
+// tells print its connection manager's and UDP sink's addresses, and serves rounds
+// of WireServer with p.
+func ServeWireRounds(ctx context.Context, p Params, rounds int, print func(cm, udp string)) error {
+	ln, err := roce.ListenCM("127.0.0.1:0")
+	if err != nil {
+		return err
+	}
+	defer func() { _ = ln.Close() }() // served
+	conn, err := net.ListenUDP("udp4", &net.UDPAddr{IP: net.IPv4(127, 0, 0, 1)})
+	if err != nil {
+		return err
+	}
+	defer func() { _ = conn.Close() }() // served
+	SetBuffers(conn)                    // before the client may send: a full default buffer drops
+	print(ln.Addr().String(), conn.LocalAddr().String())
+	return WireServer(ctx, ln, conn, p, rounds)
+}
+
 // WireClient runs rounds of the wire comparison against a WireServer and returns
 // each kind's bandwidths in round order.
 func WireClient(ctx context.Context, cmAddr, udpAddr string, p Params, rounds int) (map[string][]float64, error) {

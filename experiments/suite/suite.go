@@ -66,7 +66,8 @@ type Experiment struct {
 
 // Experiments lists every experiment, in the order the suite runs them.
 func Experiments() []Experiment {
-	return []Experiment{registration, oneShot, coldWarm, faultAnatomy, invalidationStorm, overcommit, bufferStrategies, rnrPitfalls}
+	return []Experiment{registration, oneShot, coldWarm, faultAnatomy, invalidationStorm, overcommit, bufferStrategies, rnrPitfalls,
+		wireExperiment}
 }
 
 // Headline is one number of the summary.
@@ -100,6 +101,10 @@ type Config struct {
 	Progress Progress
 	// Command is recorded in the manifest.
 	Command []string
+	// WireServer is the command that starts the wire experiment's server process: a
+	// program that passes the arguments the suite appends to ServeWire and prints
+	// what ServeWire prints. Without it the wire experiment fails with ErrNoServer.
+	WireServer []string
 }
 
 // ErrUnknownExperiment is returned for a name in Config.Only that names none.
@@ -126,6 +131,8 @@ type X struct {
 	files     []string
 	headlines []Headline
 	params    map[string]any
+
+	wireServer []string
 }
 
 // Steps announces how many steps the experiment will report.
@@ -200,7 +207,7 @@ func Run(cfg Config) (*Report, error) {
 			continue
 		}
 		x := &X{Scale: cfg.Scale, Seed: cfg.Seed + uint64(i)*1000, name: e.Name, dir: cfg.Dir, prog: cfg.Progress,
-			params: map[string]any{}}
+			params: map[string]any{}, wireServer: cfg.WireServer}
 		x.Param("seed", x.Seed)
 		start := time.Now()
 		err := e.Run(x)

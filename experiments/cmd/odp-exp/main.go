@@ -23,8 +23,17 @@ import (
 	"github.com/spf13/pflag"
 )
 
+// wireServerRole is the hidden first argument that makes this program the wire
+// experiment's server process.
+const wireServerRole = "wire-server"
+
 func main() {
-	err := run(os.Args[1:], os.Stdout, os.Stderr)
+	var err error
+	if len(os.Args) > 1 && os.Args[1] == wireServerRole {
+		err = serveWire(os.Args[2:], os.Stdout)
+	} else {
+		err = run(os.Args[1:], os.Stdout, os.Stderr)
+	}
 	switch {
 	case errors.Is(err, pflag.ErrHelp):
 		os.Exit(0)
@@ -70,7 +79,12 @@ func run(args []string, stdout, stderr io.Writer) error {
 	if dir == "" {
 		dir = filepath.Join("experiments", "results", time.Now().UTC().Format("20060102-150405"))
 	}
-	cfg := suite.Config{Scale: scale, Only: *only, Dir: dir, Seed: *seed, Command: append([]string{"odp-exp"}, args...)}
+	exe, err := os.Executable()
+	if err != nil {
+		return err
+	}
+	cfg := suite.Config{Scale: scale, Only: *only, Dir: dir, Seed: *seed, Command: append([]string{"odp-exp"}, args...),
+		WireServer: []string{exe, wireServerRole}}
 	if !*quiet {
 		cfg.Progress = &bars{w: stderr}
 	}
@@ -84,6 +98,11 @@ func run(args []string, stdout, stderr io.Writer) error {
 		fmt.Fprintf(stdout, "\nsummary: %s\n", filepath.Join(dir, "summary.md"))
 	}
 	return err
+}
+
+// serveWire is the wire experiment's server process.
+func serveWire(args []string, stdout io.Writer) error {
+	return suite.ServeWire(args, func(cm, udp string) { fmt.Fprintf(stdout, "cm %s udp %s\n", cm, udp) })
 }
 
 // bars shows each experiment's progress.

@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"encoding/json"
 	"errors"
+	"fmt"
 	"image/png"
 	"math"
 	"os"
@@ -18,7 +19,18 @@ import (
 	"go.uber.org/goleak"
 )
 
-func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
+// TestMain is also the wire experiment's server process, which the suite starts as
+// this executable with the server role's argument.
+func TestMain(m *testing.M) {
+	if len(os.Args) > 1 && os.Args[1] == wireServerRole {
+		if err := serveWire(os.Args[2:], os.Stdout); err != nil {
+			fmt.Fprintln(os.Stderr, err)
+			os.Exit(1)
+		}
+		os.Exit(0)
+	}
+	goleak.VerifyTestMain(m)
+}
 
 func runArgs(args ...string) (string, string, error) {
 	var out, errOut bytes.Buffer
@@ -37,6 +49,7 @@ var tinyRows = map[string]int{
 	"overcommit":   1 * 4 * 3,           // 1 rep, 4 budgets, pinned and 2 fault models
 	"buffers":      2 * 1 * 6,           // 2 reuse rates, 1 rep, 6 strategies
 	"rnr":          1 * 2 * 2 * (2 + 1), // 1 rep, 2 models, 2 timers, 2 losses and rnr_retry 1
+	"wire":         1 * 3,               // 1 round of UDP, pinned and ODP
 }
 
 // The whole suite at the tiny scale: every CSV parses with its rows, every figure

@@ -4,7 +4,6 @@ import (
 	"context"
 	"fmt"
 	"io"
-	"net"
 	"os"
 	"strconv"
 	"time"
@@ -76,20 +75,8 @@ func wireServer(args []string, stdout, stderr io.Writer) error {
 	if err := fs.Parse(args); err != nil {
 		return err
 	}
-	ln, err := roce.ListenCM("127.0.0.1:0")
-	if err != nil {
-		return err
-	}
-	defer func() { _ = ln.Close() }() // served
-	conn, err := net.ListenUDP("udp4", &net.UDPAddr{IP: net.IPv4(127, 0, 0, 1)})
-	if err != nil {
-		return err
-	}
-	defer func() { _ = conn.Close() }() // served
-	perf.SetBuffers(conn)               // before the client may send: a full default buffer drops
-	fmt.Fprintf(stdout, "cm %s udp %s\n", ln.Addr(), conn.LocalAddr())
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Minute)
 	defer cancel()
 	p := perf.Params{Test: perf.WriteBW, Size: int(*msg), Iters: *iters, Depth: *depth, CQMod: 1, MRSize: int(*msg) * *depth}
-	return perf.WireServer(ctx, ln, conn, p, *reps)
+	return perf.ServeWireRounds(ctx, p, *reps, func(cm, udp string) { fmt.Fprintf(stdout, "cm %s udp %s\n", cm, udp) })
 }

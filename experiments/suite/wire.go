@@ -1,0 +1,107 @@
+package suite
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"strconv"
+	"time"
+
+	"github.com/odpemu/odpemu/experiments/perf"
+	"github.com/odpemu/odpemu/experiments/plots"
+	"github.com/odpemu/odpemu/experiments/stats"
+)
+
+var wireExperiment = Experiment{
+	Name:  "wire",
+	Title: "RoCEv2 over UDP between two processes: pinned and ODP WRITE bandwidth against a plain UDP stream",
+	Run:   runWire,
+}
+
+// ErrNoServer is returned by the wire experiment when the run has no command to
+// start its server process with (Config.WireServer).
+var ErrNoServer = errors.New("suite: no wire server command")
+
+// wireServerArgs are the arguments the suite adds to Config.WireServer's, which the
+// server process passes to ServeWire.
+func wireServerArgs(size, iters, depth, rounds int) []string {
+	return []string{strconv.Itoa(size), strconv.Itoa(iters), strconv.Itoa(depth), strconv.Itoa(rounds)}
+}
+
+// ServeWire is the server process of the wire experiment: args are what the suite
+// passed (see Config.WireServer). It prints its addresses on stdout, then serves.
+func ServeWire(args []string, print func(cm, udp string)) error {
+	if len(args) != 4 {
+		return fmt.Errorf("suite: wire server: want 4 arguments, got %q", args)
+	}
+	var n [4]int
+	for i, a := range args {
+		v, err := strconv.Atoi(a)
+		if err != nil || v < 1 {
+			return fmt.Errorf("suite: wire server: bad argument %q", a)
+		}
+		n[i] = v
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Minute)
+	defer cancel()
+	return perf.ServeWireRounds(ctx, wireParams(n[0], n[1], n[2]), n[3], print)
+}
+
+func wireParams(size, iters, depth int) perf.Params {
+	return perf.Params{Test: perf.WriteBW, Size: size, Iters: iters, Depth: depth, CQMod: 1, MRSize: size * depth}
+}
+
+func runWire(x *X) error {
+	if len(x.wireServer) == 0 {
+		return ErrNoServer
+	}
+	const size, depth = 64 << 10, 4
+	iters := pick(x.Scale, 50, 500, 2000)
+	rounds := pick(x.Scale, 1, 5, 10)
+	x.Param("message_bytes", size)
+	x.Param("iterations", iters)
+	x.Param("depth", depth)
+	x.Param("rounds", rounds)
+	x.Param("run", "two processes on loopback: each round a plain UDP stream of the same packets (one sendto/recvfrom each, "+
+		"a message acknowledged as RC does), then RoCEv2 WRITEs to a pinned region, then to an ODP region after a warm-up pass")
+	x.Steps(1)
+	t := x.Table("", "kind", "rep", "bw_mib_s")
+	args := append(append([]string(nil), x.wireServer[1:]...), wireServerArgs(size, iters, depth, rounds)...)
+	cm, udp, wait, err := perf.StartWireServer(x.wireServer[0], args)
+	if err != nil {
+		return err
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Minute)
+	defer cancel()
+	bw, err := perf.WireClient(ctx, cm, udp, wireParams(size, iters, depth), rounds)
+	if werr := wait(); err == nil && werr != nil {
+		err = fmt.Errorf("wire server: %w", werr)
+	}
+	if err != nil {
+		return err
+	}
+	for _, kind := range perf.WireRound {
+		for rep, v := range bw[kind] {
+			if err := t.Add(kind, rep, v); err != nil {
+				return err
+			}
+		}
+	}
+	x.Step()
+	var meds []float64
+	for _, kind := range perf.WireRound {
+		meds = append(meds, stats.Median(bw[kind]))
+	}
+	if err := x.Figure("wire", plots.Bars{Title: "WRITE bandwidth between two processes (medians)",
+		Y: plots.Axis{Label: "bandwidth (MiB/s)"}, Categories: []string{"plain UDP", "RoCEv2, pinned", "RoCEv2, ODP warm"},
+		Stacks: []plots.Stack{{Name: fmt.Sprintf("%s messages, %d rounds", human(size), rounds), Values: meds}}}); err != nil {
+		return err
+	}
+	for _, kind := range []string{"pinned", "odp"} {
+		r := perRep(t, "bw_mib_s", sel("kind", kind), sel("kind", "udp"))
+		s := stats.Summarize(r)
+		x.Headline(fmt.Sprintf("two processes over UDP: %s RoCEv2 / plain UDP stream bandwidth", kind), fmt.Sprintf("%.2f", s.Median),
+			fmt.Sprintf("median of %d per-round ratios, quartiles %.2f-%.2f", s.N, s.Q1, s.Q3))
+	}
+	return nil
+}
