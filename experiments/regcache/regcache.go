@@ -66,6 +66,7 @@ type Cache struct {
 	lru    *list.List // of *entry, most recently used first
 	stats  Stats
 	events []pagefault.Msg // scratch for sync
+	popped uint64          // events taken from the server
 	// watched are the ranges registered with the userfaultfd; they stay watched
 	// until they are unmapped or the cache closes.
 	watched map[[2]uintptr]bool
@@ -200,8 +201,9 @@ func (c *Cache) dropLocked(e *entry) error {
 // syncLocked applies every event of a change to memory that completed before it
 // was called. c.mu must be held.
 func (c *Cache) syncLocked() error {
-	if _, err := c.srv.SettledEvents(); err != nil {
-		return err
+	queued, err := c.srv.SettledEvents()
+	if err != nil || queued == c.popped {
+		return err // nothing new: one cgo call per lookup
 	}
 	var errs []error
 	for {
@@ -209,6 +211,7 @@ func (c *Cache) syncLocked() error {
 		if err != nil {
 			return err
 		}
+		c.popped += uint64(n)
 		for _, m := range c.events[:n] {
 			c.stats.Events++
 			lo, hi := m.Start, m.End

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"math/rand/v2"
 	"runtime"
+	"strings"
 	"time"
 	"unsafe"
 
@@ -57,7 +58,7 @@ func runBuffers(x *X) error {
 		"else a new one it allocates and fills, freeing (munmap) a random live one; the first pool transfers fill the pool "+
 		"and are not timed; timed: the strategy's work and the transfer, not the application's allocation and filling")
 	x.Steps(len(reuses) * reps)
-	t := x.Table("", "strategy", "reuse", "rep", "transfers", "bytes", "total_ns", "new_buffers", "registrations",
+	t := x.Table("", "strategy", "reuse", "rep", "transfers", "bytes", "total_ns", "overhead_ns", "new_buffers", "registrations",
 		"cache_hits", "cache_misses", "cache_invalidations", "network_page_faults")
 	for _, reuse := range reuses {
 		for rep := range reps {
@@ -68,7 +69,7 @@ func runBuffers(x *X) error {
 				if err != nil {
 					return fmt.Errorf("%s at reuse %.2f: %w", s, reuse, err)
 				}
-				if err := t.Add(s, reuse, rep, w.transfers, w.transfers*w.size, r.total, r.fresh, r.registrations,
+				if err := t.Add(s, reuse, rep, w.transfers, w.transfers*w.size, r.total, r.overhead, r.fresh, r.registrations,
 					r.cache.Hits, r.cache.Misses, r.cache.Invalidations, r.faults); err != nil {
 					return err
 				}
@@ -81,6 +82,7 @@ func runBuffers(x *X) error {
 
 type strategyResult struct {
 	total                time.Duration
+	overhead             time.Duration // the strategy's own work and the NIC's faults
 	fresh, registrations int
 	cache                regcache.Stats
 	faults               uint64
@@ -228,36 +230,54 @@ func runStrategy(strategy string, w bufferWorkload, reuse float64, seed uint64) 
 		defer func() { err = errors.Join(err, free(bounce)) }()
 	}
 	rng := rand.New(rand.NewPCG(seed, uint64(reuse*1e6)))
-	// send is the strategy's work for one transfer, timed.
-	send := func(buf []byte, fresh bool) error {
+	nothing := func() error { return nil }
+	// prepare is the strategy's work before the transfer of buf: it returns what to
+	// send, its lkey, and the strategy's work after the transfer.
+	prepare := func(buf []byte, fresh bool) ([]byte, uint32, func() error, error) {
 		switch strategy {
 		case stratRegister:
 			mr, err := rig.pd.RegMR(buf, pinned)
 			if err != nil {
-				return err
+				return nil, 0, nil, err
 			}
 			res.registrations++
-			return errors.Join(rig.write(buf, mr.LKey()), mr.Dereg())
+			return buf, mr.LKey(), mr.Dereg, nil
 		case stratBounce:
 			copy(bounce, buf)
-			return rig.write(bounce, bounceMR.LKey())
+			return bounce, bounceMR.LKey(), nothing, nil
 		case stratCache:
 			h, err := cache.Get(buf)
 			if err != nil {
-				return err
+				return nil, 0, nil, err
 			}
-			return errors.Join(rig.write(buf, h.MR().LKey()), h.Release())
+			return buf, h.MR().LKey(), h.Release, nil
 		case stratODPPrefetch:
 			if fresh {
 				if err := rig.pd.AdviseMR(odp.AdvisePrefetch, odp.AdviseFlush, []odp.SGE{{
 					Addr: uint64(uintptr(unsafe.Pointer(&buf[0]))), Length: uint32(len(buf)), LKey: implicit.LKey()}}); err != nil {
-					return err
+					return nil, 0, nil, err
 				}
 			}
 		}
-		return rig.write(buf, implicit.LKey())
+		return buf, implicit.LKey(), nothing, nil
 	}
-	faults := rig.client.Stats().PageFaults
+	// send transfers buf and returns the time the strategy's own work took.
+	send := func(buf []byte, fresh bool) (time.Duration, error) {
+		t0 := time.Now()
+		src, lkey, after, err := prepare(buf, fresh)
+		if err != nil {
+			return 0, err
+		}
+		t1 := time.Now()
+		if err := rig.write(src, lkey); err != nil {
+			return 0, err
+		}
+		t2 := time.Now()
+		err = after()
+		return t1.Sub(t0) + time.Since(t2), err
+	}
+	st0 := rig.client.Stats()
+	faults, faultTime := st0.PageFaults, st0.FaultTime
 	var warmCache regcache.Stats // the cache's counters after the untimed transfers
 	for i := range w.pool + w.transfers {
 		timed := i >= w.pool
@@ -286,10 +306,11 @@ func runStrategy(strategy string, w bufferWorkload, reuse float64, seed uint64) 
 			res.fresh++
 		}
 		if !timed {
-			if err := send(buf, fresh); err != nil {
+			if _, err := send(buf, fresh); err != nil {
 				return res, err
 			}
-			faults, res.registrations = rig.client.Stats().PageFaults, 0
+			st := rig.client.Stats()
+			faults, faultTime, res.registrations = st.PageFaults, st.FaultTime, 0
 			if cache != nil {
 				if warmCache, err = cache.Stats(); err != nil {
 					return res, err
@@ -298,12 +319,16 @@ func runStrategy(strategy string, w bufferWorkload, reuse float64, seed uint64) 
 			continue
 		}
 		t0 := time.Now()
-		if err := send(buf, fresh); err != nil {
+		own, err := send(buf, fresh)
+		if err != nil {
 			return res, err
 		}
 		res.total += time.Since(t0)
+		res.overhead += own
 	}
-	res.faults = rig.client.Stats().PageFaults - faults
+	st := rig.client.Stats()
+	res.faults = st.PageFaults - faults
+	res.overhead += st.FaultTime - faultTime // the NIC's work for ODP: its faults
 	if cache != nil {
 		if res.cache, err = cache.Stats(); err != nil {
 			return res, err
@@ -316,43 +341,58 @@ func runStrategy(strategy string, w bufferWorkload, reuse float64, seed uint64) 
 }
 
 func buffersReport(x *X, t *results.Table, reuses []float64) error {
-	// Throughput per strategy vs reuse.
-	tp, err := results.NewTable("throughput", "reuse", "strategy", "mib_s")
+	// Per transfer: throughput, and the strategy's own cost.
+	per, err := results.NewTable("per_transfer", "reuse", "strategy", "mib_s", "overhead_us")
 	if err != nil {
 		return err
 	}
 	for _, r := range t.Rows(nil) {
-		if err := tp.Add(r.Float("reuse"), r.Get("strategy"), r.Float("bytes")/(1<<20)/(r.Float("total_ns")/1e9)); err != nil {
+		if err := per.Add(r.Float("reuse"), r.Get("strategy"), r.Float("bytes")/(1<<20)/(r.Float("total_ns")/1e9),
+			r.Float("overhead_ns")/r.Float("transfers")/1e3); err != nil {
 			return err
 		}
 	}
-	if err := x.Figure("buffers", plots.Figure{Title: "Buffer strategies vs buffer reuse (256 KiB transfers)",
+	if err := x.Figure("buffers", plots.Figure{Title: "Buffer strategies vs buffer reuse (256 KiB WRITEs)",
 		X: plots.Axis{Label: "fraction of transfers from a buffer sent before"}, Y: plots.Axis{Label: "throughput (MiB/s)"},
-		Series: plots.Group(tp.Rows(nil), "reuse", "mib_s", "strategy")}); err != nil {
+		Series: plots.Group(per.Rows(nil), "reuse", "mib_s", "strategy")}); err != nil {
 		return err
 	}
-	// Where the pin-down cache stops beating ODP: the lowest reuse from which its
-	// time stays below ODP's.
-	from := -1.0
-	for i := len(reuses) - 1; i >= 0; i-- {
-		r := perRep(t, "total_ns", sel("strategy", stratCache, "reuse", reuses[i]), sel("strategy", stratODP, "reuse", reuses[i]))
-		if len(r) == 0 || stats.Median(r) >= 1 {
-			break
+	if err := x.Figure("buffers_overhead", plots.Figure{Title: "The strategy's own cost per transfer",
+		X: plots.Axis{Label: "fraction of transfers from a buffer sent before"},
+		Y: plots.Axis{Label: "registration, copy or fault time (µs)", Log: true},
+		Series: plots.Group(per.Rows(nil), "reuse", "overhead_us", "strategy")}); err != nil {
+		return err
+	}
+	// Where the pin-down cache stops beating ODP, on the strategies' own cost (the
+	// transfer's time is the same for all and, on this emulated NIC, noisy).
+	for _, odpVariant := range []string{stratODP, stratODPHW} {
+		var cacheWins, odpWins []string
+		for _, reuse := range reuses {
+			r := stats.Median(perRep(t, "overhead_ns", sel("strategy", stratCache, "reuse", reuse), sel("strategy", odpVariant, "reuse", reuse)))
+			if r < 1 {
+				cacheWins = append(cacheWins, fmt.Sprintf("%.2g", reuse))
+			} else {
+				odpWins = append(odpWins, fmt.Sprintf("%.2g", reuse))
+			}
 		}
-		from = reuses[i]
+		x.Headline(fmt.Sprintf("buffer reuse at which the pin-down cache costs less than %s, and more", odpVariant),
+			fmt.Sprintf("less at %s; more at %s", orNone(cacheWins), orNone(odpWins)),
+			"medians of per-repetition ratios of the strategies' own cost (registration, copy, lookup, faults)")
 	}
-	what := "reuse from which the pin-down cache beats ODP (emulator faults)"
-	switch {
-	case from < 0:
-		x.Headline(what, "none", "ODP is as fast or faster at every reuse rate measured")
-	default:
-		x.Headline(what, fmt.Sprintf("%.2f", from), "median of per-repetition time ratios below 1 from there up")
-	}
-	for _, s := range []string{stratRegister, stratBounce, stratODP, stratODPHW} {
-		lo := stats.Median(perRep(t, "total_ns", sel("strategy", stratCache, "reuse", reuses[0]), sel("strategy", s, "reuse", reuses[0])))
-		hi := stats.Median(perRep(t, "total_ns", sel("strategy", stratCache, "reuse", reuses[len(reuses)-1]), sel("strategy", s, "reuse", reuses[len(reuses)-1])))
-		x.Headline(fmt.Sprintf("pin-down cache time / %s time, at reuse %.2g and %.2g", s, reuses[0], reuses[len(reuses)-1]),
-			fmt.Sprintf("%.2f, %.2f", lo, hi), "medians of per-repetition ratios; below 1: the cache is faster")
+	for _, reuse := range []float64{reuses[0], reuses[len(reuses)-1]} {
+		var parts []string
+		for _, s := range strategies {
+			parts = append(parts, fmt.Sprintf("%s %s", s, dur(stats.Median(results.Floats(t.Rows(sel("strategy", s, "reuse", reuse)), "overhead_ns"))/
+				float64(max(1, int(t.Rows(sel("strategy", s, "reuse", reuse))[0].Float("transfers")))))))
+		}
+		x.Headline(fmt.Sprintf("own cost per transfer at reuse %.2g", reuse), strings.Join(parts, ", "), "medians over repetitions")
 	}
 	return nil
+}
+
+func orNone(s []string) string {
+	if len(s) == 0 {
+		return "none"
+	}
+	return strings.Join(s, ", ")
 }

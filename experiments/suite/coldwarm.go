@@ -46,7 +46,7 @@ func runColdWarm(x *X) error {
 	// A pass is at least passMsgs messages: a pass of a few messages measures the
 	// start of a run, not its steady rate.
 	region := pick(x.Scale, 4<<20, 32<<20, 512<<20)
-	passMsgs := pick(x.Scale, 64, 256, 1024)
+	passMsgs := pick(x.Scale, 64, 128, 1024)
 	reps := pick(x.Scale, 1, 3, 5)
 	x.Param("message_sizes", sizes)
 	x.Param("region_bytes", fmt.Sprintf("max(%d, %d x message size)", region, passMsgs))
