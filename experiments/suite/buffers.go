@@ -358,8 +358,8 @@ func buffersReport(x *X, t *results.Table, reuses []float64) error {
 		return err
 	}
 	if err := x.Figure("buffers_overhead", plots.Figure{Title: "The strategy's own cost per transfer",
-		X: plots.Axis{Label: "fraction of transfers from a buffer sent before"},
-		Y: plots.Axis{Label: "registration, copy or fault time (µs)", Log: true},
+		X:      plots.Axis{Label: "fraction of transfers from a buffer sent before"},
+		Y:      plots.Axis{Label: "registration, copy or fault time (µs)", Log: true},
 		Series: plots.Group(per.Rows(nil), "reuse", "overhead_us", "strategy")}); err != nil {
 		return err
 	}
