@@ -49,9 +49,10 @@ func TestServeConnect(t *testing.T) {
 	}
 }
 
-// One round of the wire comparison, server and client in one process: each kind
-// measures a bandwidth.
+// One round of the wire comparison, server and client in one process: each kind,
+// cold passes too, measures a bandwidth.
 func TestWireRound(t *testing.T) {
+	kinds := append(WireRound, "pinned-cold", "odp-cold")
 	ln, err := roce.ListenCM("127.0.0.1:0")
 	require.NoError(t, err)
 	defer func() { _ = ln.Close() }() // served
@@ -63,11 +64,11 @@ func TestWireRound(t *testing.T) {
 	defer cancel()
 	p := Params{Test: WriteBW, Size: 256 << 10, Iters: 50, Depth: 4, CQMod: 1, MRSize: 1 << 20}
 	done := make(chan error, 1)
-	go func() { done <- WireServer(ctx, ln, conn, p, 1) }()
-	bw, err := WireClient(ctx, ln.Addr().String(), conn.LocalAddr().String(), p, 1)
+	go func() { done <- WireServer(ctx, ln, conn, p, 1, kinds) }()
+	bw, err := WireClient(ctx, ln.Addr().String(), conn.LocalAddr().String(), p, 1, kinds)
 	require.NoError(t, err)
 	require.NoError(t, <-done)
-	for _, kind := range WireRound {
+	for _, kind := range kinds {
 		require.Len(t, bw[kind], 1, kind)
 		assert.Positive(t, bw[kind][0], kind)
 	}

@@ -7,6 +7,7 @@ import (
 	"net"
 	"os"
 	"os/exec"
+	"strings"
 	"time"
 
 	"github.com/odpemu/odpemu/transport/roce"
@@ -142,26 +143,36 @@ func SetBuffers(conn *net.UDPConn) {
 }
 
 // WireRound is one round of the wire comparison: the same WRITE test over the UDP
-// floor, pinned and ODP (warm), in that order.
+// floor, pinned and ODP (warm), in that order. Rounds may also take "pinned-cold"
+// and "odp-cold": one pass over a fresh region of Iters messages on both sides.
 var WireRound = []string{"udp", "pinned", "odp"}
+
+// wireKind returns p as a round's kind runs it.
+func wireKind(kind string, p Params) Params {
+	p.ODP = strings.HasPrefix(kind, "odp")
+	if strings.HasSuffix(kind, "-cold") {
+		p.MRSize = p.Iters * p.Size
+	} else {
+		p.Warm = p.ODP // the client's warm-up pass; the server ignores it
+	}
+	return p
+}
 
 // WireServer serves rounds of the wire comparison: for each round, a UDP sink on
 // conn (whose buffers SetBuffers set before its address was given out), then a
 // pinned and an ODP server on ln, with p's parameters.
-func WireServer(ctx context.Context, ln *roce.CMListener, conn *net.UDPConn, p Params, rounds int) error {
+func WireServer(ctx context.Context, ln *roce.CMListener, conn *net.UDPConn, p Params, rounds int, kinds []string) error {
 	if err := p.defaults(); err != nil {
 		return err
 	}
 	for r := 0; r < rounds; r++ {
-		for _, kind := range WireRound {
+		for _, kind := range kinds {
 			var err error
 			switch kind {
 			case "udp":
 				err = UDPSink(ctx, conn, (p.Size+4095)/4096)
 			default:
-				q := p
-				q.ODP = kind == "odp"
-				_, err = Serve(ctx, ln, q, Wire{})
+				_, err = Serve(ctx, ln, wireKind(kind, p), Wire{})
 			}
 			if err != nil {
 				return fmt.Errorf("perf: round %d, %s: %w", r, kind, err)
@@ -174,7 +185,7 @@ func WireServer(ctx context.Context, ln *roce.CMListener, conn *net.UDPConn, p P
 // ServeWireRounds is a wire comparison's server process: it listens on loopback,
 // tells print its connection manager's and UDP sink's addresses, and serves rounds
 // of WireServer with p.
-func ServeWireRounds(ctx context.Context, p Params, rounds int, print func(cm, udp string)) error {
+func ServeWireRounds(ctx context.Context, p Params, rounds int, kinds []string, print func(cm, udp string)) error {
 	ln, err := roce.ListenCM("127.0.0.1:0")
 	if err != nil {
 		return err
@@ -187,26 +198,24 @@ func ServeWireRounds(ctx context.Context, p Params, rounds int, print func(cm, u
 	defer func() { _ = conn.Close() }() // served
 	SetBuffers(conn)                    // before the client may send: a full default buffer drops
 	print(ln.Addr().String(), conn.LocalAddr().String())
-	return WireServer(ctx, ln, conn, p, rounds)
+	return WireServer(ctx, ln, conn, p, rounds, kinds)
 }
 
 // WireClient runs rounds of the wire comparison against a WireServer and returns
 // each kind's bandwidths in round order.
-func WireClient(ctx context.Context, cmAddr, udpAddr string, p Params, rounds int) (map[string][]float64, error) {
+func WireClient(ctx context.Context, cmAddr, udpAddr string, p Params, rounds int, kinds []string) (map[string][]float64, error) {
 	out := map[string][]float64{}
 	for r := 0; r < rounds; r++ {
-		for _, kind := range WireRound {
+		for _, kind := range kinds {
 			var res Result
 			var err error
 			switch kind {
 			case "udp":
 				res, err = UDPStream(ctx, udpAddr, p)
 			default:
-				q := p
-				q.ODP, q.Warm = kind == "odp", kind == "odp"
 				// The server's listener stays open: the connection waits in its
 				// backlog until it accepts.
-				res, err = Connect(ctx, cmAddr, q, Wire{})
+				res, err = Connect(ctx, cmAddr, wireKind(kind, p), Wire{})
 			}
 			if err != nil {
 				return nil, fmt.Errorf("perf: round %d, %s: %w", r, kind, err)

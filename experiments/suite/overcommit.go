@@ -23,16 +23,17 @@ var budgetRatios = []float64{1, 0.5, 0.25, 0.125}
 
 func runOvercommit(x *X) error {
 	const size = 64 << 10
-	region := pick(x.Scale, 4<<20, 64<<20, 1<<30)
+	region := pick(x.Scale, 4<<20, 32<<20, 1<<30)
 	reps := pick(x.Scale, 1, 3, 5)
-	iters := 2 * region / size
+	iters := max(region/size/4, 64) // as many random WRITEs as a quarter of the region has slots
 	x.Param("message_bytes", size)
 	x.Param("region_bytes", region)
 	x.Param("iterations", iters)
 	x.Param("budget_ratios", budgetRatios)
 	x.Param("reps", reps)
-	x.Param("run", "WRITEs to random slots of the server's region, 128 in flight, the region untouched before; "+
-		"the server NIC's resident budget evicts ODP pages to its backing store beyond it")
+	x.Param("run", "WRITEs to random slots of the server's region, 128 in flight, after a synchronous prefetch of the whole "+
+		"region (ODP), which leaves the budget's worth of it resident; the server NIC's resident budget evicts ODP pages "+
+		"to its backing store beyond it")
 	x.Steps(reps * len(budgetRatios))
 	t := x.Table("", "budget_ratio", "budget_bytes", "region_bytes", "variant", "fault_model", "rep", "status", "bw_mib_s",
 		"elapsed_ns", "network_page_faults", "pages_faulted", "evictions", "restores", "max_resident_bytes", "rnr_naks")
@@ -51,8 +52,12 @@ func runOvercommit(x *X) error {
 			}
 			for i := range vs {
 				v := vs[(i+rep)%len(vs)]
+				prefetch := ""
+				if v.odp {
+					prefetch = "sync" // steady state: the region mapped as far as the budget lets it
+				}
 				res, err := perf.Run(perf.Params{ODP: v.odp, Size: size, Iters: iters, MRSize: region, Random: true,
-					Budget: budget, FaultModel: v.model})
+					Budget: budget, FaultModel: v.model, Prefetch: prefetch})
 				status := "ok"
 				switch {
 				case !v.odp && (errors.Is(err, odp.ErrMemlockLimit) || errors.Is(err, odp.ErrNoMemory)):
@@ -100,7 +105,7 @@ func overcommitReport(x *X, t *results.Table) error {
 		bw = append(bw, g[0])
 	}
 	if err := x.Figure("overcommit", plots.Figure{Title: "Working set larger than the resident budget",
-		X: plots.Axis{Label: "resident budget / working set"}, Y: plots.Axis{Label: "bandwidth (MiB/s)"}, Series: bw}); err != nil {
+		X: plots.Axis{Label: "resident budget / working set"}, Y: plots.Axis{Label: "bandwidth (MiB/s)", Log: true}, Series: bw}); err != nil {
 		return err
 	}
 	if err := x.Figure("overcommit_faults", plots.Figure{Title: "Network page faults under a resident budget",

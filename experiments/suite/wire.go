@@ -44,8 +44,12 @@ func ServeWire(args []string, print func(cm, udp string)) error {
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Minute)
 	defer cancel()
-	return perf.ServeWireRounds(ctx, wireParams(n[0], n[1], n[2]), n[3], print)
+	return perf.ServeWireRounds(ctx, wireParams(n[0], n[1], n[2]), n[3], wireKinds, print)
 }
+
+// wireKinds are the wire experiment's rounds: the UDP floor, pinned and ODP warm,
+// then a pass over fresh memory pinned and ODP.
+var wireKinds = append(append([]string(nil), perf.WireRound...), "pinned-cold", "odp-cold")
 
 func wireParams(size, iters, depth int) perf.Params {
 	return perf.Params{Test: perf.WriteBW, Size: size, Iters: iters, Depth: depth, CQMod: 1, MRSize: size * depth}
@@ -63,7 +67,8 @@ func runWire(x *X) error {
 	x.Param("depth", depth)
 	x.Param("rounds", rounds)
 	x.Param("run", "two processes on loopback: each round a plain UDP stream of the same packets (one sendto/recvfrom each, "+
-		"a message acknowledged as RC does), then RoCEv2 WRITEs to a pinned region, then to an ODP region after a warm-up pass")
+		"a message acknowledged as RC does), then RoCEv2 WRITEs to a pinned region, then to an ODP region after a warm-up pass "+
+		"(regions of depth messages), then one pass over fresh regions of iterations messages, pinned and ODP")
 	x.Steps(1)
 	t := x.Table("", "kind", "rep", "bw_mib_s")
 	args := append(append([]string(nil), x.wireServer[1:]...), wireServerArgs(size, iters, depth, rounds)...)
@@ -73,14 +78,14 @@ func runWire(x *X) error {
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Minute)
 	defer cancel()
-	bw, err := perf.WireClient(ctx, cm, udp, wireParams(size, iters, depth), rounds)
+	bw, err := perf.WireClient(ctx, cm, udp, wireParams(size, iters, depth), rounds, wireKinds)
 	if werr := wait(); err == nil && werr != nil {
 		err = fmt.Errorf("wire server: %w", werr)
 	}
 	if err != nil {
 		return err
 	}
-	for _, kind := range perf.WireRound {
+	for _, kind := range wireKinds {
 		for rep, v := range bw[kind] {
 			if err := t.Add(kind, rep, v); err != nil {
 				return err
@@ -89,11 +94,11 @@ func runWire(x *X) error {
 	}
 	x.Step()
 	var meds []float64
-	for _, kind := range perf.WireRound {
+	for _, kind := range wireKinds {
 		meds = append(meds, stats.Median(bw[kind]))
 	}
 	if err := x.Figure("wire", plots.Bars{Title: "WRITE bandwidth between two processes (medians)",
-		Y: plots.Axis{Label: "bandwidth (MiB/s)"}, Categories: []string{"plain UDP", "RoCEv2, pinned", "RoCEv2, ODP warm"},
+		Y: plots.Axis{Label: "bandwidth (MiB/s)"}, Categories: []string{"UDP", "pinned", "ODP warm", "pinned cold", "ODP cold"},
 		Stacks: []plots.Stack{{Name: fmt.Sprintf("%s messages, %d rounds", human(size), rounds), Values: meds}}}); err != nil {
 		return err
 	}
@@ -103,5 +108,8 @@ func runWire(x *X) error {
 		x.Headline(fmt.Sprintf("two processes over UDP: %s RoCEv2 / plain UDP stream bandwidth", kind), fmt.Sprintf("%.2f", s.Median),
 			fmt.Sprintf("median of %d per-round ratios, quartiles %.2f-%.2f", s.N, s.Q1, s.Q3))
 	}
+	r := stats.Summarize(perRep(t, "bw_mib_s", sel("kind", "odp-cold"), sel("kind", "pinned-cold")))
+	x.Headline("two processes over UDP: ODP / pinned bandwidth of a pass over fresh memory", fmt.Sprintf("%.2f", r.Median),
+		fmt.Sprintf("median of %d per-round ratios, quartiles %.2f-%.2f", r.N, r.Q1, r.Q3))
 	return nil
 }

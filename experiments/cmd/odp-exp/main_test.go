@@ -49,7 +49,7 @@ var tinyRows = map[string]int{
 	"overcommit":   1 * 4 * 3,           // 1 rep, 4 budgets, pinned and 2 fault models
 	"buffers":      2 * 1 * 6,           // 2 reuse rates, 1 rep, 6 strategies
 	"rnr":          1 * 2 * 2 * (2 + 1), // 1 rep, 2 models, 2 timers, 2 losses and rnr_retry 1
-	"wire":         1 * 3,               // 1 round of UDP, pinned and ODP
+	"wire":         1 * 5,               // 1 round of UDP, pinned and ODP warm, pinned and ODP cold
 }
 
 // The whole suite at the tiny scale: every CSV parses with its rows, every figure

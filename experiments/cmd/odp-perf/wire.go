@@ -52,7 +52,7 @@ func wire(args []string, stdout, stderr io.Writer) error {
 		perf.HumanBytes(int(*msg)), *depth, *iters)
 	fmt.Fprintf(stdout, "# each round: a plain UDP stream of %d-byte packets (one sendto/recvfrom each, a message acknowledged as RC does), then RoCEv2 pinned, then ODP warm\n",
 		roce.BTHSize+4096+roce.ICRCSize)
-	bw, err := perf.WireClient(ctx, cm, udp, p, *reps)
+	bw, err := perf.WireClient(ctx, cm, udp, p, *reps, perf.WireRound)
 	if werr := wait(); err == nil && werr != nil {
 		err = fmt.Errorf("wire server: %w", werr)
 	}
@@ -78,5 +78,5 @@ func wireServer(args []string, stdout, stderr io.Writer) error {
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Minute)
 	defer cancel()
 	p := perf.Params{Test: perf.WriteBW, Size: int(*msg), Iters: *iters, Depth: *depth, CQMod: 1, MRSize: int(*msg) * *depth}
-	return perf.ServeWireRounds(ctx, p, *reps, func(cm, udp string) { fmt.Fprintf(stdout, "cm %s udp %s\n", cm, udp) })
+	return perf.ServeWireRounds(ctx, p, *reps, perf.WireRound, func(cm, udp string) { fmt.Fprintf(stdout, "cm %s udp %s\n", cm, udp) })
 }

@@ -1,0 +1,70 @@
+package suite
+
+import (
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/odpemu/odpemu/experiments/results"
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+)
+
+func table(t *testing.T, rows ...[]any) *results.Table {
+	t.Helper()
+	tb, err := results.NewTable("x", "size_bytes", "variant", "rep", "total_ns")
+	require.NoError(t, err)
+	for _, r := range rows {
+		require.NoError(t, tb.Add(r...))
+	}
+	return tb
+}
+
+// perRep pairs measurements by repetition, skips unpaired ones and zero
+// denominators.
+func TestPerRep(t *testing.T) {
+	tb := table(t, []any{4096, "pinned", 0, 10}, []any{4096, "odp", 0, 5}, []any{4096, "pinned", 1, 0},
+		[]any{4096, "odp", 1, 7}, []any{4096, "odp", 2, 3})
+	assert.Equal(t, []float64{0.5}, perRep(tb, "total_ns", sel("variant", "odp"), sel("variant", "pinned")))
+}
+
+func TestCrossover(t *testing.T) {
+	sizes := []int{4096, 16384, 65536}
+	tb := table(t, []any{4096, "pinned", 0, 1}, []any{4096, "odp", 0, 2}, []any{16384, "pinned", 0, 2},
+		[]any{16384, "odp", 0, 1}, []any{65536, "pinned", 0, 4}, []any{65536, "odp", 0, 1})
+	assert.Equal(t, "16 KiB", crossover(tb, sizes, "odp"))
+	tb = table(t, []any{4096, "pinned", 0, 2}, []any{4096, "odp", 0, 1}, []any{16384, "pinned", 0, 2},
+		[]any{16384, "odp", 0, 1}, []any{65536, "pinned", 0, 4}, []any{65536, "odp", 0, 5})
+	assert.Equal(t, "none up to 64 KiB", crossover(tb, sizes, "odp"), "ODP loses at the largest size")
+}
+
+func TestSizesAndFormats(t *testing.T) {
+	assert.Equal(t, []int{4096, 16384, 65536}, sizesPow4(4096, 100000))
+	assert.Equal(t, "12.3µs", dur(12345))
+	assert.Equal(t, "1.5s", dur(1.5e9))
+	assert.Equal(t, "14018x", ratio(14018.2))
+	assert.Equal(t, "0.87x", ratio(0.87))
+	assert.Equal(t, 2, pick(Quick, 1, 2, 3))
+}
+
+// The summary names the machine, links each headline to its experiment's CSV,
+// escapes table cells and shows every figure.
+func TestSummary(t *testing.T) {
+	dir := t.TempDir()
+	rep := &Report{Dir: dir, Scale: Tiny, Headlines: []Headline{{Experiment: "registration", What: "a | b", Value: "3x", Detail: "x"}}}
+	rep.Manifest.Machine.Kernel = "6.18"
+	rep.Manifest.WallTime = time.Second
+	rep.Manifest.Experiments = []results.ExperimentRecord{{Name: "registration", Rows: 4,
+		Files: []string{"registration.csv", "registration.png", "registration.svg"}}, {Name: "rnr", Error: "boom"}}
+	require.NoError(t, writeSummary(rep))
+	b, err := os.ReadFile(filepath.Join(dir, "summary.md"))
+	require.NoError(t, err)
+	s := string(b)
+	assert.Contains(t, s, "Linux 6.18")
+	assert.Contains(t, s, "| [registration](registration.csv) | a \\| b | 3x | x |")
+	assert.Contains(t, s, "![registration](registration.png)")
+	assert.Contains(t, s, "**failed**: boom")
+	assert.Equal(t, 1, strings.Count(s, "## Headlines"))
+}
