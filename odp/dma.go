@@ -6,6 +6,7 @@ import (
 	"time"
 	"unsafe"
 
+	"github.com/odpemu/odpemu/internal/clock"
 	"github.com/odpemu/odpemu/mmu"
 	"github.com/odpemu/odpemu/pagefault"
 )
@@ -124,7 +125,7 @@ func (mr *MR) networkFault(miss, end int, write bool) (int, error) {
 	}
 	if m := mr.dev.cfg.FaultModel; m != (FaultModel{}) {
 		held := time.Now()
-		holdUntil(t0.Add(m.Latency(mapped)))
+		clock.SleepUntil(t0.Add(m.Latency(mapped)), nil) // time.Sleep would round it to a millisecond
 		mr.dev.stats.modelNanos.Add(uint64(time.Since(held)))
 	}
 	ns := uint64(time.Since(t0))

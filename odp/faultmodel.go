@@ -2,10 +2,7 @@ package odp
 
 import (
 	"fmt"
-	"runtime"
 	"time"
-
-	"golang.org/x/sys/unix"
 )
 
 // FaultModel is how long a network page fault takes on the NIC's fault path. A
@@ -60,22 +57,4 @@ func (m FaultModel) check() error {
 		return wrap(ErrInvalidArgument, "FaultModel %v: latencies must be in [0, 1 s] per fault and [0, 1 ms] per page", m)
 	}
 	return nil
-}
-
-// sleepSlack is how much earlier than asked a modelled fault's sleep ends, to be
-// spun away: nanosleep overshoots by tens of microseconds (timer slack, wake-up).
-const sleepSlack = 100 * time.Microsecond
-
-// holdUntil waits until deadline. It sleeps in nanosleep, a blocking system call,
-// whose thread gives up its P (time.Sleep rounds to the netpoller's millisecond
-// here), then yields the rest of the way, so that other goroutines run meanwhile.
-func holdUntil(deadline time.Time) {
-	if d := time.Until(deadline) - sleepSlack; d > 0 {
-		ts := unix.NsecToTimespec(int64(d))
-		for unix.Nanosleep(&ts, &ts) == unix.EINTR {
-		}
-	}
-	for time.Now().Before(deadline) {
-		runtime.Gosched()
-	}
 }

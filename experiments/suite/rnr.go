@@ -118,7 +118,7 @@ func rnrReport(x *X, t *results.Table, losses []float64) error {
 		})
 		all := t.Rows(sel("rnr_retry", 1, "fault_model", m.String()))
 		x.Headline(fmt.Sprintf("cold passes failed with rnr_retry 1, %s faults", m), fmt.Sprintf("%d of %d", len(failed), len(all)),
-			"RNR_RETRY_EXC_ERR when the fault outlasts the RNR timer twice")
+			"RNR_RETRY_EXC_ERR needs a retransmission to meet a fault not yet resolved; the emulated responder resolves a QP's fault before it takes that QP's next request")
 	}
 	return nil
 }

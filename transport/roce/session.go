@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"github.com/odpemu/odpemu/internal/bufpool"
+	"github.com/odpemu/odpemu/internal/clock"
 	"github.com/odpemu/odpemu/internal/fifo"
 )
 
@@ -311,19 +312,16 @@ func (s *Session) applyLocked(out Output) {
 }
 
 // rnrWait resends from the RNR-NAKed PSN once the timer the responder asked for has
-// run. Called with Session.mu held.
+// run: precisely, since RNR timers start at 10 us and a Go timer lasts a
+// millisecond at least here. Called with Session.mu held.
 func (s *Session) rnrWait(out Output) {
 	s.wg.Add(1)
 	t0 := time.Now()
-	t := time.NewTimer(out.RNRWait)
 	go func() {
 		defer s.wg.Done()
-		select {
-		case <-t.C:
+		if clock.SleepUntil(t0.Add(out.RNRWait), s.stop) {
 			s.count(func(c *Counters) *atomic.Uint64 { return &c.RNRWaitNanos }, uint64(time.Since(t0)))
 			s.step(func() Output { return s.req.Resend(out, time.Now()) })
-		case <-s.stop:
-			t.Stop()
 		}
 	}()
 }
