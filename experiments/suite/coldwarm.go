@@ -100,13 +100,9 @@ func coldWarmReport(x *X, t *results.Table, sizes []int) error {
 	}
 	var ratios []plots.Series
 	for _, v := range coldWarmVariants[1:] {
-		s := plots.Series{Name: v.name}
-		for _, n := range sizes {
-			if r := perRep(t, "bw_mib_s", sel("size_bytes", n, "variant", v.name, "pass", "cold"), sel("size_bytes", n, "variant", "pinned", "pass", "cold")); len(r) > 0 {
-				s.Points = append(s.Points, plots.Point{X: float64(n), Y: stats.Summarize(r)})
-			}
-		}
-		ratios = append(ratios, s)
+		ratios = append(ratios, ratioSeries(v.name, sizes, func(n int) []float64 {
+			return vsPinned(t, "bw_mib_s", n, v.name, "pass", "cold")
+		}))
 	}
 	if err := x.Figure("coldwarm_variants", plots.Figure{Title: "Cold pass: ODP variants over pinned",
 		X: plots.Axis{Label: "message size (bytes)", Log: true, Bytes: true}, Y: plots.Axis{Label: "bandwidth ratio to pinned (1: parity)", Log: true},
@@ -114,12 +110,13 @@ func coldWarmReport(x *X, t *results.Table, sizes []int) error {
 		return err
 	}
 	for _, n := range sizes {
-		cold := stats.Summarize(perRep(t, "bw_mib_s", sel("size_bytes", n, "variant", "odp", "pass", "cold"), sel("size_bytes", n, "variant", "pinned", "pass", "cold")))
-		warm := stats.Summarize(perRep(t, "bw_mib_s", sel("size_bytes", n, "variant", "odp", "pass", "warm"), sel("size_bytes", n, "variant", "pinned", "pass", "warm")))
+		cold := stats.Summarize(vsPinned(t, "bw_mib_s", n, "odp", "pass", "cold"))
+		warm := stats.Summarize(vsPinned(t, "bw_mib_s", n, "odp", "pass", "warm"))
 		x.Headline(fmt.Sprintf("%s messages: ODP / pinned bandwidth, cold pass and warm", human(n)),
 			fmt.Sprintf("cold %.2f, warm %.2f", cold.Median, warm.Median),
 			fmt.Sprintf("medians of %d per-repetition ratios; warm quartiles %.2f-%.2f", cold.N, warm.Q1, warm.Q3))
-		pc := stats.Summarize(perRep(t, "bw_mib_s", sel("size_bytes", n, "variant", "pinned", "pass", "cold"), sel("size_bytes", n, "variant", "pinned", "pass", "warm")))
+		pc := stats.Summarize(perRep(t, "bw_mib_s", sel("size_bytes", n, "variant", "pinned", "pass", "cold"),
+			sel("size_bytes", n, "variant", "pinned", "pass", "warm")))
 		x.Headline(fmt.Sprintf("%s messages: pinned cold pass / warm pass bandwidth", human(n)), fmt.Sprintf("%.2f", pc.Median),
 			fmt.Sprintf("should be about 1 (pinned takes no fault); quartiles %.2f-%.2f of %d", pc.Q1, pc.Q3, pc.N))
 	}

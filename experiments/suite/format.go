@@ -76,3 +76,23 @@ func perRep(t *results.Table, col string, a, b func(results.Row) bool) []float64
 	}
 	return out
 }
+
+// vsPinned returns variant's col over pinned's at size n, per repetition, among
+// the rows that also match the extra column, value pairs.
+func vsPinned(t *results.Table, col string, n int, variant string, extra ...any) []float64 {
+	at := func(v string) func(results.Row) bool {
+		return sel(append([]any{"size_bytes", n, "variant", v}, extra...)...)
+	}
+	return perRep(t, col, at(variant), at("pinned"))
+}
+
+// ratioSeries is one point per size, the summary of the ratios measured at it.
+func ratioSeries(name string, sizes []int, ratios func(n int) []float64) plots.Series {
+	s := plots.Series{Name: name}
+	for _, n := range sizes {
+		if r := ratios(n); len(r) > 0 {
+			s.Points = append(s.Points, plots.Point{X: float64(n), Y: stats.Summarize(r)})
+		}
+	}
+	return s
+}

@@ -78,14 +78,7 @@ func oneShotReport(x *X, t *results.Table, sizes []int) error {
 	// ODP / pinned per size, from the per-repetition pairs.
 	var ratios []plots.Series
 	for _, v := range oneShotVariants[1:] {
-		s := plots.Series{Name: v.name + " / pinned"}
-		for _, n := range sizes {
-			r := perRep(t, "total_ns", sel("size_bytes", n, "variant", v.name), sel("size_bytes", n, "variant", "pinned"))
-			if len(r) > 0 {
-				s.Points = append(s.Points, plots.Point{X: float64(n), Y: stats.Summarize(r)})
-			}
-		}
-		ratios = append(ratios, s)
+		ratios = append(ratios, ratioSeries(v.name+" / pinned", sizes, func(n int) []float64 { return vsPinned(t, "total_ns", n, v.name) }))
 	}
 	if err := x.Figure("oneshot_ratio", plots.Figure{Title: "One-shot transfer time, ODP over pinned",
 		X: plots.Axis{Label: "bytes moved", Log: true, Bytes: true}, Y: plots.Axis{Label: "time ratio (below 1: ODP is faster)", Log: true},
@@ -95,7 +88,7 @@ func oneShotReport(x *X, t *results.Table, sizes []int) error {
 	for _, v := range oneShotVariants[1:] {
 		x.Headline(fmt.Sprintf("one-shot transfer: smallest size from which %s beats pinned", v.name),
 			crossover(t, sizes, v.name), fmt.Sprintf("median of per-repetition ratios of total time below 1 at that size and every larger one; at %s: %s",
-				human(sizes[len(sizes)-1]), ratio(stats.Median(perRep(t, "total_ns", sel("size_bytes", sizes[len(sizes)-1], "variant", v.name), sel("size_bytes", sizes[len(sizes)-1], "variant", "pinned"))))))
+				human(sizes[len(sizes)-1]), ratio(stats.Median(vsPinned(t, "total_ns", sizes[len(sizes)-1], v.name)))))
 	}
 	return nil
 }
@@ -105,7 +98,7 @@ func oneShotReport(x *X, t *results.Table, sizes []int) error {
 func crossover(t *results.Table, sizes []int, variant string) string {
 	from := -1
 	for i := len(sizes) - 1; i >= 0; i-- {
-		r := perRep(t, "total_ns", sel("size_bytes", sizes[i], "variant", variant), sel("size_bytes", sizes[i], "variant", "pinned"))
+		r := vsPinned(t, "total_ns", sizes[i], variant)
 		if len(r) == 0 || stats.Median(r) >= 1 {
 			break
 		}
