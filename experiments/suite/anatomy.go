@@ -41,7 +41,8 @@ var anatomyVariants = []anatomyVariant{
 
 // The floors, measured in C.
 const (
-	floorHandler = "c-uffd-handler"
+	floorHandler = "c-uffd-handler"      // sleeping in poll between faults
+	floorSpin    = "c-uffd-handler-spin" // reading in a loop: no wake-up
 	floorCopy    = "uffdio-copy"
 )
 
@@ -53,7 +54,7 @@ func runAnatomy(x *X) error {
 	x.Param("reps", reps)
 	x.Param("run", "a pass of 4 KiB WRITEs from an untouched ODP source (registered without snapshot) to a warm pinned sink: "+
 		"every source page takes a requester-side network page fault that allocates it; floors: the same number of pages "+
-		"installed by UFFDIO_COPY alone, and faulted by a thread and served by a minimal C handler thread")
+		"installed by UFFDIO_COPY alone, and faulted by a thread and served by a minimal C handler thread, sleeping in poll or spinning")
 	x.Steps(reps)
 	t := x.Table("", "variant", "rep", "faults", "pages", "phase", "total_ns", "per_fault_ns", "per_page_ns")
 	add := func(variant string, rep int, faults, pages uint64, phase string, total time.Duration) error {
@@ -82,7 +83,11 @@ func runAnatomy(x *X) error {
 		if err != nil {
 			return err
 		}
-		handlerPer, err := uffdfloor.HandlerPerFault(pages)
+		handlerPer, err := uffdfloor.HandlerPerFault(pages, false)
+		if err != nil {
+			return err
+		}
+		spinPer, err := uffdfloor.HandlerPerFault(pages, true)
 		if err != nil {
 			return err
 		}
@@ -91,6 +96,9 @@ func runAnatomy(x *X) error {
 			return err
 		}
 		if err := add(floorHandler, rep, n, n, "total", handlerPer*time.Duration(pages)); err != nil {
+			return err
+		}
+		if err := add(floorSpin, rep, n, n, "total", spinPer*time.Duration(pages)); err != nil {
 			return err
 		}
 		x.Step()
@@ -102,18 +110,19 @@ func anatomyReport(x *X, t *results.Table) error {
 	med := func(variant, phase, col string) float64 {
 		return stats.Median(results.Floats(t.Rows(sel("variant", variant, "phase", phase)), col))
 	}
-	cats := []string{"FA 1", "FA 16", "FA 16, CX-4", "C handler", "COPY ioctl"}
+	cats := []string{"FA 1", "FA 16", "FA 16 CX-4", "handler", "spinning", "COPY"}
 	var stacks []plots.Stack
 	for _, ph := range phases {
 		s := plots.Stack{Name: ph}
 		for _, v := range anatomyVariants {
 			s.Values = append(s.Values, med(v.name, ph, "per_page_ns")/1e3)
 		}
-		s.Values = append(s.Values, 0, 0)
+		s.Values = append(s.Values, 0, 0, 0)
 		stacks = append(stacks, s)
 	}
-	stacks = append(stacks, plots.Stack{Name: "floor (whole fault)", Values: []float64{0, 0, 0,
-		med(floorHandler, "total", "per_page_ns") / 1e3, med(floorCopy, "total", "per_page_ns") / 1e3}})
+	stacks = append(stacks, plots.Stack{Name: "C floors (whole fault)",
+		Values: []float64{0, 0, 0, med(floorHandler, "total", "per_page_ns") / 1e3, med(floorSpin, "total", "per_page_ns") / 1e3,
+			med(floorCopy, "total", "per_page_ns") / 1e3}})
 	if err := x.Figure("anatomy", plots.Bars{Title: "A network page fault's time per page (FA: fault-around)",
 		Y: plots.Axis{Label: "time per page (µs)"}, Categories: cats, Stacks: stacks}); err != nil {
 		return err
@@ -126,8 +135,8 @@ func anatomyReport(x *X, t *results.Table) error {
 				dur(med(v.name, "update", "per_fault_ns")), dur(med(v.name, "resume", "per_fault_ns"))))
 	}
 	h := stats.Summarize(results.Floats(t.Rows(sel("variant", floorHandler)), "per_page_ns"))
-	x.Headline("floors: a page by UFFDIO_COPY, a fault served by a minimal C handler",
-		fmt.Sprintf("%s, %s", dur(med(floorCopy, "total", "per_page_ns")), dur(h.Median)),
+	x.Headline("floors: a page by UFFDIO_COPY; a fault served by a minimal C handler sleeping in poll, and spinning",
+		fmt.Sprintf("%s; %s, %s", dur(med(floorCopy, "total", "per_page_ns")), dur(h.Median), dur(med(floorSpin, "total", "per_page_ns"))),
 		fmt.Sprintf("medians; the handler's quartiles %s-%s (its thread's wake-up); the emulator's 1-page fault over the handler's: %s",
 			dur(h.Q1), dur(h.Q3), ratio(med("odp-fa1", "fault", "per_fault_ns")/h.Median)))
 	return nil

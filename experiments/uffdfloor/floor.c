@@ -78,14 +78,19 @@ long long floor_copy(int pages, int *err) {
 
 typedef struct {
 	region *r;
-	int pages, err;
+	int pages, spin, err;
 } handler_arg;
 
 static void *handle(void *p) {
 	handler_arg *a = p;
 	struct pollfd pfd = {.fd = a->r->uffd, .events = POLLIN};
+	long long give_up = now_ns() + 10000000000LL;
 	for (int served = 0; served < a->pages;) {
-		if (poll(&pfd, 1, 10000) <= 0) {
+		if (!a->spin && poll(&pfd, 1, 10000) <= 0) {
+			a->err = ETIMEDOUT;
+			return NULL;
+		}
+		if (a->spin && now_ns() > give_up) {
 			a->err = ETIMEDOUT;
 			return NULL;
 		}
@@ -102,12 +107,12 @@ static void *handle(void *p) {
 	return NULL;
 }
 
-long long floor_handler(int pages, int *err) {
+long long floor_handler(int pages, int spin, int *err) {
 	region r;
 	if ((*err = region_open(&r, pages))) return -1;
 	int fl = fcntl(r.uffd, F_GETFL);
 	fcntl(r.uffd, F_SETFL, fl | O_NONBLOCK);
-	handler_arg a = {.r = &r, .pages = pages};
+	handler_arg a = {.r = &r, .pages = pages, .spin = spin};
 	pthread_t th;
 	if ((*err = pthread_create(&th, NULL, handle, &a))) {
 		region_close(&r);

@@ -23,9 +23,15 @@ func CopyPerPage(pages int) (time.Duration, error) {
 }
 
 // HandlerPerFault returns the mean time of a page fault served by a minimal C
-// handler thread, over pages faults.
-func HandlerPerFault(pages int) (time.Duration, error) {
-	return perPage("handler", pages, func(e *C.int) C.longlong { return C.floor_handler(C.int(pages), e) })
+// handler thread, over pages faults. The handler sleeps in poll(2) between faults,
+// as pagers do, or with spin reads its descriptor in a loop: then its wake-up is
+// left out and what remains is the kernel's fault delivery and the copy.
+func HandlerPerFault(pages int, spin bool) (time.Duration, error) {
+	s := C.int(0)
+	if spin {
+		s = 1
+	}
+	return perPage("handler", pages, func(e *C.int) C.longlong { return C.floor_handler(C.int(pages), s, e) })
 }
 
 func perPage(what string, pages int, f func(*C.int) C.longlong) (time.Duration, error) {

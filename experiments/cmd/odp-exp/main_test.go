@@ -44,7 +44,7 @@ var tinyRows = map[string]int{
 	"registration": 7 * 2 * 2,           // 4K..16M by 4, 2 reps, pinned and ODP
 	"oneshot":      5 * 1 * 4,           // 4K..1M by 4, 1 rep, 4 variants
 	"coldwarm":     2 * 1 * 7 * 2,       // 2 sizes, 1 rep, 7 variants, cold and warm
-	"anatomy":      2 * (3*6 + 2),       // 2 reps: 3 variants x (5 phases and the whole fault), 2 floors
+	"anatomy":      2 * (3*6 + 3),       // 2 reps: 3 variants x (5 phases and the whole fault), 3 floors
 	"invalidation": 1 * (1 + 2*(1+1*1)), // 1 rep: pinned, and per fault model no storm and 1 rate x 1 range
 	"overcommit":   1 * 4 * 3,           // 1 rep, 4 budgets, pinned and 2 fault models
 	"buffers":      2 * 1 * 6,           // 2 reuse rates, 1 rep, 6 strategies
