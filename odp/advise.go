@@ -111,10 +111,12 @@ func (mr *MR) adviseRange(advice Advice, addr, length uint64) (int, int, error) 
 func (mr *MR) prefetch(advice Advice, first, count int) error {
 	write := advice == AdvisePrefetchWrite || (advice == AdvisePrefetchNoFault && mr.access.writable())
 	pages, err := mr.mapRange(first, count, write, advice == AdvisePrefetchNoFault, false)
-	mr.stats.prefetches.Add(1)
+	// Pages before the prefetch itself: whoever sees a background prefetch counted
+	// sees the pages it mapped.
 	mr.stats.pagesPrefetched.Add(uint64(pages))
-	mr.dev.stats.prefetches.Add(1)
+	mr.stats.prefetches.Add(1)
 	mr.dev.stats.pagesPrefetched.Add(uint64(pages))
+	mr.dev.stats.prefetches.Add(1)
 	return err
 }
 

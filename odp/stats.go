@@ -95,6 +95,8 @@ func (d *Device) Stats() Stats {
 	pinned := d.pinned
 	d.mu.Unlock()
 	c := &d.stats
+	// Prefetches is loaded before PagesPrefetched, which prefetch adds first: a
+	// prefetch seen counted has its pages counted.
 	st := Stats{
 		PageFaults: c.faults.Load(), PagesFaulted: c.pagesFaulted.Load(), FaultRetries: c.faultRetries.Load(),
 		FaultTime: time.Duration(c.faultNanos.Load()), Invalidations: c.invalidations.Load(),
