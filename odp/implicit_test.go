@@ -120,7 +120,13 @@ func TestImplicitCoversTheAddressSpace(t *testing.T) {
 	fill(later, 3)
 	wc = a.post(t, SendWR{Opcode: OpRDMARead, SGL: sge(lmr, 0, 64), RemoteAddr: uint64(addrOf(later)) + 100, RKey: imr.RKey()})
 	require.Equal(t, WCSuccess, wc.Status, wc.Detail)
-	assert.Equal(t, 2, validIn(imr, later))
+	// The page read is mapped; fault-around maps the buffer's other page too, unless
+	// the fault fell back to exactly the pages asked for (a fault-around page found
+	// unmapped while an event of the address space was still being applied), which
+	// CI saw twice in some hundred runs.
+	mapped := validIn(imr, later)
+	assert.True(t, imr.Entry(int(addrOf(later))/ps).Valid, "the page read is mapped")
+	assert.Contains(t, []int{1, 2}, mapped)
 
 	// Local: an implicit lkey over memory that is not the space's.
 	n := newNode(t, Config{})
@@ -133,7 +139,7 @@ func TestImplicitCoversTheAddressSpace(t *testing.T) {
 	assert.Equal(t, WCLocProtErr, wc.Status, wc.Detail)
 
 	// Free: the implicit MR's entries for the buffer are cleared first.
-	require.Equal(t, 2, validIn(imr, later))
+	require.Equal(t, mapped, validIn(imr, later))
 	laterAddr := addrOf(later)
 	require.NoError(t, b.dev.Free(later))
 	assert.Zero(t, validAt(imr, laterAddr, 2*ps), "entries cleared before the unmap")
