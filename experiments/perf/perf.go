@@ -170,6 +170,15 @@ type Result struct {
 	MaxResident int64  `json:"max_resident_bytes"`
 }
 
+// CompletionError is a run's work request that completed with an error status.
+type CompletionError struct {
+	WC odp.WC
+}
+
+func (e *CompletionError) Error() string {
+	return fmt.Sprintf("perf: WR %d: %v (%s)", e.WC.WRID, e.WC.Status, e.WC.Detail)
+}
+
 // Run performs one measurement on two fresh devices connected by an in-process wire.
 func Run(p Params) (Result, error) {
 	if err := p.defaults(); err != nil {
@@ -534,7 +543,7 @@ func (s *side) loop(p Params, remote target) (Result, error) {
 		now := time.Now()
 		for _, wc := range wcs[:n] {
 			if wc.Status != odp.WCSuccess {
-				return Result{}, fmt.Errorf("perf: WR %d: %v (%s)", wc.WRID, wc.Status, wc.Detail)
+				return Result{}, &CompletionError{WC: wc}
 			}
 			completed = int(wc.WRID) + 1
 			stamps = append(stamps, now)

@@ -6,6 +6,7 @@ import (
 	"time"
 
 	"github.com/odpemu/odpemu/experiments/stats"
+	"github.com/odpemu/odpemu/odp"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 	"go.uber.org/goleak"
@@ -183,4 +184,14 @@ func TestRunDuration(t *testing.T) {
 	assert.Less(t, r.Iters, 1<<30/4096*1024)
 	assert.Positive(t, r.Iters)
 	assert.GreaterOrEqual(t, r.Elapsed, 50*time.Millisecond)
+}
+
+// A failed work request is a CompletionError carrying its completion: rnr_retry 0
+// fails a cold ODP run on its first responder fault.
+func TestRunCompletionError(t *testing.T) {
+	zero := uint8(0)
+	_, err := Run(Params{ODP: true, Size: 16 << 10, Iters: 64, Depth: 8, CQMod: 4, RNRRetry: &zero})
+	var ce *CompletionError
+	require.ErrorAs(t, err, &ce)
+	assert.Equal(t, odp.WCRNRRetryExcErr, ce.WC.Status)
 }

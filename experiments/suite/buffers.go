@@ -209,7 +209,7 @@ func runStrategy(strategy string, w bufferWorkload, reuse float64, seed uint64) 
 		if bounce, err = alloc(); err != nil {
 			return res, err
 		}
-		live = append(live, bounce) // freed with the rest; never sent from directly
+		defer func() { err = errors.Join(err, free(bounce)) }()
 		if bounceMR, err = rig.pd.RegMR(bounce, pinned); err != nil {
 			return res, err
 		}
@@ -224,10 +224,6 @@ func runStrategy(strategy string, w bufferWorkload, reuse float64, seed uint64) 
 				return res, err
 			}
 		}
-	}
-	if bounce != nil {
-		live = live[:0] // the bounce buffer is not one of the application's
-		defer func() { err = errors.Join(err, free(bounce)) }()
 	}
 	rng := rand.New(rand.NewPCG(seed, uint64(reuse*1e6)))
 	nothing := func() error { return nil }

@@ -1,9 +1,9 @@
 package suite
 
 import (
+	"errors"
 	"fmt"
 	"runtime"
-	"strings"
 	"time"
 
 	"github.com/odpemu/odpemu/experiments/perf"
@@ -80,10 +80,8 @@ func runRNR(x *X) error {
 
 // failure names the completion status a run failed with.
 func failure(err error) string {
-	for _, s := range []string{odp.WCRNRRetryExcErr.String(), odp.WCRetryExcErr.String()} {
-		if strings.Contains(err.Error(), s) {
-			return s
-		}
+	if ce := (*perf.CompletionError)(nil); errors.As(err, &ce) {
+		return ce.WC.Status.String()
 	}
 	return "error: " + err.Error()
 }
