@@ -36,18 +36,19 @@ import (
 type Reason int
 
 const (
-	ReasonRemove   Reason = iota // madvise(DONTNEED/REMOVE) (UFFD_EVENT_REMOVE)
-	ReasonUnmap                  // munmap (UFFD_EVENT_UNMAP)
-	ReasonRemap                  // mremap moved the range away (UFFD_EVENT_REMAP)
-	ReasonExplicit               // an Invalidate call
-	ReasonDiscard                // a discard odpemu performs itself
-	ReasonFork                   // fork write-protected the parent's pages (COW)
-	ReasonEvict                  // the pager wrote a page to the backing store
-	ReasonMigrate                // the pager moved a page to a new frame
+	ReasonRemove     Reason = iota // madvise(DONTNEED/REMOVE) (UFFD_EVENT_REMOVE)
+	ReasonUnmap                    // munmap (UFFD_EVENT_UNMAP)
+	ReasonRemap                    // mremap moved the range away (UFFD_EVENT_REMAP)
+	ReasonExplicit                 // an Invalidate call
+	ReasonDiscard                  // a discard odpemu performs itself
+	ReasonFork                     // fork write-protected the parent's pages (COW)
+	ReasonEvict                    // the pager wrote a page to the backing store
+	ReasonMigrate                  // the pager moved a page to a new frame
+	ReasonFileChange               // a mapped file's content changed (page cache invalidation)
 	numReasons
 )
 
-var reasonNames = [numReasons]string{"remove", "unmap", "remap", "explicit", "discard", "fork", "evict", "migrate"}
+var reasonNames = [numReasons]string{"remove", "unmap", "remap", "explicit", "discard", "fork", "evict", "migrate", "file"}
 
 // String names the reason.
 func (r Reason) String() string {

@@ -122,13 +122,16 @@ func (d *Device) addBuffer(mem []byte) ([]*MR, error) {
 	return append([]*MR(nil), s.implicitMRs...), nil
 }
 
-// Free unmaps a buffer from Alloc (of any device sharing the address space). It fails
+// Free unmaps a buffer from Alloc or a file mapping from MapFile (of any device sharing the address space). It fails
 // with ErrBusy while an explicit memory region of any of them covers it; implicit MRs
 // are told first. Parts the application unmapped or moved away itself are left alone:
 // whatever is mapped there now is not the buffer's.
 func (d *Device) Free(buf []byte) error {
 	if len(buf) == 0 {
 		return wrap(ErrInvalidArgument, "free of an empty slice")
+	}
+	if isFile, err := d.as.freeFile(addrOf(buf)); isFile {
+		return err
 	}
 	// Every UNMAP and REMAP the kernel delivered before this call is recorded in the
 	// buffer's holes before they are consulted.

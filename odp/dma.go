@@ -170,7 +170,9 @@ func (mr *MR) dmaOnce(off uint64, buf []byte, toMR bool) error {
 		if err != nil {
 			return err
 		}
-		if toMR {
+		if mr.file != nil {
+			err = mr.fileCopy(off, buf, toMR)
+		} else if toMR {
 			err = mr.dev.dmaCopy(ref.bytes(), buf)
 		} else {
 			err = mr.dev.dmaCopy(buf, ref.bytes())
@@ -194,6 +196,9 @@ func (mr *MR) atomic(off uint64, cmpSwap bool, compare, value uint64) (uint64, e
 		return 0, err
 	}
 	word := (*uint64)(unsafe.Pointer(&ref.bytes()[0]))
+	if dt := mr.detached.Load(); dt.has(int((mr.start + uintptr(off) - mr.base) / pagefault.PageSize)) {
+		word = (*uint64)(unsafe.Pointer(&dt.mem[mr.start+uintptr(off)-mr.base]))
+	}
 	var orig uint64
 	err = mr.dev.dmaRun(func() {
 		if !cmpSwap {
@@ -234,7 +239,8 @@ func (mr *MR) acquire(off, n uint64, write bool) (dmaRef, error) {
 	}
 	r.mark = mr.dev.as.gate.FaultSeq()
 	if r.audit {
-		r.stale = r.framesStale()
+		// A detached page is one the file let go of: the NIC's frame is not the file's.
+		r.stale = r.framesStale() || mr.anyDetached(mr.pageSpan(off, n))
 	}
 	return r, nil
 }

@@ -58,6 +58,8 @@ func (mr *MR) faultWindow(lo, hi int, write, presentOnly bool) (int, error) {
 	switch {
 	case presentOnly:
 		err = d.as.pagemap.Read(addr, entries)
+	case mr.file != nil:
+		err = d.as.pagemap.Populate(addr, entries, write)
 	case d.as.pager != nil:
 		// Paged memory has one installer, the CPU fault server's thread: an
 		// eviction cannot overtake the content it chose. Then only translate.

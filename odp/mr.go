@@ -38,6 +38,12 @@ type MR struct {
 	// Protected by the table lock.
 	gone [][2]int
 
+	// file is the file mapping an MR over one lies in (MapFile), pinned or ODP.
+	file *fileMap
+	// detached: a pinned file MR's copy of the pages the file let go of. Set under
+	// the table lock; read by DMAs without it (only ever set until Dereg).
+	detached atomic.Pointer[detachedPages]
+
 	stats mrCounters
 }
 
@@ -95,8 +101,16 @@ func (pd *PD) RegMR(buf []byte, access Access) (*MR, error) {
 	mr := &MR{dev: d, pd: pd, mem: buf, start: start, length: uint64(len(buf)), access: access,
 		odp: access&AccessOnDemand != 0, base: base}
 	npages := int((end - base) / ps)
+	d.as.mu.RLock()
+	fm, isFile := d.as.fileMapLocked(start, uintptr(len(buf)))
+	d.as.mu.RUnlock()
+	if isFile {
+		mr.file = &fm
+	}
 	var err error
-	if mr.odp {
+	if mr.odp && isFile {
+		err = mr.registerFileODP(end, npages, fm)
+	} else if mr.odp {
 		err = mr.registerODP(end, npages)
 	} else {
 		err = mr.registerPinned(end, npages)
@@ -169,7 +183,14 @@ func (mr *MR) Dereg() error {
 		d.keys.release(mr.key)
 		d.mu.Unlock()
 	}()
+	if mr.file != nil && mr.odp {
+		mr.deregFile(end)
+		return nil
+	}
 	if !mr.odp {
+		mr.table.Lock()
+		mr.freeDetached()
+		mr.table.Unlock()
 		s.mu.Lock()
 		s.locked = removeRange(s.locked, mr.span(end))
 		s.unlockUncoveredLocked(mr.span(end))

@@ -42,6 +42,13 @@ func (n notifier) pages(r invalidate.Range) (int, int) {
 
 // InvalidateStart implements invalidate.Subscriber.
 func (n notifier) InvalidateStart(r invalidate.Range, why invalidate.Reason) {
+	if why == invalidate.ReasonFileChange && !n.mr.odp {
+		first, count := n.pages(r)
+		n.mr.table.Lock()
+		n.mr.detachLocked(first, count)
+		n.mr.table.Unlock()
+		return
+	}
 	if !n.hears(why) {
 		return
 	}

@@ -4,10 +4,12 @@ import (
 	"bytes"
 	"context"
 	"errors"
+	"fmt"
 	"os"
 	"testing"
 	"time"
 
+	"github.com/odpemu/odpemu/internal/fusemount"
 	"github.com/odpemu/odpemu/pagefault"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
@@ -18,7 +20,12 @@ func TestMain(m *testing.M) {
 	if role := os.Getenv("ODPEMU_PEER"); role != "" { // a peer of a two-process test
 		os.Exit(runPeer(role))
 	}
-	goleak.VerifyTestMain(m)
+	code := fusemount.TestMain(m)
+	if err := goleak.Find(); err != nil && code == 0 {
+		fmt.Fprintf(os.Stderr, "goleak: %v\n", err)
+		code = 1
+	}
+	os.Exit(code)
 }
 
 // node is one emulated NIC with a PD, CQs and a QP.

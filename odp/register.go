@@ -101,9 +101,12 @@ func (mr *MR) mapPresentLocked(first int, entries []pagefault.PagemapEntry, writ
 			i++
 			continue
 		}
-		excl := entries[i].Exclusive()
+		// A shared file mapping has no copy on write: its pages are the file's
+		// wherever else they are mapped.
+		exclusive := func(e pagefault.PagemapEntry) bool { return e.Exclusive() || mr.file != nil }
+		excl := exclusive(entries[i])
 		j := i
-		for j < len(entries) && j-i < len(pfns) && entries[j].Present() && entries[j].Exclusive() == excl {
+		for j < len(entries) && j-i < len(pfns) && entries[j].Present() && exclusive(entries[j]) == excl {
 			pfns[j-i] = entries[j].PFN()
 			j++
 		}

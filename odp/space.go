@@ -41,6 +41,9 @@ type space struct {
 	buffers []buffer         // sorted by start
 	odpRegs []interval.Range // userfaultfd-registered ranges, one per ODP MR
 	locked  []interval.Range // mlocked ranges, one per pinned MR
+	files   []fileMap        // file mappings (MapFile), sorted by start
+	// fileRegs are the ranges of ODP MRs over file mappings, one per MR.
+	fileRegs []interval.Range
 	// implicitMRs are the implicit ODP MRs of all devices: while there is one, every
 	// buffer is registered for faults.
 	implicitMRs []*MR
@@ -174,6 +177,7 @@ func (s *space) release(d *Device) error {
 	defer spacesMu.Unlock()
 	s.refs--
 	last := s.refs == 0
+	var errs []error
 	s.mu.Lock()
 	var mine, kept []buffer
 	for _, b := range s.buffers {
@@ -188,9 +192,23 @@ func (s *space) release(d *Device) error {
 		}
 	}
 	s.buffers = kept
+	var files, keptFiles []fileMap
+	for _, fm := range s.files {
+		if last || (fm.owner == d && !s.coveredLocked(interval.Range{Start: fm.start, End: fm.end})) {
+			files = append(files, fm)
+		} else {
+			if fm.owner == d {
+				fm.owner = nil // the space's now: another device's MR uses it
+			}
+			keptFiles = append(keptFiles, fm)
+		}
+	}
+	s.files = keptFiles
 	s.mu.Unlock()
+	for _, fm := range files {
+		errs = append(errs, fm.unmap())
+	}
 
-	var errs []error
 	if syncErr != nil {
 		errs = append(errs, fmt.Errorf("odp: close %s: buffers left mapped, events unknown: %w", d.cfg.Name, syncErr))
 	}
@@ -223,7 +241,7 @@ func (s *space) release(d *Device) error {
 // coveredLocked reports whether an MR (ODP or pinned, of any device) covers part of r.
 // Called with space.mu held.
 func (s *space) coveredLocked(r interval.Range) bool {
-	for _, rs := range [][]interval.Range{s.odpRegs, s.locked} {
+	for _, rs := range [][]interval.Range{s.odpRegs, s.locked, s.fileRegs} {
 		for _, x := range rs {
 			if x.Start < r.End && r.Start < x.End {
 				return true

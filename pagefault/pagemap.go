@@ -183,3 +183,28 @@ func (p *Pagemap) PresentRuns(start, end uintptr, fn func(lo, hi uintptr) error)
 	}
 	return nil
 }
+
+// Populate makes the len(out) pages at start (page aligned) present, for write if
+// write, and reads their entries into out: hmm_range_fault for memory that no
+// userfaultfd serves, such as a shared mapping of a file. The pages are faulted in
+// by madvise(MADV_POPULATE_READ/WRITE), a system call: the calling goroutine's P is
+// handed on while the kernel waits for the page (a FUSE read served by this very
+// process, say), where touching the page would hold it. Errors: EFAULT for a page
+// the mapping cannot provide (beyond the end of the file, an I/O error, a write to
+// a read-only mapping), ENOMEM for an address not mapped.
+func (p *Pagemap) Populate(start uintptr, out []PagemapEntry, write bool) error {
+	advice := uintptr(unix.MADV_POPULATE_READ)
+	if write {
+		advice = unix.MADV_POPULATE_WRITE
+	}
+	for {
+		_, _, e := unix.Syscall(unix.SYS_MADVISE, start, uintptr(len(out))*PageSize, advice)
+		if e == unix.EINTR {
+			continue
+		}
+		if e != 0 {
+			return fmt.Errorf("pagefault: populate %#x+%d pages: %w", start, len(out), e)
+		}
+		return p.Read(start, out)
+	}
+}
