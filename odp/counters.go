@@ -1,0 +1,70 @@
+package odp
+
+import "github.com/odpemu/odpemu/hwcounters"
+
+// MountCounters mounts a read-only tree at dir that shows the device's counters as
+// Linux shows an RDMA device's: <dir>/<name>/ports/1/hw_counters/<counter> and, per
+// MR, <dir>/<name>/mr/<mrn>/<counter> (see package hwcounters), read live. The
+// counters are the fields of Stats under mlx5's and rxe's names (PortCounters lists
+// them). It needs root and /dev/fuse. Unmount the tree before closing the device.
+func (d *Device) MountCounters(dir string) (*hwcounters.Tree, error) {
+	return hwcounters.Mount(dir, counterSource{d})
+}
+
+// PortCounters returns the device's counters by their hw_counters file names.
+func (d *Device) PortCounters() map[string]uint64 { return portCounters(d.Stats()) }
+
+func portCounters(s Stats) map[string]uint64 {
+	return map[string]uint64{
+		// ODP (mlx5's rdma stat names, per device here).
+		"page_faults":                s.PageFaults,
+		"page_faults_handled":        s.PagesFaulted,
+		"page_invalidations":         s.Invalidations,
+		"page_invalidations_handled": s.PagesInvalidated,
+		"page_prefetch":              s.PagesPrefetched,
+		// RC (mlx5's hw_counters names).
+		"rnr_nak_retry_err":              s.RC.RNRRetryExc,
+		"out_of_sequence":                s.RC.OutOfSequence,
+		"packet_seq_err":                 s.RC.SeqNaksReceived,
+		"local_ack_timeout_err":          s.RC.Timeouts,
+		"duplicate_request":              s.RC.Duplicates,
+		"req_transport_retries_exceeded": s.RC.RetryExc,
+		// rxe's names for what mlx5 does not count.
+		"rcvd_rnr_err":        s.RC.RNRNaksReceived,
+		"send_rnr_err":        s.RC.RNRNaksSent,
+		"completer_retry_err": s.RC.Retransmissions,
+	}
+}
+
+// mrCounters returns an MR's counters by file name (rdma stat mr).
+func mrCounterFiles(s MRStats) map[string]uint64 {
+	return map[string]uint64{
+		"page_faults":                s.PageFaults,
+		"page_faults_handled":        s.PagesFaulted,
+		"page_invalidations":         s.Invalidations,
+		"page_invalidations_handled": s.PagesInvalidated,
+		"page_prefetch":              s.PagesPrefetched,
+		"valid_pages":                uint64(s.ValidPages),
+		"stale_dmas":                 s.StaleDMAs,
+	}
+}
+
+// counterSource shows a device in a hwcounters tree.
+type counterSource struct{ d *Device }
+
+func (c counterSource) Name() string                    { return c.d.Name() }
+func (c counterSource) PortCounters() map[string]uint64 { return c.d.PortCounters() }
+
+func (c counterSource) MRCounters() map[uint32]map[string]uint64 {
+	c.d.mu.RLock()
+	mrs := make([]*MR, 0, len(c.d.mrs))
+	for _, mr := range c.d.mrs {
+		mrs = append(mrs, mr)
+	}
+	c.d.mu.RUnlock()
+	out := make(map[uint32]map[string]uint64, len(mrs))
+	for _, mr := range mrs {
+		out[mr.key>>8] = mrCounterFiles(mr.Stats())
+	}
+	return out
+}
