@@ -162,6 +162,17 @@ func (fsys *FS) Add(name string, obj Object) (*File, error) {
 	ch := fsys.root.NewPersistentInode(context.Background(), f, fs.StableAttr{Mode: syscall.S_IFREG, Ino: ino})
 	fsys.root.AddChild(name, ch, false)
 	fsys.files[name] = f
+	if len(fsys.files) == 1 {
+		// The first close sends the first FLUSH, whose ENOSYS turns FLUSH off (see
+		// Flush).
+		fd, err := os.Open(f.Path())
+		if err != nil {
+			return nil, fmt.Errorf("fusefs: open %s: %w", name, err)
+		}
+		if err := fd.Close(); err != nil {
+			return nil, fmt.Errorf("fusefs: close %s: %w", name, err)
+		}
+	}
 	return f, nil
 }
 
@@ -316,8 +327,12 @@ func (f *File) Setattr(_ context.Context, _ fs.FileHandle, in *fuse.SetAttrIn, o
 	return fs.OK
 }
 
-// Fsync and Flush have nothing to do: writes reach the object as they arrive.
+// Fsync has nothing to do: writes reach the object as they arrive.
 func (f *File) Fsync(context.Context, fs.FileHandle, uint32) syscall.Errno { return fs.OK }
 
-// Flush implements fs.NodeFlusher.
-func (f *File) Flush(context.Context, fs.FileHandle) syscall.Errno { return fs.OK }
+// Flush answers ENOSYS, after which the kernel sends no FLUSH on this connection
+// again (fc->no_flush): a close(2) never waits for the server. That matters when
+// the process exits without unmounting (a panic): its files are closed before its
+// /dev/fuse descriptor, and a FLUSH then waits for a server that is gone, forever.
+// Add makes the first FLUSH happen while the server runs.
+func (f *File) Flush(context.Context, fs.FileHandle) syscall.Errno { return syscall.ENOSYS }

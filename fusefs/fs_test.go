@@ -153,3 +153,34 @@ func TestTruncateAndLocalObject(t *testing.T) {
 	require.NoError(t, os.Truncate(f.Path(), 100))
 	assert.EqualValues(t, 100, obj.Size(), "the kernel's truncation reaches the object")
 }
+
+// TestDeliberateFailure is run by .ci/run, which checks that no mount outlives it:
+// ODPEMU_FAIL_DELIBERATELY=fail fails a subtest (the cleanups unmount), =panic panics
+// in another goroutine with a mapping of the file alive (nothing runs after it: the
+// mount is left stale, and the next test binary's TestMain removes it).
+func TestDeliberateFailure(t *testing.T) {
+	how := os.Getenv("ODPEMU_FAIL_DELIBERATELY")
+	if how == "" {
+		t.Skip("run by .ci/run with ODPEMU_FAIL_DELIBERATELY=fail or panic")
+	}
+	fsys := mount(t, fusefs.Options{})
+	f, err := fsys.Add("x", fusefs.NewSynthetic(1<<20, 1))
+	require.NoError(t, err)
+	fd, err := os.Open(f.Path())
+	require.NoError(t, err)
+	mem, err := unix.Mmap(int(fd.Fd()), 0, 1<<20, unix.PROT_READ, unix.MAP_SHARED)
+	require.NoError(t, err)
+	require.NoError(t, unix.Madvise(mem[:1<<16], unix.MADV_POPULATE_READ)) // by syscall, never by touching
+	t.Cleanup(func() {
+		assert.NoError(t, unix.Munmap(mem))
+		assert.NoError(t, fd.Close())
+	})
+	t.Run("sub", func(t *testing.T) {
+		if how == "panic" {
+			done := make(chan struct{})
+			go func() { panic("deliberate panic with a FUSE mount and a mapping of it alive") }()
+			<-done
+		}
+		t.Fatal("deliberate failure with a FUSE mount and a mapping of it alive")
+	})
+}

@@ -218,7 +218,12 @@ var (
 	_ fs.NodeOpener    = (*counterFile)(nil)
 	_ fs.NodeReader    = (*counterFile)(nil)
 	_ fs.NodeGetattrer = (*counterFile)(nil)
+	_ fs.NodeFlusher   = (*counterFile)(nil)
 )
+
+// Flush answers ENOSYS, which turns FLUSH off for the connection: a close never
+// waits for the server (see fusefs.File.Flush).
+func (c *counterFile) Flush(context.Context, fs.FileHandle) syscall.Errno { return syscall.ENOSYS }
 
 // value is an open counter file's content, fixed at open as sysfs fixes it at the
 // first read.
