@@ -216,6 +216,13 @@ func (f *File) Truncate(size int64) error {
 	return nil
 }
 
+// DropCache drops the kernel's cached pages of the file, as writing 1 to
+// /proc/sys/vm/drop_caches would for it alone; watchers are told first, as for a
+// change.
+func (f *File) DropCache() error {
+	return f.change(0, math.MaxInt64, func() error { return nil }, true)
+}
+
 // change runs apply under the file's write lock inside every watcher's
 // notification, and then, if notifyKernel, drops the kernel's cached pages of
 // [off, off+n) and its cached attributes.

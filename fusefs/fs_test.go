@@ -40,7 +40,7 @@ func TestSyntheticObject(t *testing.T) {
 	require.NoError(t, err)
 	assert.Equal(t, a[4090:4190], b, "content is a function of the offset")
 	assert.NotEqual(t, a[:4096], a[4096:8192])
-	assert.NotEqual(t, a, func() []byte { c := make([]byte, 10000); fusefs.NewSynthetic(10000, 8).ReadAt(c, 0); return c }(),
+	assert.NotEqual(t, a, func() []byte { c := make([]byte, 10000); _, _ = fusefs.NewSynthetic(10000, 8).ReadAt(c, 0); return c }(),
 		"another seed, other content")
 
 	_, err = s.WriteAt([]byte("hello"), 4094)
@@ -101,7 +101,7 @@ func TestChangeInvalidatesThePageCache(t *testing.T) {
 
 	fd, err := os.Open(f.Path())
 	require.NoError(t, err)
-	defer fd.Close()
+	defer func() { _ = fd.Close() }() // read only
 	want := make([]byte, 8192)
 	_, err = obj.ReadAt(want, 8192)
 	require.NoError(t, err)
@@ -136,7 +136,7 @@ func TestTruncateAndLocalObject(t *testing.T) {
 	fsys := mount(t, fusefs.Options{})
 	obj, err := fusefs.OpenLocal(filepath.Join(t.TempDir(), "backing"), 64<<10)
 	require.NoError(t, err)
-	defer obj.Close()
+	defer func() { assert.NoError(t, obj.Close()) }()
 	f, err := fsys.Add("local", obj)
 	require.NoError(t, err)
 	require.NoError(t, os.WriteFile(f.Path(), []byte("written through the mount"), 0))

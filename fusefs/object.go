@@ -31,7 +31,7 @@ func OpenLocal(path string, size int64) (*LocalFile, error) {
 	if st, err := f.Stat(); err == nil && st.Size() == 0 && size > 0 {
 		err = f.Truncate(size)
 		if err != nil {
-			f.Close()
+			_ = f.Close() // the error that matters is the truncation's
 			return nil, fmt.Errorf("fusefs: %w", err)
 		}
 	}

@@ -33,6 +33,12 @@
 //	CQ.mu                    a CQ's ring (completions are pushed under QP.mu; CreateQP
 //	                         and CQ.Destroy take it under Device.mu)
 //
+// MRs over a shared file mapping (MapFile) are not registered with userfaultfd: their
+// faults populate the page cache with madvise and their DMA copies use
+// process_vm_readv/writev, so that no goroutine touches a page that a FUSE server of
+// this process must fill. A filesystem's change reaches them through FileChanged,
+// which runs the registry's invalidation holding no lock.
+//
 // The address space (space) is shared by the devices opened with the same settings;
 // its locks are taken by any of them. spacesMu, the list of address spaces, is taken
 // by Open and Close holding no other lock; a space's release takes space.mu under it.

@@ -11,6 +11,7 @@ import (
 
 	"github.com/odpemu/odpemu/fusefs"
 	"github.com/odpemu/odpemu/internal/fusemount"
+	"github.com/odpemu/odpemu/pagefault"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 	"golang.org/x/sys/unix"
@@ -38,7 +39,7 @@ func openFile(t testing.TB, f *fusefs.File, writable bool) *os.File {
 	}
 	fd, err := os.OpenFile(f.Path(), flag, 0)
 	require.NoError(t, err)
-	t.Cleanup(func() { fd.Close() })
+	t.Cleanup(func() { assert.NoError(t, fd.Close()) })
 	return fd
 }
 
@@ -166,7 +167,7 @@ func TestFileBackedODPWritesReachTheFile(t *testing.T) {
 	fsys := mountFS(t, fusefs.Options{})
 	obj, err := fusefs.OpenLocal(filepath.Join(t.TempDir(), "backing"), size)
 	require.NoError(t, err)
-	defer obj.Close()
+	defer func() { assert.NoError(t, obj.Close()) }()
 	f, err := fsys.Add("rw", obj)
 	require.NoError(t, err)
 	a, b := pair(t, Config{})
@@ -215,4 +216,33 @@ func TestFileBackedODPTruncation(t *testing.T) {
 	require.NoError(t, f.Truncate(size/2))
 	wc := readRemote(t, a, lmr, mr, size-up, 100)
 	assert.Equal(t, WCRemAccessErr, wc.Status, "a READ beyond the end of the file: %v %s", wc.Status, wc.Detail)
+}
+
+// The NIC's faults on a file mapping populate the page cache with madvise. The
+// other mechanism, userfaultfd MINOR mode, needs a shared mapping of shmem or
+// hugetlbfs; this probes what the kernel says for a FUSE file (EINVAL where MINOR
+// is limited to those) and records it. Populate must work whatever it says.
+func TestFileMappingFaultMechanism(t *testing.T) {
+	fsys := mountFS(t, fusefs.Options{})
+	f, err := fsys.Add("m", fusefs.NewSynthetic(1<<20, 5))
+	require.NoError(t, err)
+	fd := openFile(t, f, false)
+	n := newNode(t, Config{})
+	mem := n.mapFile(t, fd, 1<<20, false)
+	u, err := pagefault.Open(pagefault.Options{Features: pagefault.FeatureMinorShmem})
+	if err != nil {
+		t.Logf("userfaultfd with MINOR_SHMEM: %v", err)
+	} else {
+		defer func() { assert.NoError(t, u.Close()) }()
+		_, err = u.Register(addrOf(mem), 1<<20, pagefault.ModeMinor)
+		t.Logf("UFFDIO_REGISTER MODE_MINOR on a FUSE file mapping: %v", err)
+		if err == nil {
+			assert.NoError(t, u.Unregister(addrOf(mem), 1<<20))
+		}
+	}
+	entries := make([]pagefault.PagemapEntry, 4)
+	require.NoError(t, n.dev.as.pagemap.Populate(addrOf(mem), entries, false))
+	for i, e := range entries {
+		assert.True(t, e.Present(), "page %d present after MADV_POPULATE_READ", i)
+	}
 }

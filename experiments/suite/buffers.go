@@ -91,7 +91,8 @@ type strategyResult struct {
 // bufferRig is a client device whose QP WRITEs to a server's warm pinned sink.
 type bufferRig struct {
 	client, server *odp.Device
-	pd             *odp.PD
+	pd             *odp.PD // the client's
+	spd            *odp.PD // the server's
 	qp             *odp.QP
 	cq             *odp.CQ
 	sink           *odp.MR
@@ -125,6 +126,7 @@ func newBufferRig(cfg odp.Config, size int) (_ *bufferRig, err error) {
 			r.pd, r.cq = pd, cq
 			continue
 		}
+		r.spd = pd
 		buf, err := (*d).Alloc(size)
 		if err != nil {
 			return nil, err
@@ -151,9 +153,19 @@ func (r *bufferRig) close() {
 
 // write WRITEs buf, registered by lkey, to the sink and waits for its completion.
 func (r *bufferRig) write(buf []byte, lkey uint32) error {
-	if err := r.qp.PostSend(odp.SendWR{Opcode: odp.OpRDMAWrite, Flags: odp.SendSignaled,
+	return r.transfer(odp.OpRDMAWrite, buf, lkey, r.sink.Addr(), r.sink.RKey())
+}
+
+// read READs len(buf) bytes at remote address addr of the server's MR with rkey into
+// buf, registered by lkey, and waits for its completion.
+func (r *bufferRig) read(buf []byte, lkey uint32, addr uint64, rkey uint32) error {
+	return r.transfer(odp.OpRDMARead, buf, lkey, addr, rkey)
+}
+
+func (r *bufferRig) transfer(op odp.Opcode, buf []byte, lkey uint32, addr uint64, rkey uint32) error {
+	if err := r.qp.PostSend(odp.SendWR{Opcode: op, Flags: odp.SendSignaled,
 		SGL:        []odp.SGE{{Addr: uint64(uintptr(unsafe.Pointer(unsafe.SliceData(buf)))), Length: uint32(len(buf)), LKey: lkey}},
-		RemoteAddr: r.sink.Addr(), RKey: r.sink.RKey()}); err != nil {
+		RemoteAddr: addr, RKey: rkey}); err != nil {
 		return err
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
@@ -162,7 +174,7 @@ func (r *bufferRig) write(buf []byte, lkey uint32) error {
 		return err
 	}
 	if wc := r.wcs[0]; wc.Status != odp.WCSuccess {
-		return fmt.Errorf("WRITE: %v (%s)", wc.Status, wc.Detail)
+		return fmt.Errorf("%v: %v (%s)", op, wc.Status, wc.Detail)
 	}
 	return nil
 }

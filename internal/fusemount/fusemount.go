@@ -124,7 +124,7 @@ func List() ([]Info, error) {
 	if err != nil {
 		return nil, fmt.Errorf("fusemount: %w", err)
 	}
-	defer f.Close()
+	defer func() { _ = f.Close() }() // read only
 	var out []Info
 	sc := bufio.NewScanner(f)
 	for sc.Scan() {
