@@ -14,14 +14,19 @@ func (d *Device) MountCounters(dir string) (*hwcounters.Tree, error) {
 // PortCounters returns the device's counters by their hw_counters file names.
 func (d *Device) PortCounters() map[string]uint64 { return portCounters(d.Stats()) }
 
+// odpCounterFiles are the ODP counters' files (mlx5's rdma stat mr names), for a
+// device or an MR, with the other counters given.
+func odpCounterFiles(faults, pagesFaulted, invalidations, pagesInvalidated, pagesPrefetched uint64, others map[string]uint64) map[string]uint64 {
+	others["page_faults"] = faults
+	others["page_faults_handled"] = pagesFaulted
+	others["page_invalidations"] = invalidations
+	others["page_invalidations_handled"] = pagesInvalidated
+	others["page_prefetch"] = pagesPrefetched
+	return others
+}
+
 func portCounters(s Stats) map[string]uint64 {
-	return map[string]uint64{
-		// ODP (mlx5's rdma stat names, per device here).
-		"page_faults":                s.PageFaults,
-		"page_faults_handled":        s.PagesFaulted,
-		"page_invalidations":         s.Invalidations,
-		"page_invalidations_handled": s.PagesInvalidated,
-		"page_prefetch":              s.PagesPrefetched,
+	return odpCounterFiles(s.PageFaults, s.PagesFaulted, s.Invalidations, s.PagesInvalidated, s.PagesPrefetched, map[string]uint64{
 		// RC (mlx5's hw_counters names).
 		"rnr_nak_retry_err":              s.RC.RNRRetryExc,
 		"out_of_sequence":                s.RC.OutOfSequence,
@@ -33,20 +38,15 @@ func portCounters(s Stats) map[string]uint64 {
 		"rcvd_rnr_err":        s.RC.RNRNaksReceived,
 		"send_rnr_err":        s.RC.RNRNaksSent,
 		"completer_retry_err": s.RC.Retransmissions,
-	}
+	})
 }
 
 // mrCounters returns an MR's counters by file name (rdma stat mr).
 func mrCounterFiles(s MRStats) map[string]uint64 {
-	return map[string]uint64{
-		"page_faults":                s.PageFaults,
-		"page_faults_handled":        s.PagesFaulted,
-		"page_invalidations":         s.Invalidations,
-		"page_invalidations_handled": s.PagesInvalidated,
-		"page_prefetch":              s.PagesPrefetched,
-		"valid_pages":                uint64(s.ValidPages),
-		"stale_dmas":                 s.StaleDMAs,
-	}
+	return odpCounterFiles(s.PageFaults, s.PagesFaulted, s.Invalidations, s.PagesInvalidated, s.PagesPrefetched, map[string]uint64{
+		"valid_pages": uint64(s.ValidPages),
+		"stale_dmas":  s.StaleDMAs,
+	})
 }
 
 // counterSource shows a device in a hwcounters tree.

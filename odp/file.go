@@ -172,14 +172,7 @@ func (mr *MR) registerFileODP(end uintptr, npages int, fm fileMap) error {
 	d.as.mu.Unlock()
 	d.mrs[key>>8] = mr
 	d.mu.Unlock()
-	mr.sub = d.as.registry.Insert(mr.base, end, notifier{mr})
-	mr.reg.Register = time.Since(t0)
-	d.stats.mrsODP.Add(1)
-	if !d.cfg.NoSnapshot {
-		t1 := time.Now()
-		mr.snapshot(mr.base, end)
-		mr.reg.Snapshot = time.Since(t1)
-	}
+	mr.activateODP(end, t0)
 	return nil
 }
 

@@ -46,16 +46,22 @@ func (mr *MR) registerODP(end uintptr, npages int) error {
 	mr.table = mmu.New(npages)
 	d.mrs[key>>8] = mr
 	d.mu.Unlock()
+	mr.activateODP(end, t0)
+	return nil
+}
+
+// activateODP subscribes a new ODP MR, registered from t0, to invalidations and maps
+// the pages already present (mlx5's snapshot) unless the device says not to.
+func (mr *MR) activateODP(end uintptr, t0 time.Time) {
+	d := mr.dev
 	mr.sub = d.as.registry.Insert(mr.base, end, notifier{mr})
 	mr.reg.Register = time.Since(t0)
 	d.stats.mrsODP.Add(1)
-
 	if !d.cfg.NoSnapshot {
 		t1 := time.Now()
 		mr.snapshot(mr.base, end)
 		mr.reg.Snapshot = time.Since(t1)
 	}
-	return nil
 }
 
 // snapshot maps the pages already present, without faulting, as mlx5 does when an ODP
