@@ -22,6 +22,7 @@ import (
 	"gonum.org/v1/plot/vg"
 	"gonum.org/v1/plot/vg/draw"
 	"gonum.org/v1/plot/vg/vgimg"
+	"gonum.org/v1/plot/vg/vgpdf"
 	"gonum.org/v1/plot/vg/vgsvg"
 )
 
@@ -98,18 +99,21 @@ const (
 var ErrEmpty = errors.New("plots: nothing to draw")
 
 // Save draws f and writes dir/name.png and dir/name.svg; it returns their paths.
-func (f Figure) Save(dir, name string) ([]string, error) {
+func (f Figure) Save(dir, name string) ([]string, error) { return f.SaveAs(dir, name, "png", "svg") }
+
+// SaveAs writes the figure as dir/name.<ext> for each of exts: png, svg or pdf.
+func (f Figure) SaveAs(dir, name string, exts ...string) ([]string, error) {
 	p, err := f.plot()
 	if err != nil {
 		return nil, fmt.Errorf("plots: %s: %w", name, err)
 	}
-	return saveBoth(p, dir, name)
+	return saveAs(p, dir, name, exts)
 }
 
-// saveBoth writes p as dir/name.png and dir/name.svg.
-func saveBoth(p *plot.Plot, dir, name string) ([]string, error) {
+// saveAs writes p as dir/name.<ext> for each of exts.
+func saveAs(p *plot.Plot, dir, name string, exts []string) ([]string, error) {
 	var paths []string
-	for _, ext := range []string{"png", "svg"} {
+	for _, ext := range exts {
 		path := filepath.Join(dir, name+"."+ext)
 		if err := write(p, path, ext); err != nil {
 			return nil, fmt.Errorf("plots: %s: %w", path, err)
@@ -121,14 +125,22 @@ func saveBoth(p *plot.Plot, dir, name string) ([]string, error) {
 
 func write(p *plot.Plot, path, ext string) error {
 	var out io.WriterTo
-	if ext == "png" {
+	switch ext {
+	case "png":
 		img := vgimg.NewWith(vgimg.UseWH(Width, Height), vgimg.UseDPI(dpi))
 		p.Draw(draw.New(img))
 		out = vgimg.PngCanvas{Canvas: img}
-	} else {
+	case "svg":
 		svg := vgsvg.New(Width, Height)
 		p.Draw(draw.New(svg))
 		out = svg
+	case "pdf":
+		pdf := vgpdf.New(Width, Height)
+		pdf.EmbedFonts(true)
+		p.Draw(draw.New(pdf))
+		out = pdf
+	default:
+		return fmt.Errorf("unknown figure format %q", ext)
 	}
 	f, err := os.Create(path)
 	if err != nil {
@@ -315,12 +327,15 @@ type Bars struct {
 }
 
 // Save draws b and writes dir/name.png and dir/name.svg; it returns their paths.
-func (b Bars) Save(dir, name string) ([]string, error) {
+func (b Bars) Save(dir, name string) ([]string, error) { return b.SaveAs(dir, name, "png", "svg") }
+
+// SaveAs writes the figure as dir/name.<ext> for each of exts: png, svg or pdf.
+func (b Bars) SaveAs(dir, name string, exts ...string) ([]string, error) {
 	p, err := b.plot()
 	if err != nil {
 		return nil, fmt.Errorf("plots: %s: %w", name, err)
 	}
-	return saveBoth(p, dir, name)
+	return saveAs(p, dir, name, exts)
 }
 
 func (b Bars) plot() (*plot.Plot, error) {

@@ -143,3 +143,16 @@ func (m *Manifest) Write(dir string) error {
 	}
 	return os.WriteFile(filepath.Join(dir, "manifest.json"), append(b, '\n'), 0o644)
 }
+
+// ReadManifest reads the manifest.json of the run in dir.
+func ReadManifest(dir string) (*Manifest, error) {
+	b, err := os.ReadFile(filepath.Join(dir, "manifest.json"))
+	if err != nil {
+		return nil, fmt.Errorf("results: %w", err)
+	}
+	var m Manifest
+	if err := json.Unmarshal(b, &m); err != nil {
+		return nil, fmt.Errorf("%w: %s/manifest.json: %w", ErrSchema, dir, err)
+	}
+	return &m, nil
+}

@@ -14,9 +14,10 @@ import (
 )
 
 var faultAnatomy = Experiment{
-	Name:  "anatomy",
-	Title: "Anatomy of a network page fault (detect, resolve, table update, resume) against userfaultfd's floors",
-	Run:   runAnatomy,
+	Name:   "anatomy",
+	Title:  "Anatomy of a network page fault (detect, resolve, table update, resume) against userfaultfd's floors",
+	Run:    runAnatomy,
+	Replot: func(x *X) error { return replot(x, "", func(t *results.Table) error { return anatomyReport(x, t) }) },
 }
 
 // The phases of a network page fault, as odp.FaultPhases has them.

@@ -23,6 +23,9 @@ var bufferStrategies = Experiment{
 	Name:  "buffers",
 	Title: "How applications manage RDMA buffers, vs buffer reuse: register each time, bounce, pin-down cache, ODP",
 	Run:   runBuffers,
+	Replot: func(x *X) error {
+		return replot(x, "", func(t *results.Table) error { return buffersReport(x, t, floats(t, "reuse")) })
+	},
 }
 
 // The strategies, the ways applications really manage RDMA memory.

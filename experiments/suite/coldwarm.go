@@ -15,6 +15,9 @@ var coldWarm = Experiment{
 	Name:  "coldwarm",
 	Title: "Bandwidth of a first pass over fresh memory and of steady state, pinned vs ODP variants",
 	Run:   runColdWarm,
+	Replot: func(x *X) error {
+		return replot(x, "", func(t *results.Table) error { return coldWarmReport(x, t, ints(t, "size_bytes")) })
+	},
 }
 
 // transferVariant is one way to register and prepare the memory of a transfer.

@@ -21,6 +21,19 @@ var fileBacked = Experiment{
 	Name:  "filebacked",
 	Title: "MRs over a file served through FUSE: registration, first byte and sparse READs, pinned vs ODP; pages after a file change",
 	Run:   runFileBacked,
+	Replot: func(x *X) error {
+		size, err := x.loadedParam("file_bytes")
+		if err != nil {
+			return err
+		}
+		return replot(x, "", func(t *results.Table) error {
+			st, err := x.Loaded("filebacked_stale")
+			if err != nil {
+				return err
+			}
+			return fileBackedReport(x, t, st, int(size), floats(t, "fraction"))
+		})
+	},
 }
 
 // fileMsg is the size of one READ of the file.

@@ -16,6 +16,11 @@ var invalidationStorm = Experiment{
 	Name:  "invalidation",
 	Title: "Steady-state ODP bandwidth under a rate of invalidations of the server's MR",
 	Run:   runInvalidation,
+	Replot: func(x *X) error {
+		return replot(x, "", func(t *results.Table) error {
+			return invalidationReport(x, t, nonzero(ints(t, "rate_per_s")), nonzero(ints(t, "range_bytes")))
+		})
+	},
 }
 
 // faultModels are the fault costs experiments that take faults run with: this

@@ -15,6 +15,9 @@ var oneShot = Experiment{
 	Name:  "oneshot",
 	Title: "Moving N bytes of fresh memory once, registration and deregistration included",
 	Run:   runOneShot,
+	Replot: func(x *X) error {
+		return replot(x, "", func(t *results.Table) error { return oneShotReport(x, t, ints(t, "size_bytes")) })
+	},
 }
 
 // oneShotVariant is one way to register the source of a one-shot transfer.

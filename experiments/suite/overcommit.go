@@ -13,9 +13,10 @@ import (
 )
 
 var overcommit = Experiment{
-	Name:  "overcommit",
-	Title: "An ODP MR larger than the NIC's resident budget: bandwidth, faults and residency vs budget",
-	Run:   runOvercommit,
+	Name:   "overcommit",
+	Title:  "An ODP MR larger than the NIC's resident budget: bandwidth, faults and residency vs budget",
+	Run:    runOvercommit,
+	Replot: func(x *X) error { return replot(x, "", func(t *results.Table) error { return overcommitReport(x, t) }) },
 }
 
 // budgetRatios are budget / working set.

@@ -22,6 +22,9 @@ var registration = Experiment{
 	Name:  "registration",
 	Title: "Registration time vs MR size: pinned (in stages), ODP, deregistration",
 	Run:   runRegistration,
+	Replot: func(x *X) error {
+		return replot(x, "", func(t *results.Table) error { return registrationReport(x, t, ints(t, "size_bytes")) })
+	},
 }
 
 // sizesPow4 returns lo, 4*lo, ... up to hi.

@@ -17,6 +17,9 @@ var rnrPitfalls = Experiment{
 	Name:  "rnr",
 	Title: "RNR pitfalls: a cold ODP pass vs the responder's RNR timer, RNR retries and packet loss",
 	Run:   runRNR,
+	Replot: func(x *X) error {
+		return replot(x, "", func(t *results.Table) error { return rnrReport(x, t, floats(t, "loss")) })
+	},
 }
 
 // rnrTimers are min_rnr_timer encodings: 0.01, 0.16, 0.64 (rdma-core's tests), 2.56

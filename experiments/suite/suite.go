@@ -62,6 +62,9 @@ type Experiment struct {
 	Name  string // the CSV's and figures' base name, and --only's argument
 	Title string
 	Run   func(x *X) error
+	// Replot draws the figures and headlines again from the tables a run wrote
+	// (x.Loaded), deriving the parameters it needs from them.
+	Replot func(x *X) error
 }
 
 // Experiments lists every experiment, in the order the suite runs them.
@@ -133,6 +136,10 @@ type X struct {
 	params    map[string]any
 
 	wireServer []string
+	// formats are the figures' file formats (default png and svg); loaded holds
+	// the tables Replot read, by name.
+	formats []string
+	loaded  map[string]*results.Table
 }
 
 // Steps announces how many steps the experiment will report.
@@ -157,12 +164,16 @@ func (x *X) Table(name string, columns ...string) *results.Table {
 
 // figure is a plots.Figure or plots.Bars.
 type figure interface {
-	Save(dir, name string) ([]string, error)
+	SaveAs(dir, name string, exts ...string) ([]string, error)
 }
 
-// Figure saves f as name's PNG and SVG.
+// Figure saves f as name's PNG and SVG (or the formats Replot was given).
 func (x *X) Figure(name string, f figure) error {
-	paths, err := f.Save(x.dir, name)
+	exts := x.formats
+	if len(exts) == 0 {
+		exts = []string{"png", "svg"}
+	}
+	paths, err := f.SaveAs(x.dir, name, exts...)
 	if err != nil {
 		return err
 	}

@@ -9,6 +9,7 @@ import (
 
 	"github.com/odpemu/odpemu/experiments/perf"
 	"github.com/odpemu/odpemu/experiments/plots"
+	"github.com/odpemu/odpemu/experiments/results"
 	"github.com/odpemu/odpemu/experiments/stats"
 )
 
@@ -16,6 +17,9 @@ var wireExperiment = Experiment{
 	Name:  "wire",
 	Title: "RoCEv2 over UDP between two processes: pinned and ODP WRITE bandwidth against a plain UDP stream",
 	Run:   runWire,
+	Replot: func(x *X) error {
+		return replot(x, "", func(t *results.Table) error { return wireReport(x, t, len(results.Distinct(t.Rows(nil), "rep"))) })
+	},
 }
 
 // ErrNoServer is returned by the wire experiment when the run has no command to
@@ -59,7 +63,7 @@ func runWire(x *X) error {
 	if len(x.wireServer) == 0 {
 		return ErrNoServer
 	}
-	const size, depth = 64 << 10, 4
+	const size, depth = wireMsg, 4
 	iters := pick(x.Scale, 50, 500, 2000)
 	rounds := pick(x.Scale, 1, 5, 10)
 	x.Param("message_bytes", size)
@@ -93,13 +97,17 @@ func runWire(x *X) error {
 		}
 	}
 	x.Step()
+	return wireReport(x, t, rounds)
+}
+
+func wireReport(x *X, t *results.Table, rounds int) error {
 	var meds []float64
 	for _, kind := range wireKinds {
-		meds = append(meds, stats.Median(bw[kind]))
+		meds = append(meds, stats.Median(results.Floats(t.Rows(sel("kind", kind)), "bw_mib_s")))
 	}
 	if err := x.Figure("wire", plots.Bars{Title: "WRITE bandwidth between two processes (medians)",
 		Y: plots.Axis{Label: "bandwidth (MiB/s)"}, Categories: []string{"UDP", "pinned", "ODP warm", "pinned cold", "ODP cold"},
-		Stacks: []plots.Stack{{Name: fmt.Sprintf("%s messages, %d rounds", human(size), rounds), Values: meds}}}); err != nil {
+		Stacks: []plots.Stack{{Name: fmt.Sprintf("%s messages, %d rounds", human(wireMsg), rounds), Values: meds}}}); err != nil {
 		return err
 	}
 	for _, kind := range []string{"pinned", "odp"} {
@@ -113,3 +121,6 @@ func runWire(x *X) error {
 		fmt.Sprintf("median of %d per-round ratios, quartiles %.2f-%.2f", r.N, r.Q1, r.Q3))
 	return nil
 }
+
+// wireMsg is the wire experiment's message size.
+const wireMsg = 64 << 10

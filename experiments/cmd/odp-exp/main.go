@@ -3,10 +3,13 @@
 // JSON manifest of the machine and configuration, and summary.md.
 //
 //	odp-exp [--tiny | --quick | --full] [--only NAME[,NAME]] [--out DIR] [--seed N] [--list]
+//	odp-exp --replot RUN --out DIR [--formats pdf,png] [--tex FILE]
 //
 // The quick scale (the default) takes about ten minutes on a 2-core machine; tiny
 // takes seconds per experiment (CI); full is for real machines. Results go to
-// experiments/results/<timestamp>/ unless --out names a directory.
+// experiments/results/<timestamp>/ unless --out names a directory. --replot draws a
+// run's figures again from its CSVs alone and, with --tex, writes its headlines as
+// LaTeX macros (the paper's numbers).
 package main
 
 import (
@@ -54,6 +57,9 @@ func run(args []string, stdout, stderr io.Writer) error {
 	seed := fs.Uint64("seed", 1, "seed of every random choice")
 	list := fs.Bool("list", false, "list the experiments and exit")
 	quiet := fs.Bool("quiet", false, "no progress")
+	replot := fs.String("replot", "", "draw the figures of the run in this directory again, from its CSVs, into --out (runs nothing)")
+	formats := fs.StringSlice("formats", []string{"pdf", "png"}, "with --replot: the figures' formats (pdf, png, svg)")
+	tex := fs.String("tex", "", "with --replot: also write the headlines as LaTeX macros to this file")
 	if err := fs.Parse(args); err != nil {
 		return err
 	}
@@ -65,6 +71,12 @@ func run(args []string, stdout, stderr io.Writer) error {
 			fmt.Fprintf(stdout, "%-14s %s\n", e.Name, e.Title)
 		}
 		return nil
+	}
+	if *replot != "" {
+		return replotRun(*replot, *out, *formats, *tex, stdout)
+	}
+	if *tex != "" {
+		return errors.New("--tex goes with --replot")
 	}
 	scale := suite.Quick
 	switch {
@@ -98,6 +110,27 @@ func run(args []string, stdout, stderr io.Writer) error {
 		fmt.Fprintf(stdout, "\nsummary: %s\n", filepath.Join(dir, "summary.md"))
 	}
 	return err
+}
+
+// replotRun draws the run in dir again into out and writes its headlines as LaTeX.
+func replotRun(dir, out string, formats []string, tex string, stdout io.Writer) error {
+	if out == "" {
+		return errors.New("--replot needs --out")
+	}
+	if err := os.MkdirAll(out, 0o755); err != nil {
+		return err
+	}
+	rep, err := suite.Replot(dir, out, formats...)
+	if err != nil {
+		return err
+	}
+	for _, h := range rep.Headlines {
+		fmt.Fprintf(stdout, "%-14s %-40s %s\n", h.Experiment, h.What, h.Value)
+	}
+	if tex != "" {
+		return suite.WriteTeX(rep, tex)
+	}
+	return nil
 }
 
 // serveWire is the wire experiment's server process.
