@@ -184,3 +184,32 @@ func TestDeliberateFailure(t *testing.T) {
 		t.Fatal("deliberate failure with a FUSE mount and a mapping of it alive")
 	})
 }
+
+// An unmount while a file of the mount is open and mapped is busy: Unmount aborts
+// the connection through fusectl and detaches the mount; the file then fails with
+// ENOTCONN instead of hanging, and nothing is left mounted.
+func TestUnmountBusyAborts(t *testing.T) {
+	if err := fusemount.Available(); err != nil {
+		t.Skipf("FUSE: %v", err)
+	}
+	fsys, err := fusefs.Mount(filepath.Join(t.TempDir(), "mnt"), fusefs.Options{})
+	require.NoError(t, err)
+	f, err := fsys.Add("busy", fusefs.NewSynthetic(1<<20, 1))
+	require.NoError(t, err)
+	fd, err := os.Open(f.Path())
+	require.NoError(t, err)
+	defer func() { _ = fd.Close() }() // fails harmlessly on an aborted connection
+	mem, err := unix.Mmap(int(fd.Fd()), 0, 1<<20, unix.PROT_READ, unix.MAP_SHARED)
+	require.NoError(t, err)
+	defer func() { assert.NoError(t, unix.Munmap(mem)) }()
+	require.ErrorIs(t, unix.Unmount(fsys.Dir(), 0), unix.EBUSY, "the mount is busy")
+
+	require.NoError(t, fsys.Unmount())
+	left, err := fusemount.Leftover()
+	require.NoError(t, err)
+	assert.Empty(t, left, "the busy mount was detached")
+	_, err = fd.ReadAt(make([]byte, 10), 0)
+	assert.ErrorIs(t, err, unix.ENOTCONN, "the connection was aborted")
+	assert.ErrorIs(t, unix.Madvise(mem[:4096], unix.MADV_POPULATE_READ), unix.EFAULT,
+		"the mapping's missing pages cannot be filled any more")
+}
