@@ -22,7 +22,14 @@ func WriteTeX(rep *Report, path string) error {
 	}
 	def := func(name, v string) { fmt.Fprintf(&b, "\\expandafter\\def\\csname %s\\endcsname{%s}\n", name, v) }
 	def("resultsmachine", texEscape(m.Machine.String()))
-	def("resultsrevision", texEscape(m.Revision))
+	rev, dirty := strings.CutSuffix(m.Revision, "+dirty")
+	if len(rev) > 12 {
+		rev = rev[:12] // git's short form: a column is narrow
+	}
+	if dirty {
+		rev += "+dirty"
+	}
+	def("resultsrevision", texEscape(rev))
 	def("resultsscale", texEscape(scale))
 	def("resultsgo", texEscape(m.Go))
 	def("resultswalltime", texEscape(m.WallTime.Round(1e9).String()))

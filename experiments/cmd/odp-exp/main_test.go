@@ -123,6 +123,35 @@ func TestTinySuite(t *testing.T) {
 			assert.Contains(t, string(summary), "["+e.Name+"]("+e.Name+".csv)", "a headline links the CSV")
 		})
 	}
+
+	// Replotted from the CSVs alone, every figure comes back as PDF, and the
+	// headlines are the run's, to the digit.
+	re := filepath.Join(t.TempDir(), "replot")
+	tex := filepath.Join(re, "numbers.tex")
+	replotted, _, err := runArgs("--replot", dir, "--out", re, "--formats", "pdf", "--tex", tex)
+	require.NoError(t, err)
+	for _, e := range m.Experiments {
+		for _, f := range e.Files {
+			if filepath.Ext(f) == ".png" {
+				assert.FileExists(t, filepath.Join(re, strings.TrimSuffix(f, ".png")+".pdf"))
+			}
+		}
+	}
+	var runLines, replotLines []string
+	for _, l := range strings.Split(out, "\n") {
+		for _, e := range m.Experiments {
+			if strings.HasPrefix(l, e.Name+" ") {
+				runLines = append(runLines, l)
+				break
+			}
+		}
+	}
+	replotLines = strings.Split(strings.TrimSpace(replotted), "\n")
+	assert.Equal(t, runLines, replotLines, "headlines from the CSVs equal the run's")
+	b, err = os.ReadFile(tex)
+	require.NoError(t, err)
+	assert.Contains(t, string(b), `\csname odp@registration@1\endcsname`)
+	assert.Contains(t, string(b), `\providecommand{\resultstable}`)
 }
 
 func TestOnlyAndList(t *testing.T) {
