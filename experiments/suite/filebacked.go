@@ -339,5 +339,9 @@ func fileBackedReport(x *X, t, st *results.Table, size int, fractions []float64)
 	}
 	x.Headline("READs of changed pages after the file changed", strings.Join(demo, "; "),
 		"pages changed in the backing object through the filesystem; a pinned MR keeps the pages it pinned")
+	reg := stats.Summarize(perRep(t, "register_ns", sel("fraction", fractions[0], "method", "pinned"),
+		sel("fraction", fractions[0], "method", "odp")))
+	x.Headline(fmt.Sprintf("registration of the %s file: pinned / ODP", human(size)), ratio(reg.Median),
+		fmt.Sprintf("median of %d repetitions, page cache cold", reg.N))
 	return nil
 }
