@@ -179,31 +179,13 @@ func (s *space) release(d *Device) error {
 	last := s.refs == 0
 	var errs []error
 	s.mu.Lock()
-	var mine, kept []buffer
-	for _, b := range s.buffers {
-		r := interval.Range{Start: b.start, End: b.end}
-		if last || (b.owner == d && !s.coveredLocked(r)) {
-			mine = append(mine, b)
-		} else {
-			if b.owner == d {
-				b.owner = nil // the space's now: another device's MR uses it
-			}
-			kept = append(kept, b)
-		}
-	}
-	s.buffers = kept
-	var files, keptFiles []fileMap
-	for _, fm := range s.files {
-		if last || (fm.owner == d && !s.coveredLocked(interval.Range{Start: fm.start, End: fm.end})) {
-			files = append(files, fm)
-		} else {
-			if fm.owner == d {
-				fm.owner = nil // the space's now: another device's MR uses it
-			}
-			keptFiles = append(keptFiles, fm)
-		}
-	}
-	s.files = keptFiles
+	mine, keptBuffers := splitOwnedLocked(s, d, last, s.buffers, func(b *buffer) (interval.Range, **Device) {
+		return interval.Range{Start: b.start, End: b.end}, &b.owner
+	})
+	files, keptFiles := splitOwnedLocked(s, d, last, s.files, func(fm *fileMap) (interval.Range, **Device) {
+		return interval.Range{Start: fm.start, End: fm.end}, &fm.owner
+	})
+	s.buffers, s.files = keptBuffers, keptFiles
 	s.mu.Unlock()
 	for _, fm := range files {
 		errs = append(errs, fm.unmap())
@@ -236,6 +218,26 @@ func (s *space) release(d *Device) error {
 		}
 	}
 	return errors.Join(errs...)
+}
+
+// splitOwnedLocked splits a closing device's view of the space's mappings (buffers
+// or file mappings): mine are those its Close unmaps (every one when it is the last
+// device, else its own that no MR covers), kept those the space keeps; a kept one of
+// d's becomes the space's. at returns an item's range and its owner field. Called
+// with space.mu held.
+func splitOwnedLocked[T any](s *space, d *Device, last bool, items []T, at func(*T) (interval.Range, **Device)) (mine, kept []T) {
+	for _, it := range items {
+		r, owner := at(&it)
+		if last || (*owner == d && !s.coveredLocked(r)) {
+			mine = append(mine, it)
+			continue
+		}
+		if *owner == d {
+			*owner = nil // the space's now: another device's MR uses it
+		}
+		kept = append(kept, it)
+	}
+	return mine, kept
 }
 
 // coveredLocked reports whether an MR (ODP or pinned, of any device) covers part of r.
