@@ -58,13 +58,10 @@ type fileSetup struct {
 	size  int
 }
 
-// newFileSetup mounts a filesystem in a fresh directory with one synthetic file of
+// newFileSetup (FUSE must be available) mounts a filesystem in a fresh directory with one synthetic file of
 // size bytes, opens a rig (with cfg) whose server device watches it, and a local
 // buffer of one message on the client. close undoes it all.
 func newFileSetup(size int, seed uint64, cfg odp.Config) (_ *fileSetup, err error) {
-	if err := fusemount.Available(); err != nil {
-		return nil, fmt.Errorf("file-backed MRs need FUSE: %w", err)
-	}
 	dir, err := os.MkdirTemp("", "odpemu-filebacked-")
 	if err != nil {
 		return nil, err
@@ -167,6 +164,12 @@ func (s *fileSetup) access(onDemand bool, chunks []int) (fileRun, error) {
 }
 
 func runFileBacked(x *X) error {
+	if err := fusemount.Available(); err != nil {
+		// Not a failure of the suite: the machine cannot mount (no /dev/fuse, not root).
+		x.Param("skipped", err.Error())
+		x.Headline("skipped", "-", err.Error())
+		return nil
+	}
 	size := pick(x.Scale, 16<<20, 1<<30, 1<<30)
 	for size > 16<<20 && size > memoryCap() {
 		size /= 2

@@ -29,7 +29,7 @@ func Replot(dir, out string, exts ...string) (*Report, error) {
 	var errs []error
 	for _, rec := range m.Experiments {
 		i := slices.IndexFunc(Experiments(), func(e Experiment) bool { return e.Name == rec.Name })
-		if rec.Error != "" || i < 0 {
+		if rec.Error != "" || i < 0 || len(rec.Files) == 0 { // failed, unknown, or skipped
 			continue
 		}
 		e := Experiments()[i]
