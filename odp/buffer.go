@@ -2,7 +2,6 @@ package odp
 
 import (
 	"fmt"
-	"sort"
 	"unsafe"
 
 	"github.com/odpemu/odpemu/internal/interval"
@@ -115,10 +114,7 @@ func (d *Device) addBuffer(mem []byte) ([]*MR, error) {
 		}
 		b.paged = r
 	}
-	i := sort.Search(len(s.buffers), func(i int) bool { return s.buffers[i].start > b.start })
-	s.buffers = append(s.buffers, buffer{})
-	copy(s.buffers[i+1:], s.buffers[i:])
-	s.buffers[i] = b
+	s.buffers = insertSorted(s.buffers, b)
 	return append([]*MR(nil), s.implicitMRs...), nil
 }
 
@@ -141,8 +137,8 @@ func (d *Device) Free(buf []byte) error {
 	s := d.as
 	s.mu.Lock()
 	start := addrOf(buf)
-	i := sort.Search(len(s.buffers), func(i int) bool { return s.buffers[i].start >= start })
-	if i == len(s.buffers) || s.buffers[i].start != start {
+	i := startingAt(s.buffers, start)
+	if i < 0 {
 		s.mu.Unlock()
 		return wrap(ErrInvalidArgument, "%#x is not a buffer from Alloc", start)
 	}
@@ -180,13 +176,7 @@ func (s *space) retire(b buffer, uffdOpen bool) error {
 
 // bufferLocked returns the Alloc buffer holding [start, start+n), if any. Called with
 // space.mu held (read or write).
-func (s *space) bufferLocked(start, n uintptr) (buffer, bool) {
-	i := sort.Search(len(s.buffers), func(i int) bool { return s.buffers[i].start > start }) - 1
-	if i < 0 || start+n > s.buffers[i].end || start+n < start {
-		return buffer{}, false
-	}
-	return s.buffers[i], true
-}
+func (s *space) bufferLocked(start, n uintptr) (buffer, bool) { return holding(s.buffers, start, n) }
 
 // bufferModeLocked is how a new buffer is registered with the userfaultfd: for events
 // only (write-protect mode, with nothing write-protected), or, while an implicit ODP

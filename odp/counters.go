@@ -41,7 +41,7 @@ func portCounters(s Stats) map[string]uint64 {
 	})
 }
 
-// mrCounters returns an MR's counters by file name (rdma stat mr).
+// mrCounterFiles returns an MR's counters by file name (rdma stat mr).
 func mrCounterFiles(s MRStats) map[string]uint64 {
 	return odpCounterFiles(s.PageFaults, s.PagesFaulted, s.Invalidations, s.PagesInvalidated, s.PagesPrefetched, map[string]uint64{
 		"valid_pages": uint64(s.ValidPages),

@@ -3,7 +3,6 @@ package odp
 import (
 	"fmt"
 	"os"
-	"sort"
 	"sync/atomic"
 	"time"
 	"unsafe"
@@ -67,30 +66,21 @@ func (d *Device) MapFile(f *os.File, off int64, length int, writable bool) ([]by
 	}
 	s := d.as
 	s.mu.Lock()
-	i := sort.Search(len(s.files), func(i int) bool { return s.files[i].start > fm.start })
-	s.files = append(s.files, fileMap{})
-	copy(s.files[i+1:], s.files[i:])
-	s.files[i] = fm
+	s.files = insertSorted(s.files, fm)
 	s.mu.Unlock()
 	return unsafe.Slice((*byte)(p), length), nil
 }
 
 // fileMapLocked returns the file mapping holding [start, start+n), if any. Called
 // with space.mu held (read or write).
-func (s *space) fileMapLocked(start, n uintptr) (fileMap, bool) {
-	i := sort.Search(len(s.files), func(i int) bool { return s.files[i].start > start }) - 1
-	if i < 0 || start+n > s.files[i].end || start+n < start {
-		return fileMap{}, false
-	}
-	return s.files[i], true
-}
+func (s *space) fileMapLocked(start, n uintptr) (fileMap, bool) { return holding(s.files, start, n) }
 
 // freeFile unmaps the file mapping at start, unless an MR covers it; ok is false if
 // there is none.
 func (s *space) freeFile(start uintptr) (ok bool, err error) {
 	s.mu.Lock()
-	i := sort.Search(len(s.files), func(i int) bool { return s.files[i].start >= start })
-	if i == len(s.files) || s.files[i].start != start {
+	i := startingAt(s.files, start)
+	if i < 0 {
 		s.mu.Unlock()
 		return false, nil
 	}
@@ -149,9 +139,9 @@ func (d *Device) FileChanged(dev, ino uint64, off, n int64, change func() error)
 	return err
 }
 
-// registerFileODP registers an ODP MR over a file mapping: no userfaultfd, faults
-// populate the page cache (see MapFile).
-func (mr *MR) registerFileODP(end uintptr, npages int, fm fileMap) error {
+// registerFileODP registers an ODP MR over a file mapping (mr.file): no userfaultfd,
+// faults populate the page cache (see MapFile).
+func (mr *MR) registerFileODP(end uintptr, npages int) error {
 	d := mr.dev
 	t0 := time.Now()
 	d.mu.Lock()
@@ -165,7 +155,6 @@ func (mr *MR) registerFileODP(end uintptr, npages int, fm fileMap) error {
 		return wrap(ErrNoMemory, "out of memory keys")
 	}
 	mr.key = key
-	mr.file = &fm
 	mr.table = mmu.New(npages)
 	d.as.mu.Lock()
 	d.as.fileRegs = append(d.as.fileRegs, mr.span(end))
@@ -184,7 +173,7 @@ func (mr *MR) deregFile(end uintptr) {
 	s.mu.Unlock()
 }
 
-// detached is the NIC's copy of the pages of a pinned MR over a file mapping that
+// detachedPages is the NIC's copy of the pages of a pinned MR over a file mapping that
 // the file let go of (see FileChanged). Pages are detached once and stay so.
 type detachedPages struct {
 	mem  []byte          // one page per table page, an anonymous mapping of our own

@@ -109,7 +109,7 @@ func (pd *PD) RegMR(buf []byte, access Access) (*MR, error) {
 	}
 	var err error
 	if mr.odp && isFile {
-		err = mr.registerFileODP(end, npages, fm)
+		err = mr.registerFileODP(end, npages)
 	} else if mr.odp {
 		err = mr.registerODP(end, npages)
 	} else {

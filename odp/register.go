@@ -1,6 +1,7 @@
 package odp
 
 import (
+	"errors"
 	"fmt"
 	"time"
 
@@ -100,6 +101,9 @@ func (mr *MR) mapPresentLocked(first int, entries []pagefault.PagemapEntry, writ
 			entries[i] = 0 // not present, for this MR
 		}
 	}
+	// A shared file mapping has no copy on write: its pages are the file's wherever
+	// else they are mapped.
+	exclusive := func(e pagefault.PagemapEntry) bool { return e.Exclusive() || mr.file != nil }
 	mapped := 0
 	var pfns [64]uint64
 	for i := 0; i < len(entries); {
@@ -107,9 +111,6 @@ func (mr *MR) mapPresentLocked(first int, entries []pagefault.PagemapEntry, writ
 			i++
 			continue
 		}
-		// A shared file mapping has no copy on write: its pages are the file's
-		// wherever else they are mapped.
-		exclusive := func(e pagefault.PagemapEntry) bool { return e.Exclusive() || mr.file != nil }
 		excl := exclusive(entries[i])
 		j := i
 		for j < len(entries) && j-i < len(pfns) && entries[j].Present() && exclusive(entries[j]) == excl {
@@ -147,25 +148,21 @@ func (mr *MR) registerPinned(end uintptr, npages int) error {
 	// for write if the access can write, and fails with EFAULT where the mapping does
 	// not allow it. Populating the same way finds those cases (mlock alone would
 	// accept read-only memory and report an unmapped range as ENOMEM); mlock then pins.
-	populate := uintptr(unix.MADV_POPULATE_READ)
-	if mr.access.writable() {
-		populate = unix.MADV_POPULATE_WRITE
-	}
 	unaccount := func() {
 		d.mu.Lock()
 		d.pinned -= bytes
 		d.mu.Unlock()
 	}
-	if _, _, e := unix.Syscall(unix.SYS_MADVISE, mr.base, end-mr.base, populate); e != 0 {
+	if err := pagefault.PopulateRange(mr.base, end-mr.base, mr.access.writable()); err != nil {
 		unaccount()
-		switch e {
-		case unix.ENOMEM:
-			return wrap(ErrBadAddress, "[%#x, +%d) is not mapped (%v)", mr.start, mr.length, e)
-		case unix.EFAULT, unix.EINVAL, unix.EPERM:
+		switch {
+		case errors.Is(err, unix.ENOMEM):
+			return wrap(ErrBadAddress, "[%#x, +%d) is not mapped (%v)", mr.start, mr.length, err)
+		case errors.Is(err, unix.EFAULT), errors.Is(err, unix.EINVAL), errors.Is(err, unix.EPERM):
 			return wrap(ErrBadAddress, "[%#x, +%d) cannot be pinned for %v: its mapping's protection forbids it (%v)",
-				mr.start, mr.length, mr.access, e)
+				mr.start, mr.length, mr.access, err)
 		}
-		return fmt.Errorf("odp: fault in %d bytes to pin: %w", bytes, e)
+		return fmt.Errorf("odp: fault in %d bytes to pin: %w", bytes, err)
 	}
 	if _, _, e := unix.Syscall(unix.SYS_MLOCK, mr.base, end-mr.base, 0); e != 0 {
 		unaccount()

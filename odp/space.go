@@ -3,6 +3,8 @@ package odp
 import (
 	"errors"
 	"fmt"
+	"slices"
+	"sort"
 	"sync"
 
 	"github.com/odpemu/odpemu/internal/interval"
@@ -179,12 +181,8 @@ func (s *space) release(d *Device) error {
 	last := s.refs == 0
 	var errs []error
 	s.mu.Lock()
-	mine, keptBuffers := splitOwnedLocked(s, d, last, s.buffers, func(b *buffer) (interval.Range, **Device) {
-		return interval.Range{Start: b.start, End: b.end}, &b.owner
-	})
-	files, keptFiles := splitOwnedLocked(s, d, last, s.files, func(fm *fileMap) (interval.Range, **Device) {
-		return interval.Range{Start: fm.start, End: fm.end}, &fm.owner
-	})
+	mine, keptBuffers := splitOwnedLocked(s, d, last, s.buffers, func(b *buffer) **Device { return &b.owner })
+	files, keptFiles := splitOwnedLocked(s, d, last, s.files, func(fm *fileMap) **Device { return &fm.owner })
 	s.buffers, s.files = keptBuffers, keptFiles
 	s.mu.Unlock()
 	for _, fm := range files {
@@ -220,20 +218,59 @@ func (s *space) release(d *Device) error {
 	return errors.Join(errs...)
 }
 
+// bounded is what the space's sorted lists hold (buffers, file mappings): a range
+// [start, end) of the address space.
+type bounded interface{ bounds() (start, end uintptr) }
+
+func (b buffer) bounds() (uintptr, uintptr)   { return b.start, b.end }
+func (fm fileMap) bounds() (uintptr, uintptr) { return fm.start, fm.end }
+
+// insertSorted inserts x into xs, which is sorted by start, and returns the list.
+func insertSorted[T bounded](xs []T, x T) []T {
+	s, _ := x.bounds()
+	i := sort.Search(len(xs), func(i int) bool { st, _ := xs[i].bounds(); return st > s })
+	return slices.Insert(xs, i, x)
+}
+
+// holding returns the item of xs (sorted by start) that holds [start, start+n).
+func holding[T bounded](xs []T, start, n uintptr) (T, bool) {
+	i := sort.Search(len(xs), func(i int) bool { st, _ := xs[i].bounds(); return st > start }) - 1
+	if i >= 0 {
+		if _, end := xs[i].bounds(); start+n <= end && start+n >= start {
+			return xs[i], true
+		}
+	}
+	var zero T
+	return zero, false
+}
+
+// startingAt returns the index of the item of xs (sorted by start) that starts at
+// start, or -1.
+func startingAt[T bounded](xs []T, start uintptr) int {
+	i := sort.Search(len(xs), func(i int) bool { st, _ := xs[i].bounds(); return st >= start })
+	if i < len(xs) {
+		if st, _ := xs[i].bounds(); st == start {
+			return i
+		}
+	}
+	return -1
+}
+
 // splitOwnedLocked splits a closing device's view of the space's mappings (buffers
 // or file mappings): mine are those its Close unmaps (every one when it is the last
 // device, else its own that no MR covers), kept those the space keeps; a kept one of
-// d's becomes the space's. at returns an item's range and its owner field. Called
-// with space.mu held.
-func splitOwnedLocked[T any](s *space, d *Device, last bool, items []T, at func(*T) (interval.Range, **Device)) (mine, kept []T) {
+// d's becomes the space's. owner returns an item's owner field. Called with
+// space.mu held.
+func splitOwnedLocked[T bounded](s *space, d *Device, last bool, items []T, owner func(*T) **Device) (mine, kept []T) {
 	for _, it := range items {
-		r, owner := at(&it)
-		if last || (*owner == d && !s.coveredLocked(r)) {
+		start, end := it.bounds()
+		o := owner(&it)
+		if last || (*o == d && !s.coveredLocked(interval.Range{Start: start, End: end})) {
 			mine = append(mine, it)
 			continue
 		}
-		if *owner == d {
-			*owner = nil // the space's now: another device's MR uses it
+		if *o == d {
+			*o = nil // the space's now: another device's MR uses it
 		}
 		kept = append(kept, it)
 	}

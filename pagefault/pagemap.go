@@ -193,18 +193,28 @@ func (p *Pagemap) PresentRuns(start, end uintptr, fn func(lo, hi uintptr) error)
 // the mapping cannot provide (beyond the end of the file, an I/O error, a write to
 // a read-only mapping), ENOMEM for an address not mapped.
 func (p *Pagemap) Populate(start uintptr, out []PagemapEntry, write bool) error {
-	advice := uintptr(unix.MADV_POPULATE_READ)
+	if err := PopulateRange(start, uintptr(len(out))*PageSize, write); err != nil {
+		return err
+	}
+	return p.Read(start, out)
+}
+
+// PopulateRange faults the pages of [start, start+length) in, for write if write,
+// with madvise(MADV_POPULATE_READ/WRITE), as pin_user_pages and hmm_range_fault
+// do. The error wraps the errno (errors.Is with unix.ENOMEM, unix.EFAULT...).
+func PopulateRange(start, length uintptr, write bool) error {
+	advice, name := uintptr(unix.MADV_POPULATE_READ), "read"
 	if write {
-		advice = unix.MADV_POPULATE_WRITE
+		advice, name = unix.MADV_POPULATE_WRITE, "write"
 	}
 	for {
-		_, _, e := unix.Syscall(unix.SYS_MADVISE, start, uintptr(len(out))*PageSize, advice)
+		_, _, e := unix.Syscall(unix.SYS_MADVISE, start, length, advice)
 		if e == unix.EINTR {
 			continue
 		}
 		if e != 0 {
-			return fmt.Errorf("pagefault: populate %#x+%d pages: %w", start, len(out), e)
+			return fmt.Errorf("pagefault: populate [%#x, +%d) for %s: %w", start, length, name, e)
 		}
-		return p.Read(start, out)
+		return nil
 	}
 }

@@ -130,8 +130,8 @@ func (r *Resolver) breakCOW(start uintptr, out []PagemapEntry, write bool, st *R
 				j++
 			}
 			a := start + uintptr(i)*PageSize
-			if _, _, e := unix.Syscall(unix.SYS_MADVISE, a, uintptr(j-i)*PageSize, unix.MADV_POPULATE_WRITE); e != 0 {
-				return fmt.Errorf("pagefault: populate for write %#x: %w", a, e)
+			if err := PopulateRange(a, uintptr(j-i)*PageSize, true); err != nil {
+				return err
 			}
 			st.COWBroken += j - i
 			broke = true
