@@ -12,7 +12,6 @@ package hwcounters
 
 import (
 	"context"
-	"fmt"
 	"slices"
 	"strconv"
 	"syscall"
@@ -70,11 +69,6 @@ func (t *Tree) Dir() string { return t.m.Dir }
 
 // Unmount unmounts the tree (aborting it if it is busy).
 func (t *Tree) Unmount() error { return t.m.Unmount() }
-
-// Path returns the path of a port counter file of device dev under the tree.
-func (t *Tree) Path(dev, counter string) string {
-	return fmt.Sprintf("%s/%s/ports/%d/hw_counters/%s", t.m.Dir, dev, Port, counter)
-}
 
 func deviceDir(s Source) *dirNode {
 	port := strconv.Itoa(Port)
@@ -137,6 +131,7 @@ func fixedDir(children map[string]func() fs.InodeEmbedder) *dirNode {
 // the directory's object is gone and the directory is empty).
 func counterDir(get func() (map[string]uint64, bool)) *dirNode {
 	return &dirNode{
+		leaves: true,
 		list: func() []string {
 			c, _ := get()
 			var names []string
@@ -160,11 +155,21 @@ func counterDir(get func() (map[string]uint64, bool)) *dirNode {
 	}
 }
 
-// dirNode is a directory whose entries are computed at each lookup and listing.
+// dirNode is a directory whose entries are computed at each lookup and listing:
+// subdirectories, or counter files if leaves.
 type dirNode struct {
 	fs.Inode
-	list  func() []string
-	child func(name string) fs.InodeEmbedder // nil: no such entry
+	leaves bool
+	list   func() []string
+	child  func(name string) fs.InodeEmbedder // nil: no such entry
+}
+
+// entryMode is the file type of the directory's entries.
+func (d *dirNode) entryMode() uint32 {
+	if d.leaves {
+		return syscall.S_IFREG
+	}
+	return syscall.S_IFDIR
 }
 
 var (
@@ -178,15 +183,13 @@ func (d *dirNode) Lookup(ctx context.Context, name string, out *fuse.EntryOut) (
 	if ch == nil {
 		return nil, syscall.ENOENT
 	}
-	mode := uint32(syscall.S_IFREG)
-	if _, isDir := ch.(*dirNode); isDir {
-		mode = syscall.S_IFDIR
-		out.Attr.Mode = syscall.S_IFDIR | 0o555
-	} else {
+	if d.leaves {
 		out.Attr.Mode = syscall.S_IFREG | 0o444
 		out.Attr.Size = 4096
+	} else {
+		out.Attr.Mode = syscall.S_IFDIR | 0o555
 	}
-	return d.NewInode(ctx, ch, fs.StableAttr{Mode: mode}), fs.OK
+	return d.NewInode(ctx, ch, fs.StableAttr{Mode: d.entryMode()}), fs.OK
 }
 
 func (d *dirNode) Readdir(context.Context) (fs.DirStream, syscall.Errno) {
@@ -194,11 +197,7 @@ func (d *dirNode) Readdir(context.Context) (fs.DirStream, syscall.Errno) {
 	slices.Sort(names)
 	entries := make([]fuse.DirEntry, 0, len(names))
 	for _, n := range names {
-		mode := uint32(syscall.S_IFREG)
-		if _, isDir := d.child(n).(*dirNode); isDir {
-			mode = syscall.S_IFDIR
-		}
-		entries = append(entries, fuse.DirEntry{Name: n, Mode: mode})
+		entries = append(entries, fuse.DirEntry{Name: n, Mode: d.entryMode()})
 	}
 	return fs.NewListDirStream(entries), fs.OK
 }
