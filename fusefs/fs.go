@@ -153,8 +153,8 @@ func (fsys *FS) Add(name string, obj Object) (*File, error) {
 		return nil, fmt.Errorf("fusefs: bad file name %q", name)
 	}
 	fsys.mu.Lock()
-	defer fsys.mu.Unlock()
 	if fsys.files[name] != nil {
+		fsys.mu.Unlock()
 		return nil, fmt.Errorf("%w: %s", ErrExists, name)
 	}
 	ino := uint64(len(fsys.files) + 2) // 1 is the root
@@ -162,7 +162,9 @@ func (fsys *FS) Add(name string, obj Object) (*File, error) {
 	ch := fsys.root.NewPersistentInode(context.Background(), f, fs.StableAttr{Mode: syscall.S_IFREG, Ino: ino})
 	fsys.root.AddChild(name, ch, false)
 	fsys.files[name] = f
-	if len(fsys.files) == 1 {
+	first := len(fsys.files) == 1
+	fsys.mu.Unlock()
+	if first {
 		// The first close sends the first FLUSH, whose ENOSYS turns FLUSH off (see
 		// Flush).
 		fd, err := os.Open(f.Path())
