@@ -82,8 +82,10 @@ type Requester struct {
 	resending bool
 	deadline  time.Time
 	failed    bool
-	// confirmed is the PSN the responder last said it expects (an ACK's PSN + 1,
-	// a sequence NAK's PSN).
+	// confirmed is the PSN the responder last said it expects: the newest ACK's
+	// PSN + 1, or the PSN of the NAK that came last. A NAK may go back: a
+	// responder that answers RNR NAK at a message's end expects its first packet
+	// again, and that NAK itself may be lost.
 	confirmed uint32
 }
 
@@ -157,6 +159,7 @@ func (q *Requester) Receive(p *Packet, now time.Time) Output {
 			return out
 		}
 		q.stats.RNRNAKs++
+		q.confirmed = p.PSN // the responder took the message's packets, then went back to its first
 		if q.cfg.RNRRetry != 7 && o.rnrTries >= q.cfg.RNRRetry {
 			q.fail(o, StatusRNRRetryExceeded, &out)
 			return out
@@ -168,10 +171,14 @@ func (q *Requester) Receive(p *Packet, now time.Time) Output {
 	case p.Opcode == Acknowledge && p.Syndrome == SynNAKPSNSeqError:
 		q.stats.SeqNAKs++
 		if psnDiff(p.PSN, q.confirmed) > 0 {
-			// The responder took packets beyond what it confirmed before: progress
+			// The responder took packets beyond what it said before: progress
 			// within a long message, so the retries start over.
-			q.confirmed, q.retries = p.PSN, 0
+			q.retries = 0
 		}
+		// A NAK behind what the responder said before is a stale or repeated one,
+		// or the responder went back (an RNR NAK we did not get): from now on,
+		// progress is judged from here.
+		q.confirmed = p.PSN
 		q.ackThrough((p.PSN-1)&psnMask, &out, now)
 		q.retransmit(p.PSN, &out, now, true)
 	case p.Opcode == Acknowledge: // a NAK that ends the QP

@@ -11,8 +11,8 @@ import (
 	"github.com/stretchr/testify/require"
 )
 
-// wirePair runs a requester against a responder over a simulated wire that drops,
-// duplicates and reorders packets with a seeded generator, and a memory the
+// wirePair runs a requester against a responder over a simulated wire that makes
+// the faults a Link's injector makes, with a seeded generator, and a memory the
 // responder writes and reads. Time is simulated: the ACK timer fires when nothing
 // is in flight.
 type wirePair struct {
@@ -25,23 +25,31 @@ type wirePair struct {
 	now    time.Time
 	toResp []Packet
 	toReq  []Packet
+	held   map[*[]Packet][]Packet // per direction: the packet held back, sent after the next
 	done   []Completion
 	rnr    map[uint32]int // PSN -> RNR NAKs the responder still answers for it
 }
 
+// deliver puts ps on the wire q as Link sends with Loss{Drop: loss, Duplicate:
+// loss/2, Reorder: loss}: each packet is dropped, sent twice, or held back and
+// sent after the next one.
 func (w *wirePair) deliver(ps []Packet, q *[]Packet) {
-	for _, p := range ps {
-		if w.rng.Float64() < w.loss {
-			continue // dropped
-		}
-		*q = append(*q, p)
-		if w.rng.Float64() < w.loss/2 {
-			*q = append(*q, p) // duplicated
-		}
+	if w.held == nil {
+		w.held = map[*[]Packet][]Packet{}
 	}
-	if len(*q) > 1 && w.rng.Float64() < w.loss {
-		i := w.rng.IntN(len(*q) - 1)
-		(*q)[i], (*q)[i+1] = (*q)[i+1], (*q)[i] // reordered
+	for _, p := range ps {
+		held := w.held[q]
+		w.held[q] = nil
+		switch r := w.rng.Float64(); {
+		case r < w.loss: // dropped
+		case r < 1.5*w.loss:
+			*q = append(*q, p, p)
+		case r < 2.5*w.loss && held == nil:
+			w.held[q] = []Packet{p}
+		default:
+			*q = append(*q, p)
+		}
+		*q = append(*q, held...)
 	}
 }
 
@@ -175,6 +183,89 @@ func TestRequesterResponderOverLoss(t *testing.T) {
 				assert.EqualValues(t, 20, w.mem[65535])
 			})
 		}
+	}
+}
+
+// A WRITE of many packets that the responder first answers with an RNR NAK (an ODP
+// fault), over 1% loss: the responder goes back to the message's first packet,
+// and its sequence NAKs after that are progress, not retries, whether the RNR NAK
+// arrived or was lost. Before the requester knew that, about one seed in 200
+// failed the WRITE with RETRY_EXC_ERR and no timeout.
+func TestRequesterLargeWriteAfterRNROverLoss(t *testing.T) {
+	const mtu, size = 4096, 256 << 10
+	seeds := uint64(1000)
+	if testing.Short() {
+		seeds = 100
+	}
+	src := make([]byte, size)
+	for i := range src {
+		src[i] = byte(i * 13)
+	}
+	var stats RequesterStats
+	for seed := uint64(1); seed <= seeds; seed++ {
+		w := &wirePair{t: t, rng: rand.New(rand.NewPCG(seed, 4)), loss: 0.01, mem: make([]byte, size),
+			req:  NewRequester(RequesterConfig{MTU: mtu, FirstPSN: 100, Timeout: time.Millisecond, RetryCnt: 7, RNRRetry: 7}),
+			resp: NewResponder(100, Limits{MTU: mtu, MaxMessage: size}, 16), now: time.Unix(0, 0), rnr: map[uint32]int{100: 1}}
+		o, err := w.req.Post(1, Message{Kind: KindWrite, RKey: 1, Payload: src}, w.now)
+		require.NoError(t, err)
+		w.run(o)
+		require.Len(t, w.done, 1)
+		require.Equal(t, StatusSuccess, w.done[0].Status, "seed %d: %+v", seed, w.req.Stats())
+		require.True(t, bytes.Equal(src, w.mem), "seed %d", seed)
+		st := w.req.Stats()
+		stats.SeqNAKs += st.SeqNAKs
+		stats.RNRNAKs += st.RNRNAKs
+	}
+	assert.Greater(t, stats.SeqNAKs, 2*seeds, "the loss made sequence NAKs")
+	assert.Greater(t, stats.RNRNAKs, seeds*9/10, "RNR NAKs arrived, mostly")
+}
+
+// Sequence NAKs count as retries unless the responder took packets since it last
+// said what it expects; after an RNR NAK, arrived or lost, it expects the
+// message's first packet again.
+func TestRequesterRetriesAfterRNR(t *testing.T) {
+	const mtu = 256
+	nak := func(syn Syndrome, psn uint32) *Packet {
+		p := mustOne(t, &Message{Kind: KindAck, Syndrome: syn, PSN: psn})
+		return &p
+	}
+	now := time.Unix(0, 0)
+	for _, rnrLost := range []bool{false, true} {
+		t.Run(fmt.Sprintf("rnrLost=%v", rnrLost), func(t *testing.T) {
+			q := NewRequester(RequesterConfig{MTU: mtu, FirstPSN: 100, Timeout: time.Millisecond, RetryCnt: 3, RNRRetry: 7})
+			_, err := q.Post(1, Message{Kind: KindWrite, RKey: 1, Payload: make([]byte, 64*mtu)}, now)
+			require.NoError(t, err)
+			// Packets reordered near the end: two NAKs, each progress.
+			for _, psn := range []uint32{150, 151} {
+				out := q.Receive(nak(SynNAKPSNSeqError, psn), now)
+				require.Empty(t, out.Done)
+				require.Len(t, out.Send, 164-int(psn), "go-back-N from %d", psn)
+			}
+			// The whole message arrived; the responder answers RNR NAK and goes back.
+			if !rnrLost {
+				out := q.Receive(nak(RNR(1), 100), now)
+				require.Positive(t, out.RNRWait)
+				require.Len(t, q.Resend(out, now).Send, 64)
+			}
+			// Then loss in the message's first half: NAKs at ever later PSNs, more
+			// than RetryCnt of them, all progress. With the RNR NAK lost, the first
+			// one is behind what the responder said last and counts.
+			for psn := uint32(105); psn < 115; psn++ {
+				out := q.Receive(nak(SynNAKPSNSeqError, psn), now)
+				require.Empty(t, out.Done, "NAK %d", psn)
+				require.NotEmpty(t, out.Send, "NAK %d", psn)
+			}
+			// The same NAK again and again is no progress: with the retransmission
+			// that NAK 114 asked for, the third repeat exceeds RetryCnt.
+			for i := 1; i <= 3; i++ {
+				out := q.Receive(nak(SynNAKPSNSeqError, 114), now)
+				if i < 3 {
+					require.Empty(t, out.Done, "repeat %d", i)
+					continue
+				}
+				require.Equal(t, []Completion{{ID: 1, Status: StatusRetryExceeded}}, out.Done)
+			}
+		})
 	}
 }
 
