@@ -10,8 +10,6 @@ import (
 	"sync/atomic"
 	"syscall"
 
-	"golang.org/x/net/ipv4"
-	"golang.org/x/net/ipv6"
 	"golang.org/x/sys/unix"
 )
 
@@ -42,7 +40,7 @@ type LinkStats struct {
 // for concurrent use.
 type Link struct {
 	conn  *net.UDPConn
-	batch batchConn // conn, for sendmmsg and recvmmsg
+	mm    mmsgSocket // conn, for sendmmsg and recvmmsg
 	local netip.AddrPort
 	lim   Limits
 	inj   *injector
@@ -97,13 +95,13 @@ func Listen(local netip.AddrPort, lim Limits, loss Loss) (*Link, error) {
 	}
 	conn := pc.(*net.UDPConn)
 	bound := conn.LocalAddr().(*net.UDPAddr).AddrPort()
-	l := &Link{conn: conn, local: netip.AddrPortFrom(bound.Addr().Unmap(), bound.Port()), lim: lim, inj: newInjector(loss)}
-	if network == "udp4" {
-		l.batch = ipv4.NewPacketConn(conn)
-	} else {
-		l.batch = ipv6.NewPacketConn(conn)
+	rc, err := conn.SyscallConn()
+	if err != nil {
+		_ = conn.Close() // the error to report is err
+		return nil, fmt.Errorf("roce: %w", err)
 	}
-	return l, nil
+	return &Link{conn: conn, local: netip.AddrPortFrom(bound.Addr().Unmap(), bound.Port()), lim: lim, inj: newInjector(loss),
+		mm: mmsgSocket{rc: rc, v6: network == "udp6"}}, nil
 }
 
 // LocalAddr returns the bound address.
@@ -133,28 +131,17 @@ func (l *Link) Send(p *Packet, dst netip.AddrPort) error {
 	return encode(p, Endpoints{Src: l.local, Dst: dst}, func(b []byte) error { return l.inj.send(b, dst, l.write) })
 }
 
-// batchConn is what ipv4.PacketConn and ipv6.PacketConn share: sendmmsg and
-// recvmmsg.
-type batchConn interface {
-	WriteBatch(ms []ipv4.Message, flags int) (int, error)
-	ReadBatch(ms []ipv4.Message, flags int) (int, error)
-}
-
 // maxBatch bounds the packets of one sendmmsg or recvmmsg.
 const maxBatch = 64
 
-// batchScratch is a SendBatch's working memory: the headers and trailers of up to
-// maxBatch packets (at most 64 bytes each), their vectors and messages.
-type batchScratch struct {
-	buf  []byte
-	iov  [][]byte
-	msgs []ipv4.Message
+// sendScratch is a SendBatch's working memory: the headers and trailers of up to
+// maxBatch packets (at most 64 bytes each) and the kernel's view of them.
+type sendScratch struct {
+	buf []byte
+	mmsgBatch
 }
 
-var batchScratches = sync.Pool{New: func() any {
-	return &batchScratch{buf: make([]byte, 0, maxBatch*64), iov: make([][]byte, 0, 3*maxBatch),
-		msgs: make([]ipv4.Message, 0, maxBatch)}
-}}
+var sendScratches = sync.Pool{New: func() any { return &sendScratch{buf: make([]byte, 0, maxBatch*64)} }}
 
 // SendBatch sends pkts to dst in order, with one sendmmsg per maxBatch packets and
 // without copying their payloads (each packet goes out as headers, payload and
@@ -169,25 +156,25 @@ func (l *Link) SendBatch(pkts []Packet, dst netip.AddrPort) error {
 		return errors.Join(errs...)
 	}
 	ep := Endpoints{Src: l.local, Dst: dst}
-	to := net.UDPAddrFromAddrPort(dst)
-	sc := batchScratches.Get().(*batchScratch)
-	defer batchScratches.Put(sc)
+	sc := sendScratches.Get().(*sendScratch)
+	defer sendScratches.Put(sc)
 	for len(pkts) > 0 {
 		chunk := pkts[:min(len(pkts), maxBatch)]
 		pkts = pkts[len(chunk):]
-		buf, iov, msgs := sc.buf[:0], sc.iov[:0], sc.msgs[:0]
+		buf := sc.buf[:0]
 		for i := range chunk {
 			var h, tr []byte
 			var err error
 			if buf, h, tr, err = chunk[i].AppendSplit(buf, ep); err != nil {
 				return err
 			}
-			at := len(iov)
-			iov = append(iov, h, chunk[i].Payload, tr)
-			msgs = append(msgs, ipv4.Message{Buffers: iov[at : at+3 : at+3], Addr: to})
+			sc.setIov(3*i, h)
+			sc.setIov(3*i+1, chunk[i].Payload)
+			sc.setIov(3*i+2, tr)
+			sc.setMsg(i, sc.setName(i, dst, l.mm.v6), 3*i, 3)
 		}
-		for sent := 0; sent < len(msgs); {
-			n, err := l.batch.WriteBatch(msgs[sent:], 0)
+		for sent := 0; sent < len(chunk); {
+			n, err := l.mm.sendmmsg(&sc.mmsgBatch, sent, len(chunk))
 			if err != nil {
 				return fmt.Errorf("roce: send to %v: %w", dst, err)
 			}
@@ -198,30 +185,34 @@ func (l *Link) SendBatch(pkts []Packet, dst netip.AddrPort) error {
 	return nil
 }
 
-// recvMessages holds RecvBatch's message vectors, one call's each.
-var recvMessages = sync.Pool{New: func() any { m := make([]ipv4.Message, maxBatch); return &m }}
+// recvBatches hold RecvBatch's kernel views, one call's each.
+var recvBatches = sync.Pool{New: func() any { return new(mmsgBatch) }}
 
 // RecvBatch waits for datagrams and decodes up to len(bufs) of them, one per
 // buffer, with one recvmmsg: pkts[i] came from froms[i], and its payload aliases
 // bufs[i] (BufferSize bytes). Datagrams that do not decode are counted and skipped;
 // it returns at least one packet, or an error once the Link is closed.
 func (l *Link) RecvBatch(bufs [][]byte, pkts []Packet, froms []netip.AddrPort) (int, error) {
-	mp := recvMessages.Get().(*[]ipv4.Message)
-	defer recvMessages.Put(mp)
-	msgs := (*mp)[:min(len(bufs), maxBatch)]
+	b := recvBatches.Get().(*mmsgBatch)
+	defer recvBatches.Put(b)
+	n := min(len(bufs), maxBatch)
 	for {
-		for i := range msgs {
-			msgs[i] = ipv4.Message{Buffers: bufs[i : i+1]}
+		for i := 0; i < n; i++ {
+			b.setIov(i, bufs[i])
+			b.setMsg(i, unix.SizeofSockaddrInet6, i, 1)
 		}
-		n, err := l.batch.ReadBatch(msgs, 0)
+		got, err := l.mm.recvmmsg(b, n)
 		if err != nil {
 			return 0, err
 		}
 		kept := 0
-		for i := 0; i < n; i++ {
-			from := msgs[i].Addr.(*net.UDPAddr).AddrPort()
-			from = netip.AddrPortFrom(from.Addr().Unmap(), from.Port())
-			p, ok := l.rx.decode(bufs[i], msgs[i].N, Endpoints{Src: from, Dst: l.local}, l.lim)
+		for i := 0; i < got; i++ {
+			from, ok := b.name(i, l.mm.v6)
+			if !ok {
+				l.rx.malformed.Add(1)
+				continue
+			}
+			p, ok := l.rx.decode(bufs[i], int(b.hdrs[i].Len), Endpoints{Src: from, Dst: l.local}, l.lim)
 			if !ok {
 				continue
 			}

@@ -1,6 +1,7 @@
 package roce
 
 import (
+	"bytes"
 	"net"
 	"net/netip"
 	"testing"
@@ -127,3 +128,62 @@ func TestLinkLoss(t *testing.T) {
 }
 
 func netipAP(s string) netip.AddrPort { return netip.MustParseAddrPort(s) }
+
+// SendBatch and RecvBatch over IPv4 and IPv6: more packets than one sendmmsg or
+// recvmmsg takes, of every size from none to the MTU, arrive in order, whole and
+// from the sender's address, in batches no larger than the buffers given; Close
+// ends a RecvBatch that waits, and a SendBatch after it fails.
+func TestLinkBatches(t *testing.T) {
+	for _, addrs := range [][2]string{{"127.0.0.1:0", "127.0.0.2:0"}, {"[::1]:0", "[::1]:0"}} {
+		t.Run(addrs[0], func(t *testing.T) {
+			a, err := Listen(netip.MustParseAddrPort(addrs[0]), lim, Loss{})
+			if err != nil && netip.MustParseAddrPort(addrs[0]).Addr().Is6() {
+				t.Skipf("skipped: no IPv6 loopback here: %v", err)
+			}
+			require.NoError(t, err)
+			t.Cleanup(func() { _ = a.Close() })
+			b := listen(t, addrs[1], Loss{})
+			const n = 3*maxBatch + 7
+			sent := make([]Packet, n)
+			for i := range sent {
+				payload := make([]byte, (i*37)%(lim.MTU+1))
+				for j := range payload {
+					payload[j] = byte(i + j)
+				}
+				sent[i] = Packet{Opcode: SendOnly, PSN: uint32(i), Payload: payload}
+			}
+			got := make(chan error, 1)
+			go func() { got <- a.SendBatch(sent, b.LocalAddr()) }()
+			bufs := make([][]byte, 40)
+			for i := range bufs {
+				bufs[i] = make([]byte, BufferSize(lim))
+			}
+			pkts, froms := make([]Packet, len(bufs)), make([]netip.AddrPort, len(bufs))
+			for next := 0; next < n; {
+				k, err := b.RecvBatch(bufs, pkts, froms)
+				require.NoError(t, err)
+				require.LessOrEqual(t, k, len(bufs))
+				for i := 0; i < k; i++ {
+					require.EqualValues(t, next, pkts[i].PSN, "in order, none lost")
+					require.Equal(t, a.LocalAddr(), froms[i])
+					require.Equal(t, len(sent[next].Payload), len(pkts[i].Payload), "packet %d", next)
+					require.True(t, bytes.Equal(sent[next].Payload, pkts[i].Payload), "packet %d", next)
+					next++
+				}
+			}
+			require.NoError(t, <-got)
+			assert.EqualValues(t, n, a.Stats().Sent)
+			assert.EqualValues(t, n, b.Stats().Received)
+
+			waiting := make(chan error, 1)
+			go func() {
+				_, err := b.RecvBatch(bufs, pkts, froms)
+				waiting <- err
+			}()
+			require.NoError(t, b.Close())
+			assert.ErrorIs(t, <-waiting, net.ErrClosed)
+			require.NoError(t, a.Close())
+			assert.ErrorIs(t, a.SendBatch(sent[:1], b.LocalAddr()), net.ErrClosed)
+		})
+	}
+}
