@@ -46,8 +46,12 @@ func (qp *QP) startLocked() {
 		return
 	}
 	qp.started = true
+	// Under FaultStall a request waits for a receive to be posted, or for its
+	// pages; under FaultRNR it is answered RNR NAK instead, and never waits on
+	// what the peer does.
 	cfg := roce.SessionConfig{Requester: qp.retryConfigLocked(), LocalQPN: qp.qpn, PeerQPN: qp.remote.QPN,
-		PeerPSN: qp.remote.PSN, Counters: []*roce.Counters{&qp.rc, &qp.dev.rc}}
+		PeerPSN: qp.remote.PSN, Counters: []*roce.Counters{&qp.rc, &qp.dev.rc},
+		ExecuteWaits: qp.dev.cfg.ResponderFaults == FaultStall}
 	cfg.Requester.FirstPSN = qp.psn // the MTU is the port's: the path MTU
 	qp.sess = roce.NewSession(qp.port, cfg, (*rcHandler)(qp))
 	qp.wg.Add(1)

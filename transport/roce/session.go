@@ -90,6 +90,14 @@ type SessionConfig struct {
 	Tick time.Duration
 	// Counters are updated with every event, each of them.
 	Counters []*Counters
+	// ExecuteWaits says that the Handler's Execute may wait on something the
+	// peer's answers decide (a receive the application posts once a send
+	// completes, a page fault it resolves in place): requests are then executed
+	// on a responder goroutine of their own, so that a waiting request does not
+	// hold up the ACKs and responses the receive loop takes for the requester.
+	// Otherwise the receive loop executes them itself, sparing a goroutine hand-off
+	// per batch of packets.
+	ExecuteWaits bool
 }
 
 // ackEvery bounds the messages a responder leaves unacknowledged within one batch
@@ -99,8 +107,9 @@ type SessionConfig struct {
 const ackEvery = 16
 
 // Session is one RC connection: a Requester and a Responder over a Port, driven by
-// a receive loop, a responder loop (which runs the Handler's Execute, so that a
-// request that waits does not hold up ACKs), a completion loop and the ACK timer.
+// a receive loop, a responder loop when Execute may wait (SessionConfig.ExecuteWaits;
+// otherwise the receive loop executes requests), a completion loop and the ACK
+// timer.
 //
 // Lock order: Session.mu, then Session.sendMu. Session.mu is taken holding no lock
 // of the Handler's; under both the session calls only Handler.Reload, which must
@@ -120,8 +129,8 @@ type Session struct {
 	closed  bool
 	errored atomic.Bool // the responder answers nothing more
 
-	resp     *Responder              // used by the responder loop only
-	requests *fifo.Queue[[]rxPacket] // from the receive loop to the responder loop, a batch at a time
+	resp     *Responder              // used by the loop that executes requests only
+	requests *fifo.Queue[[]rxPacket] // from the receive loop to the responder loop, a batch at a time (ExecuteWaits)
 	done     *fifo.Queue[Completion] // to the completion loop, in posting order
 	lost     sync.Once
 
@@ -162,11 +171,14 @@ func NewSession(port Port, cfg SessionConfig, h Handler) *Session {
 		done: fifo.New[Completion](), stop: make(chan struct{}), failc: make(chan struct{}, 1)}
 	s.cond.L = &s.mu
 	free := &bufList{size: BufferSize(lim)}
-	s.wg.Add(4)
+	s.wg.Add(3)
 	go s.recvLoop(free)
-	go s.respLoop(free)
 	go s.completionLoop()
 	go s.timerLoop()
+	if cfg.ExecuteWaits {
+		s.wg.Add(1)
+		go s.respLoop(free)
+	}
 	return s
 }
 
@@ -416,6 +428,10 @@ func (s *Session) recvLoop(free *bufList) {
 			}
 			s.step(func() Output { return s.req.Receive(&p, time.Now()) })
 		}
+		if len(reqs) > 0 && !s.cfg.ExecuteWaits {
+			s.respondBatch(reqs, free)
+			continue
+		}
 		if len(reqs) > 0 && s.requests.Len() >= maxQueuedBatches {
 			// The responder is this far behind (a request waits on a fault or a
 			// receive, or a peer floods): drop, as a NIC's full receive queue does;
@@ -434,18 +450,24 @@ func (s *Session) recvLoop(free *bufList) {
 
 func (s *Session) respLoop(free *bufList) {
 	defer s.wg.Done()
-	unacked := 0
 	for {
 		batch, ok := s.requests.Pop()
 		if !ok {
 			return
 		}
-		for i := range batch {
-			unacked += s.respond(&batch[i], free)
-			if unacked > 0 && (unacked >= ackEvery || i == len(batch)-1) {
-				s.reply(s.resp.Ack())
-				unacked = 0
-			}
+		s.respondBatch(batch, free)
+	}
+}
+
+// respondBatch takes a batch of request packets through the responder and
+// acknowledges what it executed: every ackEvery messages, and at the batch's end.
+func (s *Session) respondBatch(batch []rxPacket, free *bufList) {
+	unacked := 0
+	for i := range batch {
+		unacked += s.respond(&batch[i], free)
+		if unacked > 0 && (unacked >= ackEvery || i == len(batch)-1) {
+			s.reply(s.resp.Ack())
+			unacked = 0
 		}
 	}
 }

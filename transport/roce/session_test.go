@@ -219,7 +219,7 @@ func TestSessionBoundsQueuedRequests(t *testing.T) {
 	require.NoError(t, err)
 	var c Counters
 	h := &blocked{release: make(chan struct{})}
-	s := NewSession(pb, SessionConfig{LocalQPN: 2, PeerQPN: 1, Counters: []*Counters{&c}}, h)
+	s := NewSession(pb, SessionConfig{LocalQPN: 2, PeerQPN: 1, Counters: []*Counters{&c}, ExecuteWaits: true}, h)
 	defer s.Close()
 	defer close(h.release)
 	const n = 200000
@@ -232,4 +232,51 @@ func TestSessionBoundsQueuedRequests(t *testing.T) {
 	}
 	assert.LessOrEqual(t, s.requests.Len(), maxQueuedBatches)
 	assert.Positive(t, c.Dropped.Load(), "packets beyond the bound were dropped")
+}
+
+// blockedRequester is a blocked responder that posts too: its completions go to a
+// channel.
+type blockedRequester struct {
+	blocked
+	done chan Completion
+}
+
+func (b *blockedRequester) Complete(c Completion) { b.done <- c }
+
+// completing is a memory that posts too: its completions go to a channel.
+type completing struct {
+	*memory
+	done chan Completion
+}
+
+func (c completing) Complete(cp Completion) { c.done <- cp }
+
+// With ExecuteWaits, a request whose Execute waits holds up neither the session's
+// own messages nor their ACKs: B's WRITE to A completes while B's responder waits
+// on A's WRITE, which then completes once Execute returns.
+func TestSessionExecuteWaits(t *testing.T) {
+	lim := Limits{MTU: 256, MaxMessage: 1 << 16}
+	pa, pb, err := Pipe(lim, Loss{})
+	require.NoError(t, err)
+	ha := &memory{b: make([]byte, 4096)}
+	ra := completing{memory: ha, done: make(chan Completion, 1)}
+	a := NewSession(pa, SessionConfig{LocalQPN: 1, PeerQPN: 2}, ra)
+	defer a.Close()
+	hb := &blockedRequester{blocked: blocked{release: make(chan struct{})}, done: make(chan Completion, 1)}
+	b := NewSession(pb, SessionConfig{LocalQPN: 2, PeerQPN: 1, ExecuteWaits: true}, hb)
+	defer b.Close()
+
+	require.NoError(t, a.Post(1, Message{Kind: KindWrite, VA: 0, RKey: 1, Payload: []byte("waits")}))
+	require.NoError(t, b.Post(7, Message{Kind: KindWrite, VA: 8, RKey: 1, Payload: []byte("goes")}))
+	assert.Equal(t, Completion{ID: 7, Status: StatusSuccess}, <-hb.done, "B's WRITE completed while its responder waited")
+	ha.mu.Lock()
+	assert.Equal(t, "goes", string(ha.b[8:12]))
+	ha.mu.Unlock()
+	select {
+	case c := <-ra.done:
+		t.Fatalf("A's WRITE completed while B's Execute still waited: %+v", c)
+	default:
+	}
+	close(hb.release)
+	assert.Equal(t, Completion{ID: 1, Status: StatusSuccess}, <-ra.done)
 }
