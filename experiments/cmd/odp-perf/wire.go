@@ -59,12 +59,15 @@ func wire(args []string, stdout, stderr io.Writer) error {
 	if err != nil {
 		return err
 	}
-	fmt.Fprintf(stdout, " %-8s %-14s %-14s %-14s\n", "#round", "UDP[MiB/s]", "pinned[MiB/s]", "ODP[MiB/s]")
+	rp, ro := stats.Ratios(bw["pinned"], bw["udp"]), stats.Ratios(bw["odp"], bw["udp"])
+	fmt.Fprintf(stdout, " %-8s %-14s %-14s %-14s %-11s %-11s\n", "#round", "UDP[MiB/s]", "pinned[MiB/s]", "ODP[MiB/s]", "pinned/UDP", "ODP/UDP")
 	for i := range bw["udp"] {
-		fmt.Fprintf(stdout, " %-8d %-14.1f %-14.1f %-14.1f\n", i, bw["udp"][i], bw["pinned"][i], bw["odp"][i])
+		fmt.Fprintf(stdout, " %-8d %-14.1f %-14.1f %-14.1f %-11.3f %-11.3f\n", i, bw["udp"][i], bw["pinned"][i], bw["odp"][i], rp[i], ro[i])
 	}
-	u, pin, o := stats.Median(bw["udp"]), stats.Median(bw["pinned"]), stats.Median(bw["odp"])
-	fmt.Fprintf(stdout, "# medians: UDP %.1f, pinned %.1f, ODP %.1f MiB/s; pinned/UDP %.3f, ODP/UDP %.3f\n", u, pin, o, pin/u, o/u)
+	fmt.Fprintf(stdout, "# medians: UDP %.1f, pinned %.1f, ODP %.1f MiB/s\n", stats.Median(bw["udp"]), stats.Median(bw["pinned"]), stats.Median(bw["odp"]))
+	sp, so := stats.Summarize(rp), stats.Summarize(ro)
+	fmt.Fprintf(stdout, "# per-round ratios (each round's three runs side by side), median and quartiles: pinned/UDP %.3f (%.3f-%.3f), ODP/UDP %.3f (%.3f-%.3f)\n",
+		sp.Median, sp.Q1, sp.Q3, so.Median, so.Q1, so.Q3)
 	return nil
 }
 
