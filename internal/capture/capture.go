@@ -11,6 +11,7 @@ import (
 	"os/exec"
 	"path/filepath"
 	"strings"
+	"syscall"
 	"testing"
 	"time"
 )
@@ -38,7 +39,7 @@ func Start(t *testing.T, iface, filter string, count int) *Capture {
 	if count > 0 {
 		args = append(args, "-c", fmt.Sprint(count))
 	}
-	c.cmd = exec.Command(tshark, args...)
+	c.cmd = command(tshark, args...)
 	stderr, err := c.cmd.StderrPipe()
 	if err != nil {
 		t.Fatal(err)
@@ -57,7 +58,7 @@ func Start(t *testing.T, iface, filter string, count int) *Capture {
 		<-c.done
 		t.Skipf("skipped: tshark cannot capture on %s: %s", iface, strings.Join(said, "; "))
 	}
-	t.Cleanup(func() { _ = c.cmd.Process.Kill(); <-c.done }) // stopped already unless the test failed early
+	t.Cleanup(func() { kill(c.cmd); <-c.done }) // stopped already unless the test failed early
 	return c
 }
 
@@ -135,7 +136,7 @@ func StartLive(t *testing.T, iface, filter string, opts []string, fields ...stri
 	for _, f := range fields {
 		args = append(args, "-e", f)
 	}
-	l := &Live{cmd: exec.Command(tshark, args...), done: make(chan error, 1)}
+	l := &Live{cmd: command(tshark, args...), done: make(chan error, 1)}
 	stdout, err := l.cmd.StdoutPipe()
 	if err != nil {
 		t.Fatal(err)
@@ -157,7 +158,7 @@ func StartLive(t *testing.T, iface, filter string, opts []string, fields ...stri
 		l.done <- nil
 	}()
 	t.Cleanup(func() {
-		_ = l.cmd.Process.Kill() // done with it
+		kill(l.cmd) // done with it
 		<-l.done
 		_ = l.cmd.Wait()
 	})
@@ -176,4 +177,18 @@ func (l *Live) Next() ([]string, error) {
 		return nil, errors.New("capture: tshark ended")
 	}
 	return strings.Split(l.lines.Text(), ";"), nil
+}
+
+// command makes a tshark command that runs in a process group of its own, with the
+// dumpcap it starts to capture, so that kill stops both: killing tshark alone
+// leaves dumpcap capturing, and filtering every packet on the interface, for good.
+func command(tshark string, args ...string) *exec.Cmd {
+	cmd := exec.Command(tshark, args...)
+	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true, Pdeathsig: syscall.SIGKILL}
+	return cmd
+}
+
+// kill stops a started command's process group.
+func kill(cmd *exec.Cmd) {
+	_ = syscall.Kill(-cmd.Process.Pid, syscall.SIGKILL) // gone already if it ended by itself
 }
