@@ -51,6 +51,9 @@ type Params struct {
 	// Timeout is the QPs' local ACK timeout in the IBTA encoding (nil: the QP's
 	// default).
 	Timeout *uint8
+	// HotFloor makes the wire comparison's UDP stream send every packet from one
+	// buffer and receive into one, instead of moving the WRITEs' bytes (UDPStream).
+	HotFloor bool
 	// Loss is the probability that each side drops a packet it sends (seeded by
 	// Seed), on the in-process wire as over UDP: with ODP faults, the "Pitfalls"
 	// finding that loss costs timeouts.

@@ -5,6 +5,7 @@ import (
 	"net"
 	"testing"
 	"time"
+	"unsafe"
 
 	"github.com/odpemu/odpemu/transport/roce"
 	"github.com/stretchr/testify/assert"
@@ -50,7 +51,7 @@ func TestServeConnect(t *testing.T) {
 }
 
 // One round of the wire comparison, server and client in one process: each kind,
-// cold passes too, measures a bandwidth.
+// cold passes too, measures a bandwidth, with either floor.
 func TestWireRound(t *testing.T) {
 	kinds := append(WireRound, "pinned-cold", "odp-cold")
 	ln, err := roce.ListenCM("127.0.0.1:0")
@@ -62,14 +63,43 @@ func TestWireRound(t *testing.T) {
 	SetBuffers(conn)
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 	defer cancel()
-	p := Params{Test: WriteBW, Size: 256 << 10, Iters: 50, Depth: 4, CQMod: 1, MRSize: 1 << 20}
-	done := make(chan error, 1)
-	go func() { done <- WireServer(ctx, ln, conn, p, 1, kinds) }()
-	bw, err := WireClient(ctx, ln.Addr().String(), conn.LocalAddr().String(), p, 1, kinds)
-	require.NoError(t, err)
-	require.NoError(t, <-done)
-	for _, kind := range kinds {
-		require.Len(t, bw[kind], 1, kind)
-		assert.Positive(t, bw[kind][0], kind)
+	for _, hot := range []bool{false, true} {
+		p := Params{Test: WriteBW, Size: 256 << 10, Iters: 50, Depth: 4, CQMod: 1, MRSize: 1 << 20, HotFloor: hot}
+		done := make(chan error, 1)
+		go func() { done <- WireServer(ctx, ln, conn, p, 1, kinds) }()
+		bw, err := WireClient(ctx, ln.Addr().String(), conn.LocalAddr().String(), p, 1, kinds)
+		require.NoError(t, err)
+		require.NoError(t, <-done)
+		for _, kind := range kinds {
+			require.Len(t, bw[kind], 1, kind)
+			assert.Positive(t, bw[kind][0], kind)
+		}
+		kinds = WireRound // the cold passes once
+	}
+}
+
+// The floor's stream moves a WRITE's bytes: the packets of Depth messages come from
+// distinct slots that tile a region as large as the WRITEs' and repeat with the next
+// Depth messages; with HotFloor every packet uses one buffer.
+func TestStreamRegion(t *testing.T) {
+	p := Params{Size: 1 << 20, Depth: 4}
+	region, perMsg := streamRegion(p)
+	require.Equal(t, 256, perMsg)
+	require.Len(t, region, 4*256*streamPacket+1)
+	next := 0
+	for i := 0; i < p.Depth*perMsg; i++ {
+		s := slot(region, i)
+		require.Len(t, s, streamPacket+1, "a packet and a byte to tell a longer datagram")
+		at := int(uintptr(unsafe.Pointer(&s[0])) - uintptr(unsafe.Pointer(&region[0])))
+		require.Equal(t, next, at, "packet %d follows the one before", i)
+		next += streamPacket
+		again := slot(region, i+p.Depth*perMsg)
+		require.Equal(t, &s[0], &again[0], "the next Depth messages reuse the slots")
+	}
+	p.HotFloor = true
+	hot, _ := streamRegion(p)
+	require.Len(t, hot, streamPacket+1)
+	for _, i := range []int{0, 1, 255, 1000} {
+		require.Equal(t, &hot[0], &slot(hot, i)[0])
 	}
 }

@@ -17,7 +17,11 @@ import (
 // The floor the wire is measured against: a plain UDP stream of packets as large as
 // RoCEv2's at a 4096-byte MTU, one sendto and one recvfrom per packet, with as
 // many messages in flight as the RC run (the sink acknowledges each message, as a
-// responder does), between the same two processes.
+// responder does), between the same two processes. It moves the bytes a WRITE
+// moves: each message's packets are sent from that message's slot of a region as
+// large as the WRITEs' (Depth messages), and received into the slots of a region of
+// the same size. Params.HotFloor sends every packet from one buffer and receives
+// into one, as a stream that moves no data of its own would.
 
 // streamPacket is the size of a full RoCEv2 packet at a 4096-byte path MTU: BTH,
 // payload and ICRC.
@@ -26,15 +30,42 @@ const streamPacket = roce.BTHSize + 4096 + roce.ICRCSize
 // endOfStream is the datagram that ends a stream.
 var endOfStream = []byte("end")
 
-// UDPSink receives one UDPStream on conn: it acknowledges every message of
-// perMsg packets with a one-byte datagram and returns at the stream's end.
-func UDPSink(ctx context.Context, conn *net.UDPConn, perMsg int) error {
-	buf := make([]byte, streamPacket+1)
+// streamRegion returns the region a stream of p's messages is sent from or
+// received into (one packet, plus a byte to tell a longer datagram, if
+// p.HotFloor), its bytes set, and the packets per message.
+func streamRegion(p Params) ([]byte, int) {
+	perMsg := (p.Size + 4095) / 4096
+	n := p.Depth * perMsg * streamPacket
+	if p.HotFloor {
+		n = streamPacket
+	}
+	region := make([]byte, n+1)
+	for i := range region {
+		region[i] = byte(i)
+	}
+	return region, perMsg
+}
+
+// slot returns packet i's place in a region from streamRegion.
+func slot(region []byte, i int) []byte {
+	at := (i * streamPacket) % (len(region) - 1)
+	return region[at : at+streamPacket+1]
+}
+
+// UDPSink receives one UDPStream of p's messages on conn, each packet into its slot:
+// it acknowledges every message with a one-byte datagram and returns at the
+// stream's end.
+func UDPSink(ctx context.Context, conn *net.UDPConn, p Params) error {
+	if err := p.defaults(); err != nil {
+		return err
+	}
+	region, perMsg := streamRegion(p)
 	n := 0
 	for {
 		if err := conn.SetReadDeadline(deadline(ctx)); err != nil {
 			return err
 		}
+		buf := slot(region, n)
 		k, from, err := conn.ReadFromUDPAddrPort(buf)
 		if err != nil {
 			return fmt.Errorf("perf: UDP sink: %w", err)
@@ -68,7 +99,7 @@ func UDPStream(ctx context.Context, addr string, p Params) (Result, error) {
 	}
 	defer func() { _ = conn.Close() }() // the stream is over
 	SetBuffers(conn)
-	perMsg := (p.Size + 4095) / 4096
+	region, perMsg := streamRegion(p)
 	acks := make(chan error, p.Iters+1)
 	go func() {
 		b := make([]byte, 16)
@@ -88,12 +119,11 @@ func UDPStream(ctx context.Context, addr string, p Params) (Result, error) {
 			}
 		}
 	}()
-	pkt := make([]byte, streamPacket)
 	start := time.Now()
 	for sent, acked := 0, 0; acked < p.Iters; {
 		for sent < p.Iters && sent-acked < p.Depth {
 			for i := 0; i < perMsg; i++ {
-				if _, err := conn.Write(pkt); err != nil {
+				if _, err := conn.Write(slot(region, sent*perMsg+i)[:streamPacket]); err != nil {
 					return Result{}, err
 				}
 			}
@@ -170,7 +200,7 @@ func WireServer(ctx context.Context, ln *roce.CMListener, conn *net.UDPConn, p P
 			var err error
 			switch kind {
 			case "udp":
-				err = UDPSink(ctx, conn, (p.Size+4095)/4096)
+				err = UDPSink(ctx, conn, p)
 			default:
 				_, err = Serve(ctx, ln, wireKind(kind, p), Wire{})
 			}

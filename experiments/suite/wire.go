@@ -71,7 +71,8 @@ func runWire(x *X) error {
 	x.Param("depth", depth)
 	x.Param("rounds", rounds)
 	x.Param("run", "two processes on loopback: each round a plain UDP stream of the same packets (one sendto/recvfrom each, "+
-		"a message acknowledged as RC does), then RoCEv2 WRITEs to a pinned region, then to an ODP region after a warm-up pass "+
+		"from and into regions as large as the WRITEs', a message acknowledged as RC does), "+
+		"then RoCEv2 WRITEs to a pinned region, then to an ODP region after a warm-up pass "+
 		"(regions of depth messages), then one pass over fresh regions of iterations messages, pinned and ODP")
 	x.Steps(1)
 	t := x.Table("", "kind", "rep", "bw_mib_s")

@@ -14,45 +14,62 @@ import (
 	"github.com/spf13/pflag"
 )
 
-func wireFlagSet(name string, w io.Writer) (*pflag.FlagSet, *size, *int, *int, *int) {
+// wireOpts are the flags wire and wire-server share.
+type wireOpts struct {
+	msg                size
+	iters, depth, reps int
+	hot                bool
+}
+
+func wireFlagSet(name string, w io.Writer) (*pflag.FlagSet, *wireOpts) {
 	fs := newFlagSet(name, w)
-	msg := size(1 << 20)
-	fs.VarP(&msg, "size", "s", "message size in bytes (K, M, G suffixes)")
-	iters := fs.IntP("iters", "n", 500, "messages per measurement")
-	depth := fs.IntP("tx-depth", "t", 4, "messages in flight")
-	reps := fs.Int("reps", 5, "rounds of UDP floor, pinned and ODP, side by side")
-	return fs, &msg, iters, depth, reps
+	f := &wireOpts{msg: size(1 << 20)}
+	fs.VarP(&f.msg, "size", "s", "message size in bytes (K, M, G suffixes)")
+	fs.IntVarP(&f.iters, "iters", "n", 500, "messages per measurement")
+	fs.IntVarP(&f.depth, "tx-depth", "t", 4, "messages in flight")
+	fs.IntVar(&f.reps, "reps", 5, "rounds of UDP floor, pinned and ODP, side by side")
+	fs.BoolVar(&f.hot, "hot-floor", false, "the UDP stream sends every packet from one buffer and receives into one, instead of moving the WRITEs' bytes")
+	return fs, f
+}
+
+// params are the WRITE test's parameters.
+func (f *wireOpts) params() perf.Params {
+	return perf.Params{Test: perf.WriteBW, Size: int(f.msg), Iters: f.iters, Depth: f.depth, CQMod: 1, MRSize: int(f.msg) * f.depth,
+		HotFloor: f.hot}
 }
 
 // wire measures RDMA WRITE over the RoCEv2 wire between this process and a server
 // process it starts, pinned and ODP (warm), against a plain UDP stream of packets
 // of the same size between the same two processes, in rounds.
 func wire(args []string, stdout, stderr io.Writer) error {
-	fs, msg, iters, depth, reps := wireFlagSet("wire", stderr)
+	fs, f := wireFlagSet("wire", stderr)
 	if err := fs.Parse(args); err != nil {
 		return err
 	}
-	if *reps < 1 || *iters < 1 || *depth < 1 || *msg < 1 {
+	if f.reps < 1 || f.iters < 1 || f.depth < 1 || f.msg < 1 {
 		return fmt.Errorf("--reps, --iters, --tx-depth and --size must be positive")
 	}
 	exe, err := os.Executable()
 	if err != nil {
 		return err
 	}
-	common := []string{"--size", strconv.Itoa(int(*msg)), "--iters", strconv.Itoa(*iters), "--tx-depth", strconv.Itoa(*depth),
-		"--reps", strconv.Itoa(*reps)}
+	common := []string{"--size", strconv.Itoa(int(f.msg)), "--iters", strconv.Itoa(f.iters), "--tx-depth", strconv.Itoa(f.depth),
+		"--reps", strconv.Itoa(f.reps), "--hot-floor=" + strconv.FormatBool(f.hot)}
 	cm, udp, wait, err := perf.StartWireServer(exe, append([]string{"wire-server"}, common...))
 	if err != nil {
 		return err
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Minute)
 	defer cancel()
-	p := perf.Params{Test: perf.WriteBW, Size: int(*msg), Iters: *iters, Depth: *depth, CQMod: 1, MRSize: int(*msg) * *depth}
 	fmt.Fprintf(stdout, "# RDMA WRITE of %s messages, %d in flight, %d per measurement, between two processes on loopback (server pid in a child)\n",
-		perf.HumanBytes(int(*msg)), *depth, *iters)
-	fmt.Fprintf(stdout, "# each round: a plain UDP stream of %d-byte packets (one sendto/recvfrom each, a message acknowledged as RC does), then RoCEv2 pinned, then ODP warm\n",
-		roce.BTHSize+4096+roce.ICRCSize)
-	bw, err := perf.WireClient(ctx, cm, udp, p, *reps, perf.WireRound)
+		perf.HumanBytes(int(f.msg)), f.depth, f.iters)
+	floor := "from each message's slot of a region as large as the WRITEs', into the slots of one on the other side"
+	if f.hot {
+		floor = "all from one buffer, into one (--hot-floor)"
+	}
+	fmt.Fprintf(stdout, "# each round: a plain UDP stream of %d-byte packets (one sendto/recvfrom each, %s; a message acknowledged as RC does), then RoCEv2 pinned, then ODP warm\n",
+		roce.BTHSize+4096+roce.ICRCSize, floor)
+	bw, err := perf.WireClient(ctx, cm, udp, f.params(), f.reps, perf.WireRound)
 	if werr := wait(); err == nil && werr != nil {
 		err = fmt.Errorf("wire server: %w", werr)
 	}
@@ -74,12 +91,11 @@ func wire(args []string, stdout, stderr io.Writer) error {
 // wireServer is the server process of wire: it prints its addresses, then serves
 // the rounds.
 func wireServer(args []string, stdout, stderr io.Writer) error {
-	fs, msg, iters, depth, reps := wireFlagSet("wire-server", stderr)
+	fs, f := wireFlagSet("wire-server", stderr)
 	if err := fs.Parse(args); err != nil {
 		return err
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Minute)
 	defer cancel()
-	p := perf.Params{Test: perf.WriteBW, Size: int(*msg), Iters: *iters, Depth: *depth, CQMod: 1, MRSize: int(*msg) * *depth}
-	return perf.ServeWireRounds(ctx, p, *reps, perf.WireRound, func(cm, udp string) { fmt.Fprintf(stdout, "cm %s udp %s\n", cm, udp) })
+	return perf.ServeWireRounds(ctx, f.params(), f.reps, perf.WireRound, func(cm, udp string) { fmt.Fprintf(stdout, "cm %s udp %s\n", cm, udp) })
 }
