@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"io"
 	"net"
 	"net/netip"
 	"sync"
@@ -175,6 +176,9 @@ func (l *Link) SendBatch(pkts []Packet, dst netip.AddrPort) error {
 		}
 		for sent := 0; sent < len(chunk); {
 			n, err := l.mm.sendmmsg(&sc.mmsgBatch, sent, len(chunk))
+			if err == nil && n <= 0 {
+				err = io.ErrNoProgress // sendmmsg returns at least one or an error: never seen
+			}
 			if err != nil {
 				return fmt.Errorf("roce: send to %v: %w", dst, err)
 			}

@@ -96,7 +96,8 @@ type SessionConfig struct {
 	// on a responder goroutine of their own, so that a waiting request does not
 	// hold up the ACKs and responses the receive loop takes for the requester.
 	// Otherwise the receive loop executes them itself, sparing a goroutine hand-off
-	// per batch of packets.
+	// per batch of packets; an RNR NAK's Resolve then runs there too, before the
+	// next packet is taken, and holds up this session's ACKs for as long.
 	ExecuteWaits bool
 }
 
