@@ -29,6 +29,19 @@ func mountFS(t testing.TB, o fusefs.Options) *fusefs.FS {
 	return fsys
 }
 
+// watchedFile mounts a filesystem for the test holding obj as name, and opens a
+// pair of devices; the filesystem tells the second (the one that maps the file) of
+// changes.
+func watchedFile(t *testing.T, name string, obj fusefs.Object, cfg Config) (*fusefs.FS, *fusefs.File, *node, *node) {
+	t.Helper()
+	fsys := mountFS(t, fusefs.Options{})
+	f, err := fsys.Add(name, obj)
+	require.NoError(t, err)
+	a, b := pair(t, cfg)
+	t.Cleanup(fsys.Watch(b.dev))
+	return fsys, f, a, b
+}
+
 // openFile opens a file of fsys for the test, closed at its end (before the
 // unmount, since cleanups run last first).
 func openFile(t testing.TB, f *fusefs.File, writable bool) *os.File {
@@ -90,12 +103,8 @@ func TestFileBackedODP(t *testing.T) {
 
 func testFileBackedODP(t *testing.T) {
 	const size = 256 << 20
-	fsys := mountFS(t, fusefs.Options{})
 	obj := fusefs.NewSynthetic(size, 42)
-	f, err := fsys.Add("object", obj)
-	require.NoError(t, err)
-	a, b := pair(t, Config{FaultAround: 1, Audit: true})
-	t.Cleanup(fsys.Watch(b.dev))
+	fsys, f, a, b := watchedFile(t, "object", obj, Config{FaultAround: 1, Audit: true})
 	local, lmr := a.region(t, 1<<20, AccessLocalWrite)
 	fd := openFile(t, f, false)
 	mem := b.mapFile(t, fd, size, false)
@@ -164,14 +173,10 @@ func testFileBackedODP(t *testing.T) {
 // NIC WRITEs into a writable shared mapping reach the file on msync.
 func TestFileBackedODPWritesReachTheFile(t *testing.T) {
 	const size = 4 << 20
-	fsys := mountFS(t, fusefs.Options{})
 	obj, err := fusefs.OpenLocal(filepath.Join(t.TempDir(), "backing"), size)
 	require.NoError(t, err)
 	defer func() { assert.NoError(t, obj.Close()) }()
-	f, err := fsys.Add("rw", obj)
-	require.NoError(t, err)
-	a, b := pair(t, Config{})
-	t.Cleanup(fsys.Watch(b.dev))
+	fsys, f, a, b := watchedFile(t, "rw", obj, Config{})
 	src, smr := a.region(t, 256<<10, AccessLocalWrite)
 	for i := range src {
 		src[i] = byte(i*13 + 1)
@@ -202,12 +207,8 @@ func TestFileBackedODPWritesReachTheFile(t *testing.T) {
 // the NIC: a READ there fails.
 func TestFileBackedODPTruncation(t *testing.T) {
 	const size = 1 << 20
-	fsys := mountFS(t, fusefs.Options{})
 	obj := fusefs.NewSynthetic(size, 3)
-	f, err := fsys.Add("t", obj)
-	require.NoError(t, err)
-	a, b := pair(t, Config{})
-	t.Cleanup(fsys.Watch(b.dev))
+	_, f, a, b := watchedFile(t, "t", obj, Config{})
 	_, lmr := a.region(t, 64<<10, AccessLocalWrite)
 	mem := b.mapFile(t, openFile(t, f, false), size, false)
 	mr, err := b.pd.RegMR(mem, AccessRemoteRead|AccessOnDemand)
