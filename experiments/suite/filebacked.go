@@ -318,21 +318,19 @@ func fileBackedReport(x *X, t, st *results.Table, size int, fractions []float64)
 	if err != nil {
 		return err
 	}
-	odpVsPinned := func(fr float64, col string) stats.Summary {
-		return stats.Summarize(perRep(t, col, sel("fraction", fr, "method", "odp"), sel("fraction", fr, "method", "pinned")))
+	perFraction := func(fr float64, col, over, under string) stats.Summary {
+		return stats.Summarize(perRep(t, col, sel("fraction", fr, "method", over), sel("fraction", fr, "method", under)))
 	}
-	fb := stats.Summarize(perRep(t, "first_byte_ns", sel("fraction", fractions[0], "method", "pinned"),
-		sel("fraction", fractions[0], "method", "odp")))
+	fb := perFraction(fractions[0], "first_byte_ns", "pinned", "odp")
 	x.Headline(fmt.Sprintf("%s file: time to first byte, pinned / ODP", human(size)), ratio(fb.Median),
 		fmt.Sprintf("median of %d repetitions; pinned reads the whole file at registration", fb.N))
 	var totals []string
 	for _, fr := range fractions {
-		totals = append(totals, fmt.Sprintf("%.2f", odpVsPinned(fr, "total_ns").Median))
+		totals = append(totals, fmt.Sprintf("%.2f", perFraction(fr, "total_ns", "odp", "pinned").Median))
 	}
 	x.Headline("total time, READs of 1% / 10% / 100% of the file: ODP / pinned", strings.Join(totals, " / "),
 		"medians of per-repetition ratios, registration included, page cache dropped before each run; every ODP READ of a new chunk takes a fault and an RNR NAK")
-	fsb := stats.Summarize(perRep(t, "fs_bytes_read", sel("fraction", fractions[0], "method", "pinned"),
-		sel("fraction", fractions[0], "method", "odp")))
+	fsb := perFraction(fractions[0], "fs_bytes_read", "pinned", "odp")
 	x.Headline("bytes the filesystem read for READs of 1% of the file: pinned / ODP", ratio(fsb.Median),
 		"ODP's include the kernel's readahead around each fault")
 	var demo []string
@@ -342,8 +340,7 @@ func fileBackedReport(x *X, t, st *results.Table, size int, fractions []float64)
 	}
 	x.Headline("READs of changed pages after the file changed", strings.Join(demo, "; "),
 		"pages changed in the backing object through the filesystem; a pinned MR keeps the pages it pinned")
-	reg := stats.Summarize(perRep(t, "register_ns", sel("fraction", fractions[0], "method", "pinned"),
-		sel("fraction", fractions[0], "method", "odp")))
+	reg := perFraction(fractions[0], "register_ns", "pinned", "odp")
 	x.Headline(fmt.Sprintf("registration of the %s file: pinned / ODP", human(size)), ratio(reg.Median),
 		fmt.Sprintf("median of %d repetitions, page cache cold", reg.N))
 	return nil

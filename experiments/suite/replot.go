@@ -27,12 +27,13 @@ func Replot(dir, out string, exts ...string) (*Report, error) {
 	}
 	rep := &Report{Dir: out, Manifest: *m}
 	var errs []error
+	all := Experiments()
 	for _, rec := range m.Experiments {
-		i := slices.IndexFunc(Experiments(), func(e Experiment) bool { return e.Name == rec.Name })
+		i := slices.IndexFunc(all, func(e Experiment) bool { return e.Name == rec.Name })
 		if rec.Error != "" || i < 0 || len(rec.Files) == 0 { // failed, unknown, or skipped
 			continue
 		}
-		e := Experiments()[i]
+		e := all[i]
 		x := &X{name: e.Name, dir: out, prog: silent{}, formats: exts, loaded: map[string]*results.Table{}}
 		x.params, _ = params[e.Name].(map[string]any)
 		for _, f := range rec.Files {
