@@ -35,8 +35,10 @@ import (
 	"fmt"
 	"runtime/debug"
 	"time"
+	"unsafe"
 
 	"github.com/odpemu/odpemu/internal/bufpool"
+	"github.com/odpemu/odpemu/pagefault"
 	"github.com/odpemu/odpemu/transport/roce"
 )
 
@@ -702,9 +704,26 @@ var errDMAFault = errors.New("odp: DMA touched unmapped memory")
 // dmaCopy is the DMA engine's copy. An application that unmaps memory under an
 // in-flight DMA makes the copy fault; the engine goroutines run with
 // debug.SetPanicOnFault, so that is reported as an error (an access error completion),
-// not a crash.
+// not a crash. The copy goes page by page, in order (copyPages): a copy that faults
+// leaves every page before the one it faulted on whole and none after it touched,
+// as a NIC that places a message packet by packet does.
 func (d *Device) dmaCopy(dst, src []byte) error {
-	return d.dmaRun(func() { copy(dst, src) })
+	return d.dmaRun(func() { copyPages(dst, src) })
+}
+
+// copyPages copies src to dst in pieces that cross no page boundary of either, in
+// ascending order. A piece's copy touches only its own page of each side, so a page
+// that is not mapped faults it before it stores anything; one copy over several pages
+// (memmove) may store the first bytes of the destination last, and a fault in the
+// middle would then leave an earlier page part old and part new.
+func copyPages(dst, src []byte) {
+	ps := pagefault.PageSize
+	for len(src) > 0 && len(dst) > 0 {
+		n := min(len(src), len(dst))
+		n = min(n, int(ps-uintptr(unsafe.Pointer(&dst[0]))%ps), int(ps-uintptr(unsafe.Pointer(&src[0]))%ps))
+		copy(dst[:n], src[:n])
+		dst, src = dst[n:], src[n:]
+	}
 }
 
 // dmaRun runs one DMA access, a copy or an atomic, reporting a fault on unmapped
