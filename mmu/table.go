@@ -42,6 +42,7 @@ package mmu
 import (
 	"fmt"
 	"sync"
+	"sync/atomic"
 )
 
 // Entry is one page's translation, unpacked.
@@ -57,16 +58,8 @@ type Entry struct {
 
 // DMA is a handle on an in-flight DMA, from BeginDMA to EndDMA.
 type DMA struct {
-	id    uint64
-	first int
-	n     int
+	epoch uint64
 	seq   uint64
-}
-
-// dmaState is an in-flight DMA's record.
-type dmaState struct {
-	DMA
-	overtaken bool // an overlapping invalidation completed while it ran
 }
 
 // Seq is the notifier sequence the DMA began under: if Sequence still returns it, no
@@ -98,9 +91,23 @@ type Table struct {
 	entries      entries // sparse: nothing for pages never mapped
 	seq          uint64  // notifier sequence: bumped when an invalidation starts
 	invalidating int     // invalidations in progress
-	nextDMA      uint64
-	inflight     map[uint64]*dmaState
 	stats        Stats
+
+	// In-flight DMA accounting, without a lock: a DMA counts itself in
+	// active[epoch&1] for the epoch it began in. An invalidation moves the epoch on
+	// and waits until the previous epoch's count drops to zero, so it waits for
+	// every DMA that began before it and for none that began after. drainMu lets one
+	// invalidation wait at a time, so that an epoch's counter is empty again before
+	// the epoch after next reuses it. drained is the first epoch whose DMAs may
+	// still run: a DMA of an earlier epoch ending now was overtaken.
+	epoch    atomic.Uint64
+	active   [2]atomic.Int64
+	waiters  atomic.Int32 // invalidations waiting on cond for active to drain
+	drained  atomic.Uint64
+	drainMu  sync.Mutex
+	dmas     atomic.Uint64 // BeginDMA successes (Stats.DMAs)
+	misses   atomic.Uint64 // BeginDMA misses (Stats.Misses)
+	overtake atomic.Uint64 // Stats.Overtaken
 
 	waitHook     func() // tests: called, lock held, before an invalidation waits for DMA
 	readWaitHook func() // tests: called, lock held, before ReadBegin waits
@@ -113,7 +120,7 @@ func New(npages int) *Table {
 	if npages < 0 {
 		panic(fmt.Sprintf("mmu: table of %d pages", npages))
 	}
-	t := &Table{npages: npages, entries: newEntries(), inflight: make(map[uint64]*dmaState)}
+	t := &Table{npages: npages, entries: newEntries()}
 	t.cond.L = &t.mu
 	return t
 }
@@ -182,35 +189,60 @@ func (t *Table) MissingLocked(first, n int, write bool) int {
 
 // BeginDMA starts a DMA over pages [first, first+n) if every entry allows it, and
 // returns its handle and -1. Otherwise it returns the first page that needs a fault (a
-// network page fault) and no DMA is started.
+// network page fault) and no DMA is started. It allocates nothing.
 func (t *Table) BeginDMA(first, n int, write bool) (DMA, int) {
+	// Count first, then check the entries under the lock: an invalidation clears
+	// entries before it moves the epoch on, so a DMA counted in the old epoch is
+	// waited for, and one counted in the new epoch finds the entries cleared.
+	e := t.epoch.Load()
+	for {
+		t.active[e&1].Add(1)
+		if now := t.epoch.Load(); now != e {
+			t.end(e)
+			e = now
+			continue
+		}
+		break
+	}
 	t.mu.Lock()
-	defer t.mu.Unlock()
-	if miss := t.MissingLocked(first, n, write); miss >= 0 {
-		t.stats.Misses++
+	miss := t.MissingLocked(first, n, write)
+	seq := t.seq
+	t.mu.Unlock()
+	if miss >= 0 {
+		t.end(e)
+		t.misses.Add(1)
 		return DMA{}, miss
 	}
-	t.nextDMA++
-	d := DMA{id: t.nextDMA, first: first, n: n, seq: t.seq}
-	t.inflight[d.id] = &dmaState{DMA: d}
-	t.stats.DMAs++
-	return d, -1
+	t.dmas.Add(1)
+	return DMA{epoch: e, seq: seq}, -1
+}
+
+// end uncounts a DMA of epoch e, waking an invalidation waiting for the count. A
+// count below zero means a DMA was ended twice (or never begun).
+func (t *Table) end(e uint64) {
+	c := t.active[e&1].Add(-1)
+	if c < 0 {
+		panic("mmu: EndDMA of a DMA not in flight")
+	}
+	if c == 0 && t.waiters.Load() > 0 {
+		t.mu.Lock()
+		t.cond.Broadcast()
+		t.mu.Unlock()
+	}
 }
 
 // EndDMA ends a DMA begun by BeginDMA, releasing invalidations waiting for it. It
-// reports whether an overlapping invalidation completed while the DMA was in flight:
-// the translations it used were withdrawn under it, which the protocol forbids (an
-// invalidation waits for such DMA), so true means the protocol is broken.
+// reports whether an invalidation completed while the DMA was in flight: the
+// translations it used were withdrawn under it, which the protocol forbids (an
+// invalidation waits for such DMA), so true means the protocol is broken. It takes
+// no lock unless an invalidation waits.
 func (t *Table) EndDMA(d DMA) (overtaken bool) {
-	t.mu.Lock()
-	defer t.mu.Unlock()
-	st, ok := t.inflight[d.id]
-	if !ok {
-		panic("mmu: EndDMA of a DMA not in flight")
+	overtaken = t.drained.Load() > d.epoch
+	if overtaken {
+		t.overtake.Add(1)
 	}
-	delete(t.inflight, d.id)
-	t.cond.Broadcast()
-	return st.overtaken
+	t.end(d.epoch)
+	return overtaken
 }
 
 // InvalidateResult reports what one invalidation did.
@@ -248,10 +280,14 @@ func (t *Table) Sequence() uint64 {
 
 // InvalidateBegin is invalidate_range_start for pages [first, first+n): it bumps the
 // sequence (so a fault in progress fails ReadRetryLocked), clears the entries, then
-// waits for every overlapping DMA that began before it. When it returns no DMA can
-// touch those pages through their old translations, and until InvalidateEnd no fault
-// can map new ones (ReadBegin waits): the caller changes the mapping in between.
+// waits for every DMA on the table that began before it (overlapping or not: a DMA is
+// one copy, and counting DMAs per range would cost every DMA a lock). When it returns
+// no DMA can touch those pages through their old translations, and until
+// InvalidateEnd no fault can map new ones (ReadBegin waits): the caller changes the
+// mapping in between.
 func (t *Table) InvalidateBegin(first, n int) InvalidateResult {
+	t.drainMu.Lock()
+	defer t.drainMu.Unlock()
 	t.mu.Lock()
 	defer t.mu.Unlock()
 	t.check(first, n)
@@ -260,34 +296,22 @@ func (t *Table) InvalidateBegin(first, n int) InvalidateResult {
 	t.stats.Invalidations++
 	r := InvalidateResult{Pages: t.entries.invalidate(first, n)}
 	t.stats.PagesInvalidated += uint64(r.Pages)
-	horizon := t.nextDMA // DMAs with a larger id began after the entries were cleared
-	overlapping := func() int {
-		c := 0
-		for id, d := range t.inflight {
-			if id <= horizon && d.first < first+n && first < d.first+d.n {
-				c++
-			}
-		}
-		return c
-	}
-	if c := overlapping(); c > 0 {
-		r.WaitedDMAs = c
+	// DMAs that count themselves from here on see the new epoch, and the cleared
+	// entries or the new sequence (BeginDMA checks both after counting).
+	old := t.epoch.Add(1) - 1
+	if c := t.active[old&1].Load(); c > 0 {
+		r.WaitedDMAs = int(c)
 		t.stats.DMAWaits++
 		if t.waitHook != nil {
 			t.waitHook()
 		}
-		for overlapping() > 0 {
+		t.waiters.Add(1)
+		for t.active[old&1].Load() > 0 {
 			t.cond.Wait()
 		}
+		t.waiters.Add(-1)
 	}
-	// The check that the wait did its job, kept apart from it: a DMA on the range
-	// still in flight now uses translations this invalidation withdrew.
-	for _, d := range t.inflight {
-		if d.first < first+n && first < d.first+d.n && !d.overtaken {
-			d.overtaken = true
-			t.stats.Overtaken++
-		}
-	}
+	t.drained.Store(old + 1)
 	return r
 }
 
@@ -332,14 +356,14 @@ func (t *Table) Footprint() int {
 
 // InFlight returns the number of DMAs in flight.
 func (t *Table) InFlight() int {
-	t.mu.Lock()
-	defer t.mu.Unlock()
-	return len(t.inflight)
+	return int(t.active[0].Load() + t.active[1].Load())
 }
 
 // Stats returns the counters.
 func (t *Table) Stats() Stats {
 	t.mu.Lock()
 	defer t.mu.Unlock()
-	return t.stats
+	st := t.stats
+	st.DMAs, st.Misses, st.Overtaken = t.dmas.Load(), t.misses.Load(), t.overtake.Load()
+	return st
 }

@@ -114,7 +114,8 @@ func TestSequenceProtocol(t *testing.T) {
 	assert.EqualValues(t, 1, tb.Stats().RetriesSignalled)
 }
 
-// An invalidation waits for DMA that started before it, and no DMA can start on the
+// An invalidation waits for DMA that started before it (on any of the table's pages:
+// DMAs are counted per table, not per range), and no DMA can start on the
 // invalidated pages meanwhile; a fault racing with it must retry. Every check can
 // fail: an invalidation that does not wait returns first (caught by the select) and
 // leaves the DMA overtaken (caught by EndDMA), never a hang.
@@ -123,7 +124,7 @@ func TestInvalidateWaitsForInflightDMA(t *testing.T) {
 	mapped(tb, 0, 32, true)
 	d, miss := tb.BeginDMA(8, 4, true)
 	require.Equal(t, -1, miss)
-	other, miss := tb.BeginDMA(20, 4, false) // does not overlap the invalidation
+	other, miss := tb.BeginDMA(20, 4, false) // does not overlap the invalidation, began before it
 	require.Equal(t, -1, miss)
 
 	seq := tb.ReadBegin() // a fault in progress
@@ -143,10 +144,18 @@ func TestInvalidateWaitsForInflightDMA(t *testing.T) {
 	assert.True(t, tb.ReadRetryLocked(seq), "fault must retry")
 	tb.Unlock()
 
-	assert.False(t, tb.EndDMA(other), "a DMA outside the range is not overtaken")
+	later, miss := tb.BeginDMA(24, 2, false) // began after the invalidation: not waited for
+	require.Equal(t, -1, miss)
+	assert.False(t, tb.EndDMA(other), "the invalidation waited for the DMA")
+	select {
+	case r := <-done:
+		t.Fatalf("invalidation returned with an earlier DMA in flight: %+v", r)
+	default:
+	}
 	assert.False(t, tb.EndDMA(d), "the invalidation waited for the DMA")
 	r := <-done
-	assert.Equal(t, InvalidateResult{Pages: 16, WaitedDMAs: 1}, r)
+	assert.Equal(t, InvalidateResult{Pages: 16, WaitedDMAs: 2}, r)
+	assert.False(t, tb.EndDMA(later), "a DMA that began after the invalidation is not overtaken by it")
 	s := tb.ReadBegin() // after the invalidation ended
 	tb.Lock()
 	assert.False(t, tb.ReadRetryLocked(s), "ReadBegin after the invalidation ended")
@@ -163,14 +172,13 @@ func TestEndDMAReportsOvertaken(t *testing.T) {
 	tb := New(8)
 	mapped(tb, 0, 8, true)
 	d, _ := tb.BeginDMA(2, 2, true)
-	// Simulate the broken protocol: mark what an invalidation that did not wait
-	// would leave behind (the real InvalidateBegin cannot return here).
-	tb.Lock()
-	for _, st := range tb.inflight {
-		st.overtaken = true
-	}
-	tb.Unlock()
+	// Simulate the broken protocol: record what an invalidation that did not wait
+	// would leave behind, its epoch drained (the real InvalidateBegin cannot
+	// return here).
+	tb.epoch.Add(1)
+	tb.drained.Store(tb.epoch.Load())
 	assert.True(t, tb.EndDMA(d))
+	assert.EqualValues(t, 1, tb.Stats().Overtaken)
 }
 
 func TestReadBeginWaitsForInvalidation(t *testing.T) {
