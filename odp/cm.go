@@ -10,16 +10,19 @@ import (
 
 // UDPConfig configures a QP's RoCEv2 wire over UDP, set up the way rdma_cm does it:
 // a TCP connection-manager channel carries each side's QP number, starting PSN, path
-// MTU, Link address and private data, and stays open while the connection lives.
+// MTU, RoCEv2 address and private data, and stays open while the connection lives.
 type UDPConfig struct {
-	// Addr is the local address the QP's Link binds. It must be a specific
-	// address (the ICRC covers it); the default is 127.0.0.1, port 0 (any).
+	// Addr is the local RoCEv2 address: the process's endpoint there (a UDP socket on
+	// port 4791 unless Addr names another port) receives the packets of every QP
+	// connected through it. It must be a specific address (the ICRC covers it); the
+	// default is 127.0.0.1. Two processes on one host need two addresses (127.0.0.2
+	// for the other, say), as two hosts would have.
 	Addr netip.AddrPort
 	// MTU is the path MTU offered (256..4096, default 4096); the connection uses
 	// the smallest of the two sides' offers and what the route's IP MTU holds.
 	MTU int
 	// MaxMessage bounds the messages the peer may send (default 1 GiB): nothing
-	// larger is reassembled or allocated for.
+	// larger is taken.
 	MaxMessage uint32
 	// Loss injects drops, duplicates and reordering into what this side sends.
 	Loss roce.Loss
@@ -28,75 +31,80 @@ type UDPConfig struct {
 	Private []byte
 }
 
-func (c UDPConfig) link() (*roce.Link, roce.ConnParams, error) {
+// DefaultAddr is the RoCEv2 address a QP connects from when UDPConfig.Addr is not
+// set: 127.0.0.1, port 4791.
+var DefaultAddr = netip.AddrPortFrom(netip.AddrFrom4([4]byte{127, 0, 0, 1}), roce.UDPPort)
+
+func (c UDPConfig) endpoint() (*roce.Endpoint, roce.ConnParams, error) {
 	if !c.Addr.IsValid() {
-		c.Addr = netip.AddrPortFrom(netip.AddrFrom4([4]byte{127, 0, 0, 1}), 0)
+		c.Addr = DefaultAddr
 	}
 	if c.MTU == 0 {
 		c.MTU = 4096
 	}
-	if c.MaxMessage == 0 {
-		c.MaxMessage = 1 << 30
-	}
-	link, err := roce.Listen(c.Addr, roce.Limits{MTU: c.MTU, MaxMessage: c.MaxMessage}, c.Loss)
+	ep, err := roce.OpenEndpoint(c.Addr)
 	if err != nil {
 		return nil, roce.ConnParams{}, wrap(ErrInvalidArgument, "%v", err)
 	}
-	return link, roce.ConnParams{MTU: c.MTU, Addr: link.LocalAddr(), Private: c.Private}, nil
+	return ep, roce.ConnParams{MTU: c.MTU, Addr: ep.Addr(), Private: c.Private}, nil
 }
 
 // Accept waits for one connection request on ln and connects qp, in RESET or INIT,
 // to the requesting QP over UDP; qp is in RTS after. It returns the peer's private
 // data. ctx bounds the exchange once a peer has connected; ln.Close ends the wait.
 func (qp *QP) Accept(ctx context.Context, ln *roce.CMListener, cfg UDPConfig) ([]byte, error) {
-	link, local, err := cfg.link()
+	ep, local, err := cfg.endpoint()
 	if err != nil {
 		return nil, err
 	}
+	defer func() { _ = ep.Close() }() // the port holds the endpoint while it lives
 	local.QPN, local.PSN = qp.qpn, qp.psn
 	remote, cm, err := ln.Accept(ctx, local)
 	if err != nil {
-		_ = link.Close() // nothing was connected over it
 		return nil, err
 	}
-	return qp.connectUDP(link, cm, local, remote)
+	return qp.connectUDP(ep, cm, cfg, local, remote)
 }
 
 // Dial connects qp, in RESET or INIT, to the QP that accepts on the connection
 // manager at addr (host:port); qp is in RTS after. It returns the peer's private
 // data.
 func (qp *QP) Dial(ctx context.Context, addr string, cfg UDPConfig) ([]byte, error) {
-	link, local, err := cfg.link()
+	ep, local, err := cfg.endpoint()
 	if err != nil {
 		return nil, err
 	}
+	defer func() { _ = ep.Close() }() // the port holds the endpoint while it lives
 	local.QPN, local.PSN = qp.qpn, qp.psn
 	remote, cm, err := roce.DialCM(ctx, addr, local)
 	if err != nil {
-		_ = link.Close() // nothing was connected over it
 		return nil, err
 	}
-	return qp.connectUDP(link, cm, local, remote)
+	return qp.connectUDP(ep, cm, cfg, local, remote)
 }
 
-// connectUDP connects qp over link to remote's Link and keeps cm: when the peer
+// connectUDP connects qp through ep to remote's endpoint and keeps cm: when the peer
 // disconnects or its process ends, the QP moves to ERR and its work is flushed.
-func (qp *QP) connectUDP(link *roce.Link, cm *roce.CM, local, remote roce.ConnParams) ([]byte, error) {
+func (qp *QP) connectUDP(ep *roce.Endpoint, cm *roce.CM, cfg UDPConfig, local, remote roce.ConnParams) ([]byte, error) {
 	// The path MTU fits both sides' offers and the route's IP MTU (each side asks
 	// its own route; routes between two hosts have the same MTU both ways).
-	route, err := roce.RouteMTU(link.LocalAddr(), remote.Addr)
+	route, err := roce.RouteMTU(ep.Addr(), remote.Addr)
 	if err != nil {
-		_ = link.Close()
 		_ = cm.Disconnect()
 		return nil, err
 	}
-	if err := link.SetPathMTU(min(local.MTU, remote.MTU, route)); err != nil {
-		_ = link.Close()
-		_ = cm.Disconnect()
-		return nil, err
+	maxMsg := cfg.MaxMessage
+	if maxMsg == 0 {
+		maxMsg = 1 << 30
 	}
-	if err := qp.Connect(link.Dial(remote.Addr), Remote{QPN: remote.QPN, PSN: remote.PSN}); err != nil {
-		_ = link.Close()    // not connected: ours to close
+	port, err := ep.Attach(roce.AttachConfig{QPN: qp.qpn, Peer: remote.Addr, Loss: cfg.Loss, Link: qp.dev.cfg.Link.wire(),
+		Limits: roce.Limits{MTU: min(local.MTU, remote.MTU, route), MaxMessage: maxMsg}})
+	if err != nil {
+		_ = cm.Disconnect()
+		return nil, wrap(ErrInvalidArgument, "%v", err)
+	}
+	if err := qp.Connect(port, Remote{QPN: remote.QPN, PSN: remote.PSN}); err != nil {
+		_ = port.Close()    // not connected: ours to close
 		_ = cm.Disconnect() // tells the peer
 		return nil, err
 	}
@@ -108,9 +116,7 @@ func (qp *QP) connectUDP(link *roce.Link, cm *roce.CM, local, remote roce.ConnPa
 		defer qp.wg.Done()
 		select {
 		case <-cm.Done():
-			qp.mu.Lock()
-			qp.toErrorLocked()
-			qp.mu.Unlock()
+			qp.toError()
 		case <-qp.done:
 		}
 	}()

@@ -64,7 +64,6 @@ import (
 	"sync"
 
 	"github.com/odpemu/odpemu/pagefault"
-	"github.com/odpemu/odpemu/transport/roce"
 	"golang.org/x/sys/unix"
 )
 
@@ -115,6 +114,9 @@ type Config struct {
 	// FaultModel is the latency of a network page fault on the NIC's fault path (see
 	// FaultModel): the zero value is the emulator's own cost.
 	FaultModel FaultModel
+	// Link is the link the device's QPs send on (rate, delay, queue): the zero value
+	// is DefaultLinkRate and DefaultLinkDelay; NoLink removes the model.
+	Link LinkModel
 }
 
 // Device is an emulated RDMA NIC: its keys, protection domains, MRs, CQs, QPs and
@@ -141,7 +143,10 @@ type Device struct {
 	nextQPN uint32
 
 	stats deviceCounters
-	rc    roce.Counters // RC events of all its QPs
+	rc    rcCounters // RC events of all its QPs
+	// faulting counts network page faults resolving on goroutines of their own;
+	// Close waits for them.
+	faulting sync.WaitGroup
 }
 
 // Open opens an emulated device. Devices whose address-space settings agree
@@ -268,6 +273,7 @@ func (d *Device) Close() error {
 	for _, qp := range qps {
 		_ = qp.Destroy() // ErrClosed only: destroyed concurrently
 	}
+	d.faulting.Wait() // network page faults the engines started end
 	d.mu.Lock()
 	mrs := make([]*MR, 0, len(d.mrs))
 	for _, mr := range d.mrs {

@@ -1,6 +1,7 @@
 package odp
 
 import (
+	"errors"
 	"fmt"
 	"sync/atomic"
 	"time"
@@ -138,12 +139,53 @@ func (mr *MR) networkFault(miss, end int, write bool) (int, error) {
 	return mapped, nil
 }
 
-// endDMA ends a DMA, leaves the gate and reports whether an invalidation completed
-// under the DMA.
-func (mr *MR) endDMA(d mmu.DMA) bool {
+// endDMA ends a DMA, leaves the gate if the DMA entered it, and reports whether an
+// invalidation completed under the DMA.
+func (mr *MR) endDMA(d mmu.DMA, gated bool) bool {
 	overtaken := mr.table.EndDMA(d)
-	mr.dev.exitDMA()
+	if gated {
+		mr.dev.exitDMA()
+	}
 	return overtaken
+}
+
+// errGateBusy: the DMA gate is closed (the fault server reads the userfaultfd), or
+// events it read are not yet applied: a DMA that must not wait tries again later.
+var errGateBusy = errors.New("odp: DMA gate busy")
+
+// tryAcquire starts a DMA over MR bytes [off, off+n) (already bounds-checked)
+// without waiting, for the engine, which must never wait while runs it has not
+// taken may hold up the fault server. It returns the DMA and -1, or the first page
+// that needs a network page fault (the caller resolves it elsewhere and tries
+// again), or errGateBusy, or why the MR cannot be accessed (a pinned MR's page is
+// gone, the MR was deregistered). covered says the caller already holds a DMA of
+// this address space inside the gate (a run it has not released): then the DMA
+// does not enter the gate itself, as the gate is held for it until that run is
+// released, and no event can be read meanwhile.
+func (mr *MR) tryAcquire(off, n uint64, write, covered bool) (dmaRef, int, error) {
+	d := mr.dev
+	gated := !covered && !d.cfg.NoInvalidate
+	if gated {
+		if !d.as.gate.TryEnter() {
+			return dmaRef{}, -1, errGateBusy
+		}
+		if d.as.gate.Events() > d.as.pump.Applied() {
+			d.as.gate.Exit()
+			return dmaRef{}, -1, errGateBusy
+		}
+	}
+	first, count := mr.pageSpan(off, n)
+	dm, miss := mr.table.BeginDMA(first, count, write)
+	if miss >= 0 {
+		if gated {
+			d.exitDMA()
+		}
+		if !mr.odp {
+			return dmaRef{}, -1, mr.missErr(first, count)
+		}
+		return dmaRef{}, miss, nil
+	}
+	return mr.started(off, n, dm, gated), -1, nil
 }
 
 // dmaChunk bounds one DMA, as a NIC moves a message in segments: the fault server,
@@ -184,23 +226,20 @@ func (mr *MR) dmaOnce(off uint64, buf []byte, toMR bool) error {
 	return wrap(ErrBusy, "MR %#x: DMA kept being torn by page faults", mr.key)
 }
 
-// atomic runs an 8-byte atomic at MR offset off (aligned, bounds-checked) as one DMA,
-// faulting the page in for write, and returns the value it found. The CPU's atomic
-// instructions make it atomic with respect to every other NIC atomic and to the
-// application's own atomics on the word. It is never made again: a single access
-// cannot be torn, and if a page fault during it installed a new page, it ran on that
-// page, as if it came after the change that replaced the page.
-func (mr *MR) atomic(off uint64, cmpSwap bool, compare, value uint64) (uint64, error) {
-	ref, err := mr.acquire(off, 8, true)
-	if err != nil {
-		return 0, err
-	}
+// atomicOn runs an 8-byte atomic at MR offset off (aligned, bounds-checked) as the
+// DMA ref (begun for write on those bytes), ends ref, and returns the value it
+// found. The CPU's atomic instructions make it atomic with respect to every other
+// NIC atomic and to the application's own atomics on the word. It is never made
+// again: a single access cannot be torn, and if a page fault during it installed a
+// new page, it ran on that page, as if it came after the change that replaced the
+// page.
+func (mr *MR) atomicOn(ref dmaRef, off uint64, cmpSwap bool, compare, value uint64) (uint64, error) {
 	word := (*uint64)(unsafe.Pointer(&ref.bytes()[0]))
 	if dt := mr.detached.Load(); dt.has(int((mr.start + uintptr(off) - mr.base) / pagefault.PageSize)) {
 		word = (*uint64)(unsafe.Pointer(&dt.mem[mr.start+uintptr(off)-mr.base]))
 	}
 	var orig uint64
-	err = mr.dev.dmaRun(func() {
+	err := mr.dev.dmaRun(func() {
 		if !cmpSwap {
 			orig = atomic.AddUint64(word, value) - value
 			return
@@ -222,6 +261,7 @@ type dmaRef struct {
 	off, n uint64
 	d      mmu.DMA
 	audit  bool
+	gated  bool   // the DMA entered the device's gate (else it was covered)
 	mark   uint64 // the fault server's fault sequence at acquire
 	stale  bool   // audit: a translation was stale when the DMA began
 }
@@ -232,7 +272,13 @@ func (mr *MR) acquire(off, n uint64, write bool) (dmaRef, error) {
 	if err != nil {
 		return dmaRef{}, err
 	}
-	r := dmaRef{mr: mr, off: off, n: n, d: d, audit: mr.dev.cfg.Audit}
+	return mr.started(off, n, d, true), nil
+}
+
+// started is the DMA begun on MR bytes [off, off+n): the NIC's access bits for the
+// pager, the fault sequence a torn copy is told by, and the audit's first half.
+func (mr *MR) started(off, n uint64, d mmu.DMA, gated bool) dmaRef {
+	r := dmaRef{mr: mr, off: off, n: n, d: d, audit: mr.dev.cfg.Audit, gated: gated}
 	if p := mr.dev.as.pager; p != nil && mr.odp {
 		first, count := mr.pageSpan(off, n)
 		p.Touch(mr.base+uintptr(first)*pagefault.PageSize, count) // the NIC's access bits
@@ -242,7 +288,7 @@ func (mr *MR) acquire(off, n uint64, write bool) (dmaRef, error) {
 		// A detached page is one the file let go of: the NIC's frame is not the file's.
 		r.stale = r.framesStale() || mr.anyDetached(mr.pageSpan(off, n))
 	}
-	return r, nil
+	return r
 }
 
 func (r dmaRef) bytes() []byte { return r.mr.slice(r.off, r.n) }
@@ -279,7 +325,7 @@ func (r dmaRef) release(copied bool) (torn bool) {
 	if !torn && r.audit && copied {
 		r.check(faulted)
 	}
-	overtaken := mr.endDMA(r.d)
+	overtaken := mr.endDMA(r.d, r.gated)
 	if torn {
 		d.stats.tornDMAs.Add(1)
 		mr.invalidate(first, count)
@@ -337,4 +383,67 @@ func (r dmaRef) check(faulted bool) {
 		d.stats.stale.Add(1)
 		mr.stats.stale.Add(1)
 	}
+}
+
+// errDMAFault: a copy touched memory that is not mapped any more.
+var errDMAFault = errors.New("odp: DMA touched unmapped memory")
+
+// dmaFault is a DMA access that faulted, at Addr: it matches errDMAFault.
+type dmaFault struct{ Addr uintptr }
+
+func (f *dmaFault) Error() string { return fmt.Sprintf("%v at %#x", errDMAFault, f.Addr) }
+func (f *dmaFault) Unwrap() error { return errDMAFault }
+
+// srcFaulted reports whether a DMA fault err was on src: the memory a copy read.
+func srcFaulted(err error, src []byte) bool {
+	var f *dmaFault
+	if !errors.As(err, &f) || len(src) == 0 {
+		return false
+	}
+	lo := uintptr(unsafe.Pointer(&src[0]))
+	return f.Addr >= lo && f.Addr < lo+uintptr(len(src))
+}
+
+// dmaCopy is the DMA engine's copy. An application that unmaps memory under an
+// in-flight DMA makes the copy fault; the engine goroutines run with
+// debug.SetPanicOnFault, so that is reported as an error (an access error completion),
+// not a crash. The copy goes page by page, in order (copyPages): a copy that faults
+// leaves every page before the one it faulted on whole and none after it touched,
+// as a NIC that places a message packet by packet does.
+func (d *Device) dmaCopy(dst, src []byte) error {
+	return d.dmaRun(func() { copyPages(dst, src) })
+}
+
+// copyPages copies src to dst in pieces that cross no page boundary of either, in
+// ascending order. A piece's copy touches only its own page of each side, so a page
+// that is not mapped faults it before it stores anything; one copy over several pages
+// (memmove) may store the first bytes of the destination last, and a fault in the
+// middle would then leave an earlier page part old and part new.
+func copyPages(dst, src []byte) {
+	ps := pagefault.PageSize
+	for len(src) > 0 && len(dst) > 0 {
+		n := min(len(src), len(dst))
+		n = min(n, int(ps-uintptr(unsafe.Pointer(&dst[0]))%ps), int(ps-uintptr(unsafe.Pointer(&src[0]))%ps))
+		copy(dst[:n], src[:n])
+		dst, src = dst[n:], src[n:]
+	}
+}
+
+// dmaRun runs one DMA access, a copy or an atomic, reporting a fault on unmapped
+// memory as dmaCopy does.
+func (d *Device) dmaRun(access func()) (err error) {
+	defer func() {
+		if r := recover(); r != nil {
+			// Memory faults under SetPanicOnFault carry the faulting address; any
+			// other panic is a bug and goes on.
+			fault, ok := r.(interface{ Addr() uintptr })
+			if !ok {
+				panic(r)
+			}
+			d.stats.dmaFaults.Add(1)
+			err = &dmaFault{Addr: fault.Addr()}
+		}
+	}()
+	access()
+	return nil
 }

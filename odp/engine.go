@@ -1,71 +1,143 @@
 package odp
 
-// The emulated NIC's engine. A connected QP runs one RC session of transport/roce
-// (the requester and responder state machines of IBTA chapter 9, over a roce.Port:
-// UDP between processes and hosts, or an in-process Pipe carrying the same encoded
-// packets) and two goroutines of its own:
-//   - sendLoop processes the send queue in order: it checks local keys, faults ODP
-//     source pages in and gathers the payload; postLoop posts the messages to the
-//     session, which segments them, assigns PSNs, sends them (while sendLoop
-//     gathers the next) and retransmits them as RC requires;
-//   - the session's responder loop calls Execute for each complete request, in PSN
-//     order: it runs against this device's MRs, taking network page faults as
-//     needed, and says whether to ACK, send data, NAK or RNR NAK;
-//   - the session's completion loop calls Complete for each finished message, in
-//     posting order: READ data and atomic results are scattered into local memory
-//     there, and the work request completes.
+// The emulated NIC's engine. Each connected QP has one goroutine, its engine, that
+// owns everything the QP's NIC side does: the RC requester and responder state
+// machines of transport/roce, the send queue from its processing cursor on, the
+// runs the port delivered, the answers to send, and the faults in flight. Nothing
+// the engine owns is locked: the application reaches it through the send queue (a
+// ring it reads without a lock), the receive queue (QP.mu, once per message), the
+// QP's state (an atomic copy) and a wake-up; the peer reaches it through the port.
+// The requester side is in requester.go, the responder side in responder.go.
 //
-// RC retries as on hardware: a responder whose request finds ODP pages missing (or
-// no receive posted) answers RNR NAK, resolves the fault after sending it, and drops
-// the requests behind it until the NAKed PSN comes again; the requester waits the
-// RNR timer and retransmits from that request on (go-back-N), up to RNRRetry times.
-// Lost packets are recovered by sequence NAKs and the ACK timer (Timeout,
-// RetryCnt). Config.ResponderFaults = FaultStall resolves first and answers after.
+// A run of packets in one process travels by reference: the requester reads its
+// local memory into the run by starting a DMA on the MR (tryAcquire: the table's
+// DMA count, the device's DMA gate, the audit), and the DMA stays open while the
+// run is on the wire, so that an invalidation of those pages waits for it and the
+// audit sees it. The receiving engine copies the payload straight into its own MR
+// (the one copy a DMA makes) and then releases the sender's DMA. Because such a
+// run holds the fault server's gate until it is taken, an engine never waits for
+// anything while runs may be waiting for it: the gate is entered with TryEnter,
+// network page faults are resolved on goroutines of their own (startFault, the EQ
+// and page-fault work queue of mlx5), and a responder that must wait for a fault
+// (FaultStall, or a READ or atomic, which IBTA does not let it RNR NAK) first
+// copies every run the peer sent it and asks the peer to copy what it sends until
+// the wait is over (hold).
 //
-// No goroutine ever copies to or from an MR page whose NIC entry is invalid: DMA runs
-// between mmu.Table BeginDMA and EndDMA, after any fault has been resolved, and inside
-// the device's DMA gate (pagefault.Gate), which orders it against the application's
-// own madvise, munmap and mremap. Every DMA is one copy of at most dmaChunk bytes
-// between an MR and a packet buffer (MR.dma): none lasts while the NIC waits for the
-// peer, so invalidations, Dereg and the gate never wait on the network.
+// Where a packet's time goes, for a WRITE between two QPs in one process (CPU
+// profile of odp-perf write_bw --link-rate 0; see README): at 64 KiB and up almost
+// all of it is the one copy; at 64 B it is the work request's way through the
+// queues: PostSend's slot, the requester's run, the responder's table check, the
+// ACK, the retirement and the completion, each a few tens of nanoseconds, and the
+// wake-ups between the application and the two engines when a queue runs dry.
 
 import (
-	"encoding/binary"
 	"errors"
-	"fmt"
+	"runtime"
 	"runtime/debug"
+	"sync/atomic"
 	"time"
-	"unsafe"
 
-	"github.com/odpemu/odpemu/internal/bufpool"
-	"github.com/odpemu/odpemu/pagefault"
+	"github.com/odpemu/odpemu/internal/clock"
 	"github.com/odpemu/odpemu/transport/roce"
 )
 
-// startLocked starts the QP's session and send loop once. Called with QP.mu held.
-func (qp *QP) startLocked() {
-	if qp.started {
-		return
-	}
-	qp.started = true
-	// Under FaultStall a request waits for a receive to be posted, or for its
-	// pages; under FaultRNR it is answered RNR NAK instead, and never waits on
-	// what the peer does.
-	cfg := roce.SessionConfig{Requester: qp.retryConfigLocked(), LocalQPN: qp.qpn, PeerQPN: qp.remote.QPN,
-		PeerPSN: qp.remote.PSN, Counters: []*roce.Counters{&qp.rc, &qp.dev.rc},
-		ExecuteWaits: qp.dev.cfg.ResponderFaults == FaultStall}
-	cfg.Requester.FirstPSN = qp.psn // the MTU is the port's: the path MTU
-	qp.sess = roce.NewSession(qp.port, cfg, (*rcHandler)(qp))
-	qp.wg.Add(1)
-	go qp.sendLoop()
+// maxOut bounds the runs an engine builds ahead of what the port takes.
+const maxOut = 64
+
+// engine is a connected QP's NIC side; see the file's comment.
+type engine struct {
+	qp     *QP
+	dev    *Device
+	port   roce.Port
+	req    *roce.Requester
+	resp   *roce.Responder
+	mtu    int
+	maxRun int
+	remote uint32 // the peer QP's number
+	window int    // PSNs the requester may have in flight
+
+	kick     chan struct{}
+	sleeping atomic.Bool
+	woken    atomic.Bool
+	quit     chan struct{}
+	exited   chan struct{}
+	timer    *time.Timer
+	alarm    time.Time // a precise wake-up is armed for then
+	attrGen  uint64    // the QP's ModifyAttr count the requester's settings reflect
+
+	now time.Time
+
+	// Runs the port gave and the engine has not taken yet, oldest first.
+	inbox    []roce.Segment
+	inHead   int
+	rx       []roce.Segment // Recv's scratch
+	covering int            // runs in the inbox whose DMA holds this device's gate
+	nextDue  time.Time      // when the next run on its way arrives
+	retryAt  time.Time      // the gate was busy: try again then
+	lost     bool           // the port failed
+	errored  bool           // the QP is in ERR and the engine flushed it
+
+	out []roce.Segment // runs to send, oldest first
+
+	// The requester side (requester.go).
+	sqNext   uint64 // the next send queue slot to process
+	fenced   int    // READs and atomics processed, not completed: fences wait for them
+	srcFault *faultJob
+	srcID    uint64    // the message srcFault holds up
+	dstFault *faultJob // a response could not be placed: asked again after it
+	dstID    uint64
+	dstPSN   uint32
+	rnrUntil time.Time
+	rnrSince time.Time
+	last     roce.RequesterStats // the requester's counters when last added up
+
+	// The responder side (responder.go).
+	jobs     []job
+	ackOwed  bool
+	rnrFault *faultJob // the fault behind the last RNR NAK: NAKed again while it runs
+	stall    *faultJob // the responder waits for it before it takes another request
+	// faultErr is why the responder's last fault failed (its pages are unmapped,
+	// its MR deregistered): the request it was for is refused when it comes again.
+	faultErr error
+	holding  bool // the peer copies what it sends while the responder stalls
+	// unread counts the READ response runs this responder sent by reference and
+	// the requester has not copied yet: they read this device's memory then, so
+	// the responder changes no memory until they are read (a later WRITE must not
+	// show in an earlier READ's data).
+	unread atomic.Int32
+	msgMR  *MR // the WRITE in progress: its MR and the offset of its VA
+	msgOff uint64
+	recv   *RecvWR // the receive the SEND in progress fills
 }
 
-// retryConfigLocked is the requester's part of the QP's attributes. Called with
-// QP.mu held.
-func (qp *QP) retryConfigLocked() roce.RequesterConfig {
-	return roce.RequesterConfig{Timeout: ackTimeout(qp.attr.Timeout), RetryCnt: int(qp.attr.RetryCnt),
-		RNRRetry: int(qp.attr.RNRRetry)}
+// faultJob is a network page fault resolved on a goroutine of its own.
+type faultJob struct {
+	done atomic.Bool
+	err  error // set before done
 }
+
+func (f *faultJob) finished() bool { return f != nil && f.done.Load() }
+
+// startLocked starts the QP's engine once. Called with QP.mu held.
+func (qp *QP) startLocked() {
+	if qp.eng != nil {
+		return
+	}
+	lim := qp.port.Limits()
+	rc := roce.RequesterConfig{MTU: lim.MTU, FirstPSN: qp.psn, Timeout: ackTimeout(qp.attr.Timeout),
+		RetryCnt: int(qp.attr.RetryCnt), RNRRetry: int(qp.attr.RNRRetry)}
+	e := &engine{qp: qp, dev: qp.dev, port: qp.port, req: roce.NewRequester(rc),
+		resp: roce.NewResponder(qp.remote.PSN, lim, maxRdAtomic), mtu: lim.MTU, maxRun: max(qp.port.MaxRun(), 1),
+		remote: qp.remote.QPN, window: 1024, kick: make(chan struct{}, 1), quit: make(chan struct{}),
+		exited: make(chan struct{}), rx: make([]roce.Segment, 64)}
+	qp.eng = e
+	qp.port.SetWake(e.wake)
+	go e.run()
+}
+
+// maxRdAtomic is how many READs and atomics a responder keeps for their duplicates
+// (max_dest_rd_atomic).
+const maxRdAtomic = 16
 
 // ackTimeout decodes the local ACK timeout, 4.096 us * 2^t (0: none).
 func ackTimeout(t uint8) time.Duration {
@@ -75,672 +147,406 @@ func ackTimeout(t uint8) time.Duration {
 	return time.Duration(4096<<t) * time.Nanosecond
 }
 
-func wcOpcode(op Opcode) WCOpcode {
-	switch op {
-	case OpRDMARead:
-		return WCRDMARead
-	case OpSend, OpSendImm:
-		return WCSend
-	case OpAtomicCmpSwap:
-		return WCCompSwap
-	case OpAtomicFetchAdd:
-		return WCFetchAdd
-	}
-	return WCRDMAWrite
-}
-
-// retireLocked completes finished send WRs from the head, in posting order. Called
-// with QP.mu held; it takes the CQs' locks.
-func (qp *QP) retireLocked() {
-	for len(qp.pending) > 0 && qp.pending[0].done {
-		p := qp.pending[0]
-		qp.pending[0] = nil
-		qp.pending = qp.pending[1:]
-		qp.sqCount--
-		if p.status != WCSuccess || p.wr.Flags&SendSignaled != 0 || qp.cfg.SigAll {
-			wc := WC{WRID: p.wr.WRID, Status: p.status, Opcode: wcOpcode(p.wr.Opcode), QPNum: qp.qpn, Detail: p.detail}
-			if p.wr.Opcode.readsBack() && p.status == WCSuccess {
-				wc.ByteLen = uint32(sglLen(p.wr.SGL)) // as verbs reports a READ's length
-			}
-			qp.cfg.SendCQ.push(wc)
-		}
-		if p.status != WCSuccess && p.status != WCWRFlushErr {
-			qp.toErrorLocked()
+// wake tells the engine that something changed: work was posted, runs arrived, a
+// fault ended, the state changed. Any goroutine may call it; it never blocks.
+func (e *engine) wake() {
+	e.woken.Store(true)
+	if e.sleeping.Load() {
+		select {
+		case e.kick <- struct{}{}:
+		default:
 		}
 	}
 }
 
-// finishLocked marks p done and retires what can be retired. Called with QP.mu held.
-func (qp *QP) finishLocked(p *pending, status WCStatus, detail string) {
-	if p.done {
+// stop ends the engine and releases every run it held.
+func (e *engine) stop() {
+	close(e.quit)
+	e.wake()
+	<-e.exited
+}
+
+func (e *engine) run() {
+	defer close(e.exited)
+	// DMA copies run here: a copy that faults on memory the application unmapped
+	// is an access error, not a crash (dmaRun).
+	debug.SetPanicOnFault(true)
+	for {
+		select {
+		case <-e.quit:
+			e.teardown()
+			return
+		default:
+		}
+		e.woken.Store(false)
+		e.now = time.Now()
+		if g := e.qp.attrGen.Load(); g != e.attrGen {
+			e.attrGen = g
+			a := e.qp.Attr()
+			e.req.SetRetry(ackTimeout(a.Timeout), int(a.RetryCnt), int(a.RNRRetry))
+		}
+		e.faults()
+		if QPState(e.qp.st.Load()) == StateError && !e.errored {
+			e.toError()
+		}
+		busy := e.receive()
+		busy = e.timers() || busy
+		busy = e.respond() || busy
+		busy = e.post() || busy
+		busy = e.transmit() || busy
+		busy = e.flush() || busy
+		e.retire()
+		e.count()
+		if !busy {
+			e.park()
+		}
+	}
+}
+
+// park waits until something changes or the next deadline: runs on their way, the
+// RNR timer, a busy gate, the ACK timer.
+func (e *engine) park() {
+	deadline, precise := e.nextDue, !e.nextDue.IsZero()
+	soonest := func(t time.Time, p bool) {
+		if !t.IsZero() && (deadline.IsZero() || t.Before(deadline)) {
+			deadline, precise = t, p
+		}
+	}
+	if e.req.Paused() {
+		soonest(e.rnrUntil, true)
+	}
+	soonest(e.retryAt, true)
+	soonest(e.req.Deadline(), false)
+	e.sleeping.Store(true)
+	defer e.sleeping.Store(false)
+	if e.woken.Load() {
 		return
 	}
-	if status == WCSuccess && qp.state == StateError {
-		status = WCWRFlushErr
-	}
-	p.done, p.status, p.detail = true, status, detail
-	qp.retireLocked()
-	qp.cond.Broadcast() // a fenced request may wait for this one
-}
+	if deadline.IsZero() {
+		select {
+		case <-e.kick:
+		case <-e.quit:
 
-// localSGE checks one SGE against this device's MRs as the NIC does for a local key.
-func (qp *QP) localSGE(s SGE, write bool) (*MR, uint64, string) {
-	mr := qp.dev.lookupMR(s.LKey)
+		}
+		return
+	}
+	d := time.Until(deadline)
 	switch {
-	case mr == nil:
-		return nil, 0, fmt.Sprintf("lkey %#x is not a registered MR", s.LKey)
-	case mr.pd != qp.pd:
-		return nil, 0, fmt.Sprintf("lkey %#x belongs to another PD", s.LKey)
-	case write && mr.access&AccessLocalWrite == 0:
-		return nil, 0, fmt.Sprintf("MR %#x lacks LOCAL_WRITE", s.LKey)
+	case d <= 0:
+	case d < 100*time.Microsecond:
+		// Runs on the wire and short timers: yield until then.
+		for time.Now().Before(deadline) && !e.woken.Load() {
+			runtime.Gosched()
+		}
+	case precise:
+		// Go's timers wake a millisecond late here: clock sleeps precisely.
+		// One precise sleeper at a time: a new one when none sleeps until before
+		// this deadline (the last one may have fired while the engine ran).
+		if !e.alarm.After(time.Now()) || deadline.Before(e.alarm) {
+			e.alarm = deadline
+			go func() {
+				if clock.SleepUntil(deadline, e.quit) {
+					e.wake()
+				}
+			}()
+		}
+		select {
+		case <-e.kick:
+		case <-e.quit:
+		}
+	default:
+		if e.timer == nil {
+			e.timer = time.NewTimer(d)
+		} else {
+			e.timer.Reset(d)
+		}
+		select {
+		case <-e.kick:
+		case <-e.timer.C:
+		case <-e.quit:
+		}
+		e.timer.Stop()
 	}
-	off, ok := mr.offset(s.Addr, uint64(s.Length))
-	if !ok {
-		return nil, 0, fmt.Sprintf("[%#x, +%d) outside MR %#x [%#x, +%d)", s.Addr, s.Length, s.LKey, mr.start, mr.length)
-	}
-	return mr, off, ""
 }
 
-// offset returns addr's offset in the MR if [addr, addr+n) lies inside it.
-func (mr *MR) offset(addr, n uint64) (uint64, bool) {
-	start := uint64(mr.start)
-	if addr < start || addr-start > mr.length || n > mr.length-(addr-start) {
-		return 0, false
-	}
-	return addr - start, true
-}
-
-func sglLen(sgl []SGE) uint64 {
-	var n uint64
-	for _, s := range sgl {
-		n += uint64(s.Length)
-	}
-	return n
-}
-
-// gather reads a local SGL into a packet buffer, the way a NIC reads local memory
-// into its packet buffers: each SGE's DMA lasts as long as its copy, never as long as
-// the wait for the peer (a SEND may wait for a receive indefinitely, and Dereg or an
-// invalidation must not wait with it). release returns the buffer to its pool.
-func (qp *QP) gather(sgl []SGE) (payload []byte, release func(), status WCStatus, detail string) {
-	buf := bufpool.Get(int(sglLen(sgl)))
-	if status, detail := qp.gatherInto(sgl, buf); status != WCSuccess {
-		bufpool.Put(buf)
-		return nil, nil, status, detail
-	}
-	return buf, func() { bufpool.Put(buf) }, WCSuccess, ""
-}
-
-// gatherInto reads a local SGL into buf, which has its length, checking every key
-// before the first copy.
-func (qp *QP) gatherInto(sgl []SGE, buf []byte) (WCStatus, string) {
-	type seg struct {
-		mr  *MR
-		off uint64
-		n   uint64
-	}
-	segs := make([]seg, 0, len(sgl))
-	for _, s := range sgl {
-		mr, off, why := qp.localSGE(s, false)
-		if mr == nil {
-			return WCLocProtErr, why
+// receive takes what the port delivered and handles it in order: the requester's
+// answers (ACKs, NAKs, READ responses, atomic results) and the peer's requests. A
+// request the responder cannot take yet stays at the head.
+func (e *engine) receive() bool {
+	busy := false
+	if !e.lost {
+		n, next, err := e.port.Recv(e.rx, e.now)
+		e.nextDue = next
+		for i := 0; i < n; i++ {
+			if e.covers(&e.rx[i]) {
+				e.covering++
+			}
+			e.inbox = append(e.inbox, e.rx[i])
+			e.rx[i] = roce.Segment{}
 		}
-		segs = append(segs, seg{mr, off, uint64(s.Length)})
-	}
-	pos := uint64(0)
-	for _, s := range segs {
-		if err := s.mr.dma(s.off, buf[pos:pos+s.n], false); err != nil {
-			return WCLocProtErr, err.Error()
-		}
-		pos += s.n
-	}
-	return WCSuccess, ""
-}
-
-// scatter writes data into a local SGL, faulting ODP pages in for write. The SGL's
-// keys must have been checked with write access.
-func (qp *QP) scatter(sgl []SGE, data []byte) (WCStatus, string) {
-	for _, s := range sgl {
-		if len(data) == 0 {
-			break
-		}
-		mr, off, why := qp.localSGE(s, true)
-		if mr == nil {
-			return WCLocProtErr, why
-		}
-		n := min(uint64(s.Length), uint64(len(data)))
-		if err := mr.dma(off, data[:n], true); err != nil {
-			return WCLocProtErr, err.Error()
-		}
-		data = data[n:]
-	}
-	return WCSuccess, ""
-}
-
-func (qp *QP) sendLoop() {
-	defer qp.wg.Done()
-	debug.SetPanicOnFault(true)    // see dmaCopy
-	posts := make(chan posting, 2) // the next messages, gathered while one goes out
-	qp.wg.Add(1)
-	go qp.postLoop(posts)
-	defer close(posts)
-	for {
-		wr, ok := qp.sq.Pop()
-		if !ok {
-			return
-		}
-		qp.mu.Lock()
-		for qp.mustWaitLocked(wr) {
-			qp.cond.Wait()
-		}
-		qp.mu.Unlock()
-		if p, ok := qp.build(wr); ok {
-			posts <- p
+		busy = n > 0
+		if err != nil && e.inHead == len(e.inbox) {
+			e.connectionLost(err)
 		}
 	}
-}
-
-// posting is a work request's message, built and waiting to be posted.
-type posting struct {
-	p *pending
-	m roce.Message
-}
-
-// build processes one work request up to its message: local checks and the gather
-// of its payload. It reports false if the request finished already (an error
-// completion).
-func (qp *QP) build(wr *SendWR) (posting, bool) {
-	qp.mu.Lock()
-	qp.nextID++
-	p := &pending{wr: wr, id: qp.nextID}
-	qp.pending = append(qp.pending, p)
-	if qp.state == StateError {
-		qp.finishLocked(p, WCWRFlushErr, "")
-		qp.mu.Unlock()
-		return posting{}, false
+	if e.holding {
+		e.detach()
 	}
-	qp.mu.Unlock()
-
-	m, release, status, detail := qp.request(wr)
-	qp.mu.Lock()
-	defer qp.mu.Unlock()
-	if status != WCSuccess {
-		qp.finishLocked(p, status, detail)
-		return posting{}, false
-	}
-	p.release = release
-	return posting{p, m}, true
-}
-
-// postLoop posts the built messages to the session in order: the session sends
-// one while the send loop gathers the next.
-func (qp *QP) postLoop(posts <-chan posting) {
-	defer qp.wg.Done()
-	qp.mu.Lock()
-	sess := qp.sess
-	qp.mu.Unlock()
-	for b := range posts {
-		qp.inflight.Store(b.p.id, &inflight{wr: b.p.wr})
-		err := sess.Post(b.p.id, b.m)
-		qp.mu.Lock()
-		b.p.posted = err == nil
+	for e.inHead < len(e.inbox) {
+		s := &e.inbox[e.inHead]
 		switch {
-		case err == nil:
-		case errors.Is(err, roce.ErrClosed):
-			qp.finishLocked(b.p, WCWRFlushErr, "")
+		case e.errored:
+			e.release(s)
+			e.rc(func(c *rcCounters) *atomic.Uint64 { return &c.dropped })
+		case s.Opcode.IsRequest():
+			if !e.takeRequest(s) {
+				e.compact()
+				return busy
+			}
 		default:
-			qp.finishLocked(b.p, WCLocQPOpErr, err.Error())
+			e.response(s)
 		}
-		qp.mu.Unlock()
-		if err != nil {
-			qp.inflight.Delete(b.p.id)
-		}
+		*s = roce.Segment{}
+		e.inHead++
+		busy = true
+	}
+	e.compact()
+	if e.ackOwed {
+		e.answer(e.resp.Ack())
+		e.ackOwed = false
+	}
+	return busy
+}
+
+// compact drops the inbox's taken runs.
+func (e *engine) compact() {
+	if e.inHead == len(e.inbox) {
+		e.inbox, e.inHead = e.inbox[:0], 0
+	} else if e.inHead > len(e.inbox)/2 {
+		n := copy(e.inbox, e.inbox[e.inHead:])
+		clear(e.inbox[n:])
+		e.inbox, e.inHead = e.inbox[:n], 0
 	}
 }
 
-// mustWaitLocked reports whether the send loop holds wr back: the QP is draining
-// (SQD, SQE), or wr is fenced and a READ or atomic before it still waits for its
-// response. Called with QP.mu held.
-func (qp *QP) mustWaitLocked(wr *SendWR) bool {
-	if qp.destroyed || qp.state == StateError {
+// covers reports whether a run's Ref is a DMA of this device's address space,
+// which holds its DMA gate until the run is released: a DMA the engine starts
+// while it holds such a run needs no gate entry of its own (tryAcquire's covered).
+func (e *engine) covers(s *roce.Segment) bool {
+	r, ok := s.Ref.(*srcRef)
+	return ok && r.r.gated && r.r.mr.dev.as == e.dev.as
+}
+
+// release releases a run's Ref and reports whether the copy taken under it may be
+// torn (a page of the sender's memory was installed anew during it): then the run
+// counts as lost.
+func (e *engine) release(s *roce.Segment) (torn bool) {
+	if s.Ref == nil {
 		return false
 	}
-	if qp.state == StateSQD || qp.state == StateSQE {
+	if e.covers(s) {
+		e.covering--
+	}
+	if r, ok := s.Ref.(*srcRef); ok {
+		torn = r.finish()
+	} else {
+		s.Ref.Release()
+	}
+	s.Ref = nil
+	return torn
+}
+
+// detach copies every run in the inbox that reads the peer's memory by reference
+// and releases those DMAs: the responder waits, and must not hold them meanwhile.
+func (e *engine) detach() {
+	for i := e.inHead; i < len(e.inbox); i++ {
+		s := &e.inbox[i]
+		if _, ok := s.Ref.(*srcRef); ok {
+			if e.covers(s) {
+				e.covering--
+			}
+			roce.Detach(s)
+		}
+	}
+}
+
+// hold makes the responder wait for f: the peer copies what it sends meanwhile,
+// and what it sent is copied now.
+func (e *engine) hold(f *faultJob) {
+	e.stall = f
+	if !e.holding {
+		e.holding = true
+		e.port.Hold(true)
+	}
+	e.detach()
+}
+
+// flush sends what is built, as far as the port takes it.
+func (e *engine) flush() bool {
+	if len(e.out) == 0 {
+		return false
+	}
+	n, err := e.port.Send(e.out, e.now)
+	if err != nil {
+		clear(e.out)
+		e.out = e.out[:0]
+		e.connectionLost(err)
 		return true
 	}
-	if wr.Flags&SendFence != 0 {
-		for _, c := range qp.pending {
-			if !c.done && c.wr.Opcode.readsBack() {
-				return true
-			}
-		}
-	}
-	return false
+	k := copy(e.out, e.out[n:])
+	clear(e.out[k:])
+	e.out = e.out[:k]
+	return n > 0
 }
 
-// request builds the RC message for wr, after the local checks the NIC makes. A
-// WRITE's or SEND's payload is a packet buffer, kept by the requester for
-// retransmission until the message completes; release returns it.
-func (qp *QP) request(wr *SendWR) (m roce.Message, release func(), status WCStatus, detail string) {
-	total := sglLen(wr.SGL)
-	if total > maxMsg {
-		return m, nil, WCLocLenErr, fmt.Sprintf("message of %d bytes > %d", total, maxMsg)
-	}
-	m = roce.Message{VA: wr.RemoteAddr, RKey: wr.RKey, HasImm: wr.Opcode == OpRDMAWriteImm || wr.Opcode == OpSendImm}
-	if m.HasImm {
-		m.Imm = wr.Imm
-	}
-	switch wr.Opcode {
-	case OpRDMAWrite, OpRDMAWriteImm, OpSend, OpSendImm:
-		m.Kind = roce.KindWrite
-		if wr.Opcode == OpSend || wr.Opcode == OpSendImm {
-			m.Kind, m.VA, m.RKey = roce.KindSend, 0, 0
-		}
-		if wr.Flags&SendInline != 0 {
-			m.Payload = wr.inline // copied at post time; the WR keeps it until retired
-			return m, nil, WCSuccess, ""
-		}
-		m.Payload, release, status, detail = qp.gather(wr.SGL)
-		return m, release, status, detail
-	}
-	for _, s := range wr.SGL { // the data lands here later: check now, fault then
-		if mr, _, why := qp.localSGE(s, true); mr == nil {
-			return m, nil, WCLocProtErr, why
+// faults takes the outcome of the faults that ended.
+func (e *engine) faults() {
+	if e.stall.finished() {
+		e.faultErr = e.stall.err
+		e.stall = nil
+		if e.holding {
+			e.holding = false
+			e.port.Hold(false)
 		}
 	}
-	switch wr.Opcode {
-	case OpRDMARead:
-		m.Kind, m.DMALen = roce.KindReadRequest, uint32(total)
-	case OpAtomicCmpSwap:
-		m.Kind, m.Swap, m.Compare = roce.KindCompareSwap, wr.Swap, wr.CompareAdd
-	case OpAtomicFetchAdd:
-		m.Kind, m.Swap = roce.KindFetchAdd, wr.CompareAdd
+	if e.rnrFault.finished() {
+		e.faultErr = e.rnrFault.err
+		e.rnrFault = nil // the retransmission finds the pages, or is refused
 	}
-	return m, nil, WCSuccess, ""
-}
-
-// rcHandler is the QP as its session's roce.Handler.
-type rcHandler QP
-
-// Complete ends the work request of a finished message: a READ's data and an
-// atomic's original value are scattered into the local SGL first.
-func (h *rcHandler) Complete(c roce.Completion) {
-	defer debug.SetPanicOnFault(debug.SetPanicOnFault(true)) // DMA runs here: see dmaCopy
-	qp := (*QP)(h)
-	qp.mu.Lock()
-	var p *pending
-	for _, q := range qp.pending {
-		if q.id == c.ID {
-			p = q
-			break
+	if f := e.srcFault; f.finished() {
+		e.srcFault = nil
+		if f.err != nil {
+			e.fail(e.srcID, "network page fault: "+f.err.Error())
 		}
 	}
-	qp.mu.Unlock()
-	var reloadErr string
-	if v, ok := qp.inflight.LoadAndDelete(c.ID); ok {
-		reloadErr = v.(*inflight).reloadErr
-	}
-	if p == nil {
-		return // finished and retired already: the connection was lost
-	}
-	if p.release != nil {
-		p.release() // the requester keeps no packets of a finished message
-	}
-	status, detail := WCSuccess, ""
-	switch c.Status {
-	case roce.StatusSuccess:
-		status, detail = qp.deliver(p.wr, c.Response)
-	case roce.StatusRemoteInvalid:
-		status, detail = WCRemInvReqErr, "responder: NAK invalid request"
-	case roce.StatusRemoteAccess:
-		status, detail = WCRemAccessErr, "responder: NAK remote access error"
-	case roce.StatusRemoteOp:
-		status, detail = WCRemOpErr, "responder: NAK remote operational error"
-	case roce.StatusRetryExceeded:
-		status, detail = WCRetryExcErr, "no response: transport retry counter exceeded"
-	case roce.StatusRNRRetryExceeded:
-		status, detail = WCRNRRetryExcErr, "responder not ready: RNR retry counter exceeded"
-	case roce.StatusLocal:
-		status, detail = WCLocProtErr, "retransmission: "+reloadErr
-	default:
-		status = WCWRFlushErr
-	}
-	qp.mu.Lock()
-	qp.finishLocked(p, status, detail)
-	qp.mu.Unlock()
-}
-
-// inflight is a message the session may retransmit: its work request, to read the
-// payload again, and why that failed.
-type inflight struct {
-	wr        *SendWR
-	reloadErr string
-}
-
-// Reload gathers a message's payload again before the session retransmits it: a
-// NIC reads local memory again, which may fault ODP pages in again, or find the MR
-// deregistered (a local protection error). It runs under Session.mu, so it takes no
-// QP lock: the work request comes from QP.inflight.
-func (h *rcHandler) Reload(id uint64, payload []byte) error {
-	defer debug.SetPanicOnFault(debug.SetPanicOnFault(true)) // DMA runs here: see dmaCopy
-	v, ok := (*QP)(h).inflight.Load(id)
-	if !ok {
-		return nil
-	}
-	in := v.(*inflight)
-	if in.wr.Flags&SendInline != 0 {
-		return nil // the bytes were copied into the WQE at post time
-	}
-	if status, detail := (*QP)(h).gatherInto(in.wr.SGL, payload); status != WCSuccess {
-		in.reloadErr = detail
-		return errors.New(detail)
-	}
-	return nil
-}
-
-// deliver places a READ's data or an atomic's original value, the response to wr.
-func (qp *QP) deliver(wr *SendWR, resp *roce.Message) (WCStatus, string) {
-	switch {
-	case wr.Opcode == OpRDMARead:
-		if resp == nil || uint64(len(resp.Payload)) != sglLen(wr.SGL) {
-			return WCBadRespErr, "READ response of the wrong length"
+	if f := e.dstFault; f.finished() {
+		e.dstFault = nil
+		if f.err != nil {
+			e.fail(e.dstID, "network page fault: "+f.err.Error())
+		} else {
+			e.req.RetransmitFrom(e.dstPSN)
 		}
-		return qp.scatter(wr.SGL, resp.Payload)
-	case wr.Opcode.atomic():
-		if resp == nil {
-			return WCBadRespErr, "atomic without its response"
-		}
-		var orig [8]byte
-		binary.NativeEndian.PutUint64(orig[:], resp.Orig)
-		return qp.scatter(wr.SGL, orig[:])
-	}
-	return WCSuccess, ""
-}
-
-// Lost fails everything outstanding when the wire is gone: the transport's retries
-// would run out (RETRY_EXC_ERR).
-func (h *rcHandler) Lost(err error) {
-	qp := (*QP)(h)
-	qp.mu.Lock()
-	defer qp.mu.Unlock()
-	for _, p := range append([]*pending(nil), qp.pending...) {
-		if !p.done {
-			qp.finishLocked(p, WCRetryExcErr, err.Error())
-		}
-	}
-	qp.toErrorLocked()
-}
-
-// Execute runs one request as the responder. A NAK it answers (an access error, an
-// invalid request, a failed receive) moves the QP to ERR, as RC responder errors of
-// classes B and C do.
-func (h *rcHandler) Execute(m *roce.Message, duplicate bool) roce.Answer {
-	defer debug.SetPanicOnFault(debug.SetPanicOnFault(true)) // DMA runs here: see dmaCopy
-	qp := (*QP)(h)
-	a := qp.execute(m, duplicate)
-	if a.NAK != 0 && !duplicate {
-		qp.toError()
-	}
-	return a
-}
-
-// remoteMR checks a request's rkey, range and rights against this device's MRs, and
-// says why it refuses.
-func (qp *QP) remoteMR(rkey uint32, va, n uint64, need Access) (*MR, uint64, string) {
-	mr := qp.dev.lookupMR(rkey)
-	switch {
-	case mr == nil:
-		return nil, 0, fmt.Sprintf("rkey %#x is not a registered MR", rkey)
-	case mr.pd != qp.pd:
-		return nil, 0, fmt.Sprintf("rkey %#x belongs to another PD", rkey)
-	case mr.access&need == 0:
-		return nil, 0, fmt.Sprintf("MR %#x lacks %v", rkey, need)
-	}
-	off, ok := mr.offset(va, n)
-	if !ok {
-		return nil, 0, fmt.Sprintf("[%#x, +%d) outside MR %#x [%#x, +%d)", va, n, rkey, mr.start, mr.length)
-	}
-	return mr, off, ""
-}
-
-// refuse answers with a NAK; why is kept as the QP's last refusal (RespError).
-func (qp *QP) refuse(syn roce.Syndrome, why string) roce.Answer {
-	qp.mu.Lock()
-	qp.lastRefusal = why
-	qp.mu.Unlock()
-	return roce.Answer{NAK: syn}
-}
-
-// rnrAnswer answers RNR NAK with the QP's MinRNRTimer; resolve, if set, is the page
-// fault to resolve once the NAK is sent. If it fails (the MR was deregistered, its
-// memory unmapped), the request runs without RNR when it comes again, and its DMA
-// reports the error.
-func (qp *QP) rnrAnswer(resolve func() error) roce.Answer {
-	qp.mu.Lock()
-	a := roce.Answer{RNR: true, Timer: qp.attr.MinRNRTimer}
-	qp.mu.Unlock()
-	if resolve != nil {
-		a.Resolve = func() {
-			if resolve() != nil {
-				qp.rnrFailed = true
-			}
-		}
-	}
-	return a
-}
-
-// execute runs one request and says how to answer it. A duplicate (a READ that
-// came again) resolves its faults instead of answering RNR.
-func (qp *QP) execute(m *roce.Message, duplicate bool) roce.Answer {
-	if qp.inError() {
-		return roce.Answer{Drop: true}
-	}
-	// After an RNR NAK whose fault could not be resolved, the request that comes
-	// again runs without RNR; the requests behind it were dropped, so this is it.
-	stall := duplicate || qp.rnrFailed
-	qp.rnrFailed = false
-	switch m.Kind {
-	case roce.KindWrite:
-		mr, off, why := qp.remoteMR(m.RKey, m.VA, uint64(len(m.Payload)), AccessRemoteWrite)
-		if mr == nil {
-			return qp.refuse(roce.SynNAKRemoteAccess, why)
-		}
-		if resolve := qp.rnrFault(mr, off, uint64(len(m.Payload)), true, stall); resolve != nil {
-			return qp.rnrAnswer(resolve)
-		}
-		if err := mr.dma(off, m.Payload, true); err != nil {
-			return qp.refuse(roce.SynNAKRemoteAccess, err.Error())
-		}
-		if m.HasImm {
-			return qp.receive(m, stall)
-		}
-		return roce.Answer{}
-	case roce.KindCompareSwap, roce.KindFetchAdd:
-		if m.VA%8 != 0 {
-			return qp.refuse(roce.SynNAKInvalidRequest, fmt.Sprintf("atomic at %#x is not 8-byte aligned", m.VA))
-		}
-		mr, off, why := qp.remoteMR(m.RKey, m.VA, 8, AccessRemoteAtomic)
-		if mr == nil {
-			return qp.refuse(roce.SynNAKRemoteAccess, why)
-		}
-		if resolve := qp.rnrFault(mr, off, 8, true, stall); resolve != nil {
-			return qp.rnrAnswer(resolve)
-		}
-		orig, err := mr.atomic(off, m.Kind == roce.KindCompareSwap, m.Compare, m.Swap)
-		if err != nil {
-			return qp.refuse(roce.SynNAKRemoteAccess, err.Error())
-		}
-		return roce.Answer{Response: &roce.Message{Orig: orig}}
-	case roce.KindReadRequest:
-		mr, off, why := qp.remoteMR(m.RKey, m.VA, uint64(m.DMALen), AccessRemoteRead)
-		if mr == nil {
-			return qp.refuse(roce.SynNAKRemoteAccess, why)
-		}
-		if resolve := qp.rnrFault(mr, off, uint64(m.DMALen), false, stall); resolve != nil {
-			return qp.rnrAnswer(resolve)
-		}
-		// Copied into the response, so the DMA ends now, not when the packets have
-		// been sent.
-		buf := bufpool.Get(int(m.DMALen))
-		if err := mr.dma(off, buf, false); err != nil {
-			bufpool.Put(buf)
-			return qp.refuse(roce.SynNAKRemoteAccess, err.Error())
-		}
-		return roce.Answer{Response: &roce.Message{Payload: buf}, Release: func() { bufpool.Put(buf) }}
-	case roce.KindSend:
-		return qp.receive(m, stall)
-	}
-	return qp.refuse(roce.SynNAKInvalidRequest, fmt.Sprintf("message kind %d", m.Kind))
-}
-
-// rnrFault reports, under FaultRNR, whether ODP pages of MR bytes [off, off+n) lack
-// an entry for the access, and then returns the network page fault to resolve after
-// the RNR NAK. It returns nil when the request can run now, or when stall says to
-// resolve its faults in its DMA (which reports why if that fails).
-func (qp *QP) rnrFault(mr *MR, off, n uint64, write, stall bool) func() error {
-	if qp.dev.cfg.ResponderFaults != FaultRNR || !mr.odp || n == 0 || stall {
-		return nil
-	}
-	first, count := mr.pageSpan(off, n)
-	mr.table.Lock()
-	miss := mr.table.MissingLocked(first, count, write)
-	mr.table.Unlock()
-	if miss < 0 {
-		return nil
-	}
-	return func() error {
-		_, err := mr.mapRange(first, count, write, false, true)
-		return err
 	}
 }
 
-// receive consumes the oldest posted receive for a SEND, whose payload it places
-// there, or for an RDMA WRITE with immediate, whose data is already written. With no
-// receive posted, or with ODP pages of the receive's buffers missing, it answers RNR
-// NAK under FaultRNR; under FaultStall it waits for a receive and faults the pages.
-func (qp *QP) receive(m *roce.Message, stall bool) roce.Answer {
-	rnr := qp.dev.cfg.ResponderFaults == FaultRNR
-	qp.mu.Lock()
-	for len(qp.rq) == 0 && qp.state != StateError && !qp.destroyed && !rnr {
-		qp.cond.Wait()
-	}
-	if qp.state == StateError {
-		qp.mu.Unlock()
-		return roce.Answer{Drop: true}
-	}
-	if len(qp.rq) == 0 {
-		qp.mu.Unlock()
-		return qp.rnrAnswer(nil)
-	}
-	wr := qp.rq[0]
-	qp.mu.Unlock()
-	if m.Kind == roce.KindSend {
-		if resolve := qp.recvFault(wr.SGL, uint64(len(m.Payload)), stall); resolve != nil {
-			return qp.rnrAnswer(resolve)
-		}
-	}
-	qp.mu.Lock()
-	if len(qp.rq) == 0 { // flushed meanwhile: the QP went to ERR
-		qp.mu.Unlock()
-		return roce.Answer{Drop: true}
-	}
-	qp.rq = qp.rq[1:] // the head is wr: only the responder loop takes receives
-	qp.mu.Unlock()
-
-	wc := WC{WRID: wr.WRID, Opcode: WCRecv, QPNum: qp.qpn, ByteLen: uint32(len(m.Payload))}
-	if m.HasImm {
-		wc.Flags, wc.ImmData = WCWithImm, m.Imm
-	}
-	var a roce.Answer
-	if m.Kind == roce.KindWrite {
-		wc.Opcode = WCRecvRDMAWithImm
-	} else if capacity := sglLen(wr.SGL); uint64(len(m.Payload)) > capacity {
-		wc.Status, wc.Detail = WCLocLenErr, fmt.Sprintf("%d-byte SEND into a %d-byte receive", len(m.Payload), capacity)
-		a = qp.refuse(roce.SynNAKInvalidRequest, wc.Detail)
-	} else if status, detail := qp.scatter(wr.SGL, m.Payload); status != WCSuccess {
-		wc.Status, wc.Detail = status, detail
-		a = qp.refuse(roce.SynNAKRemoteOperation, "receive: "+detail)
-	}
-	qp.mu.Lock()
-	if wc.Status == WCSuccess && qp.state == StateError {
-		wc.Status = WCWRFlushErr
-	}
-	qp.cfg.RecvCQ.push(wc)
-	qp.mu.Unlock()
-	return a
-}
-
-// recvFault is rnrFault for the first n bytes of a receive's buffers. Bad keys are
-// left for scatter to report.
-func (qp *QP) recvFault(sgl []SGE, n uint64, stall bool) func() error {
-	var faults []func() error
-	for _, s := range sgl {
-		if n == 0 {
-			break
-		}
-		k := min(uint64(s.Length), n)
-		n -= k
-		if mr, off, _ := qp.localSGE(s, true); mr != nil {
-			if resolve := qp.rnrFault(mr, off, k, true, stall); resolve != nil {
-				faults = append(faults, resolve)
-			}
-		}
-	}
-	if len(faults) == 0 {
-		return nil
-	}
-	return func() error {
-		var errs []error
-		for _, f := range faults {
-			errs = append(errs, f())
-		}
-		return errors.Join(errs...)
-	}
-}
-
-// errDMAFault: a copy touched memory that is not mapped any more.
-var errDMAFault = errors.New("odp: DMA touched unmapped memory")
-
-// dmaCopy is the DMA engine's copy. An application that unmaps memory under an
-// in-flight DMA makes the copy fault; the engine goroutines run with
-// debug.SetPanicOnFault, so that is reported as an error (an access error completion),
-// not a crash. The copy goes page by page, in order (copyPages): a copy that faults
-// leaves every page before the one it faulted on whole and none after it touched,
-// as a NIC that places a message packet by packet does.
-func (d *Device) dmaCopy(dst, src []byte) error {
-	return d.dmaRun(func() { copyPages(dst, src) })
-}
-
-// copyPages copies src to dst in pieces that cross no page boundary of either, in
-// ascending order. A piece's copy touches only its own page of each side, so a page
-// that is not mapped faults it before it stores anything; one copy over several pages
-// (memmove) may store the first bytes of the destination last, and a fault in the
-// middle would then leave an earlier page part old and part new.
-func copyPages(dst, src []byte) {
-	ps := pagefault.PageSize
-	for len(src) > 0 && len(dst) > 0 {
-		n := min(len(src), len(dst))
-		n = min(n, int(ps-uintptr(unsafe.Pointer(&dst[0]))%ps), int(ps-uintptr(unsafe.Pointer(&src[0]))%ps))
-		copy(dst[:n], src[:n])
-		dst, src = dst[n:], src[n:]
-	}
-}
-
-// dmaRun runs one DMA access, a copy or an atomic, reporting a fault on unmapped
-// memory as dmaCopy does.
-func (d *Device) dmaRun(access func()) (err error) {
-	defer func() {
-		if r := recover(); r != nil {
-			// Memory faults under SetPanicOnFault carry the faulting address; any
-			// other panic is a bug and goes on.
-			fault, ok := r.(interface{ Addr() uintptr })
-			if !ok {
-				panic(r)
-			}
-			d.stats.dmaFaults.Add(1)
-			err = fmt.Errorf("%w at %#x", errDMAFault, fault.Addr())
-		}
+// startFault resolves pages [first, end) of mr on a goroutine of its own (widened to
+// the fault-around and held for the fault model, as networkFault does) and wakes the
+// engine when it is done.
+func (e *engine) startFault(mr *MR, first, end int, write bool) *faultJob {
+	f := &faultJob{}
+	e.dev.faulting.Add(1)
+	go func() {
+		defer e.dev.faulting.Done()
+		_, err := mr.networkFault(first, end, write)
+		f.err = err
+		f.done.Store(true)
+		e.wake()
 	}()
-	access()
-	return nil
+	return f
+}
+
+// errPortClosed is the loss a closed port reports.
+var errPortClosed = errors.New("odp: the connection's port closed")
+
+// connectionLost fails everything outstanding when the wire is gone: the transport's
+// retries would run out (RETRY_EXC_ERR).
+func (e *engine) connectionLost(err error) {
+	if e.lost {
+		return
+	}
+	e.lost = true
+	if errors.Is(err, roce.ErrClosed) {
+		err = errPortClosed
+	}
+	e.complete(e.req.Flush(roce.StatusRetryExceeded), "connection lost: "+err.Error())
+	e.qp.toError()
+}
+
+// toError flushes what the engine holds once the QP is in ERR: outstanding and later
+// work requests complete with WR_FLUSH_ERR, the receive a SEND was filling too, and
+// the responder answers nothing more but what it already had to say.
+func (e *engine) toError() {
+	e.errored = true
+	if !e.req.Failed() {
+		e.complete(e.req.Flush(roce.StatusFlushed), "")
+	}
+	if e.recv != nil {
+		e.qp.cfg.RecvCQ.push(WC{WRID: e.recv.WRID, Status: WCWRFlushErr, Opcode: WCRecv, QPNum: e.qp.qpn})
+		e.recv = nil
+	}
+	// The runs in the inbox are dropped as receive reaches them.
+	kept := e.jobs[:0]
+	for _, j := range e.jobs {
+		if j.read == nil { // an ACK or NAK already decided: the NAK that ended the QP, say
+			kept = append(kept, j)
+		}
+	}
+	e.jobs = kept
+	if e.holding {
+		e.holding = false
+		e.port.Hold(false)
+	}
+}
+
+// teardown releases everything the engine holds; the QP is being destroyed.
+func (e *engine) teardown() {
+	for i := e.inHead; i < len(e.inbox); i++ {
+		e.release(&e.inbox[i])
+	}
+	for i := range e.out {
+		e.release(&e.out[i])
+	}
+	e.inbox, e.out, e.jobs = nil, nil, nil
+	if e.timer != nil {
+		e.timer.Stop()
+	}
+}
+
+// timers runs the RNR timer, the ACK timer and the wait for a busy gate; it reports
+// whether one of them expired.
+func (e *engine) timers() bool {
+	busy := false
+	if e.req.Paused() && !e.rnrUntil.IsZero() && !e.now.Before(e.rnrUntil) {
+		e.req.Resume(e.now)
+		e.rcAdd(func(c *rcCounters) *atomic.Uint64 { return &c.rnrWaitNanos }, uint64(e.now.Sub(e.rnrSince)))
+		e.rnrUntil = time.Time{}
+		busy = true
+	}
+	if dl := e.req.Deadline(); !dl.IsZero() && !e.now.Before(dl) {
+		e.complete(e.req.Tick(e.now), "")
+		busy = true
+	}
+	if !e.retryAt.IsZero() && !e.now.Before(e.retryAt) {
+		e.retryAt = time.Time{}
+		busy = true
+	}
+	return busy
+}
+
+// gateBusy notes that the DMA gate was closed: the engine tries again shortly.
+func (e *engine) gateBusy() {
+	e.retryAt = e.now.Add(5 * time.Microsecond)
+}
+
+// rc counts one event in the QP's and the device's RC counters.
+func (e *engine) rc(field func(*rcCounters) *atomic.Uint64) { e.rcAdd(field, 1) }
+
+func (e *engine) rcAdd(field func(*rcCounters) *atomic.Uint64, n uint64) {
+	if n > 0 {
+		field(&e.qp.rc).Add(n)
+		field(&e.dev.rc).Add(n)
+	}
+}
+
+// count adds the requester's counters since the last call to the RC counters.
+func (e *engine) count() {
+	st := e.req.Stats()
+	if st == e.last {
+		return
+	}
+	e.rcAdd(func(c *rcCounters) *atomic.Uint64 { return &c.retransmitted }, st.Retransmitted-e.last.Retransmitted)
+	e.rcAdd(func(c *rcCounters) *atomic.Uint64 { return &c.timeouts }, st.Timeouts-e.last.Timeouts)
+	e.rcAdd(func(c *rcCounters) *atomic.Uint64 { return &c.seqNAKsReceived }, st.SeqNAKs-e.last.SeqNAKs)
+	e.rcAdd(func(c *rcCounters) *atomic.Uint64 { return &c.rnrNAKsReceived }, st.RNRNAKs-e.last.RNRNAKs)
+	e.last = st
 }

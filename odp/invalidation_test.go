@@ -163,48 +163,42 @@ func TestDMACopyFaultIsAnError(t *testing.T) {
 	assert.EqualValues(t, 1, n.dev.Stats().DMAFaults)
 }
 
-// ibv_dereg_mr does not wait for the peer: a SEND whose receiver has no receive
-// posted holds no DMA on its source MR, so Dereg returns. With a responder that
-// stalls until a receive is posted, the SEND still delivers its data once the peer
-// posts one; work requests that reach the NIC after the Dereg fail with a
-// protection error. With RNR NAKs (below), the retransmission reads the source again
-// and fails.
+// ibv_dereg_mr does not wait for the peer: a WRITE's run on the wire reads its
+// source by reference, and holds a DMA on the source MR only until the responder
+// takes it. A responder that must wait (FaultStall, its page fault held for longer
+// than this test waits) first copies the runs it was sent and lets their DMAs go, so
+// the Dereg of the source returns while the fault runs; the WRITE then lands with
+// the bytes it read before the Dereg, and a work request that reaches the NIC after
+// the Dereg fails with a protection error.
 func TestDeregDoesNotWaitForThePeer(t *testing.T) {
-	a, b := pair(t, Config{ResponderFaults: FaultStall})
-	src, smr := a.region(t, 4*ps, AccessLocalWrite|AccessOnDemand)
-	dst, dmr := b.region(t, 4*ps, rw)
+	const slow = 300 * time.Millisecond
+	a, b := pair(t, Config{ResponderFaults: FaultStall, FaultModel: FaultModel{Name: "slow", PerFault: slow}})
+	src, smr := a.region(t, 4*ps, AccessLocalWrite)
+	dst, dmr := b.region(t, 4*ps, rw|AccessOnDemand)
 	for i := range src {
 		src[i] = byte(i * 3)
 	}
-	// No ACK comes while the responder stalls: a timeout would retransmit the SEND,
-	// reading the deregistered source again (TestDeregBeforeRNRRetransmission).
-	require.NoError(t, a.qp.ModifyAttr(QPAttr{Timeout: 24}, AttrTimeout))
-	require.NoError(t, a.qp.PostSend(SendWR{WRID: 1, Opcode: OpSend, SGL: sge(smr, 0, 2*ps), Flags: SendSignaled}))
-	for sent := false; !sent; runtime.Gosched() { // the NIC has read the source and sent it
-		a.qp.mu.Lock()
-		sent = len(a.qp.pending) == 1 && a.qp.pending[0].posted
-		a.qp.mu.Unlock()
-	}
-	deregged := make(chan error, 1)
-	go func() { deregged <- smr.Dereg() }()
-	select {
-	case err := <-deregged:
-		require.NoError(t, err)
-	case <-time.After(30 * time.Second): // a hang detector, not a measurement
-		t.Fatal("Dereg waits for the peer to post a receive")
-	}
-	require.NoError(t, a.qp.PostSend(SendWR{WRID: 2, Opcode: OpRDMAWrite, SGL: sge(smr, 0, 8), Flags: SendSignaled,
+	want := append([]byte(nil), src[:2*ps]...)
+	require.NoError(t, a.qp.PostSend(SendWR{WRID: 1, Opcode: OpRDMAWrite, SGL: sge(smr, 0, 2*ps), Flags: SendSignaled,
 		RemoteAddr: dmr.Addr(), RKey: dmr.RKey()}))
-	require.NoError(t, b.qp.PostRecv(RecvWR{WRID: 9, SGL: sge(dmr, 0, 4*ps)}))
-	rwc := wait(t, b.rcq)
-	require.Equal(t, WCSuccess, rwc.Status, rwc.Detail)
-	assert.EqualValues(t, 2*ps, rwc.ByteLen)
+	for a.qp.port.Stats().Sent == 0 { // the NIC has read the source and sent it
+		runtime.Gosched()
+	}
+	t0 := time.Now()
+	require.NoError(t, smr.Dereg())
+	took := time.Since(t0)
+	var wcs [1]WC
+	n, err := a.scq.Poll(wcs[:])
+	require.NoError(t, err)
+	assert.Zero(t, n, "the WRITE is not complete: its responder waits for the fault")
+	assert.Less(t, took, slow, "Dereg waited for the responder's fault")
+	for i := range src {
+		src[i] = 0xff // after the Dereg: the WRITE must not carry this
+	}
 	wc := wait(t, a.scq)
-	assert.Equal(t, WCSuccess, wc.Status, "the SEND read its source before the Dereg: %s", wc.Detail)
-	assert.EqualValues(t, 1, wc.WRID)
-	assert.Equal(t, src[:2*ps], dst[:2*ps])
-	wc = wait(t, a.scq)
-	assert.EqualValues(t, 2, wc.WRID)
+	require.Equal(t, WCSuccess, wc.Status, "the WRITE read its source before the Dereg: %s", wc.Detail)
+	assert.Equal(t, want, dst[:2*ps])
+	wc = a.post(t, SendWR{WRID: 2, Opcode: OpRDMAWrite, SGL: sge(smr, 0, 8), RemoteAddr: dmr.Addr(), RKey: dmr.RKey()})
 	assert.Equal(t, WCLocProtErr, wc.Status, "a WR on the deregistered MR")
 }
 

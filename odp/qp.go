@@ -3,8 +3,8 @@ package odp
 import (
 	"math/rand/v2"
 	"sync"
+	"sync/atomic"
 
-	"github.com/odpemu/odpemu/internal/fifo"
 	"github.com/odpemu/odpemu/transport/roce"
 )
 
@@ -114,59 +114,62 @@ const (
 
 // QP is a reliable-connected queue pair. It is created in RESET and becomes usable with
 // Connect (or Modify through INIT, RTR and RTS after Connect attached a wire). Work
-// requests are processed asynchronously, in order, by the emulated NIC; errors move the
-// QP to ERR, after which pending and new work requests complete with WR_FLUSH_ERR.
+// requests are processed asynchronously, in order, by the QP's engine, one goroutine
+// that runs the QP's requester and responder (engine.go); errors move the QP to ERR,
+// after which pending and new work requests complete with WR_FLUSH_ERR.
 type QP struct {
 	pd  *PD
 	dev *Device
 	qpn uint32
 	cfg QPConfig
-
-	sq   *fifo.Queue[*SendWR] // posted, not yet processed
-	wg   sync.WaitGroup       // the send and post loops, the connection manager watch
-	done chan struct{}        // closed by Destroy
-	rc   roce.Counters        // the session's RC events
-	psn  uint32               // the first PSN this QP sends
-	// inflight maps the session's message ids to what Reload needs; a sync.Map
-	// because Reload runs under Session.mu, which is taken after QP.mu.
-	inflight sync.Map
+	psn uint32       // the first PSN this QP sends
+	rc  rcCounters   // the QP's RC events
+	sq  sendQueue    // posted by PostSend, processed and retired by the engine
+	st  atomic.Int32 // the state, for the engine's loop (written under mu)
+	// attrGen counts ModifyAttr calls, for the engine to see new retry settings.
+	attrGen atomic.Uint64
+	wg      sync.WaitGroup // the connection manager watch
 
 	attrMu sync.Mutex // orders ModifyAttr calls; taken before QP.mu
 
-	// rnrFailed: resolving the fault behind the last RNR NAK failed, so the request
-	// that comes again runs without RNR. Used by the session's responder loop only.
-	rnrFailed bool
-
 	mu     sync.Mutex // protects everything below
-	cond   sync.Cond  // on mu: signalled when a receive is posted or the state changes
 	state  QPState
 	attr   QPAttr
 	port   roce.Port     // the wire, attached by Connect
 	remote Remote        // the peer QP
-	sess   *roce.Session // the RC session, once started
+	eng    *engine       // the engine, once started
 	cm     *roce.CM      // the connection manager's channel (Accept, Dial)
+	done   chan struct{} // closed by Destroy
 	// lastRefusal says why the responder last answered a NAK (RespError).
 	lastRefusal string
-	started     bool
 	destroyed   bool
-	sqCount     int        // send WRs posted and not yet retired
-	pending     []*pending // send WRs processed, in order, awaiting retirement
-	rq          []RecvWR   // posted receives
-	nextID      uint64     // the session's message ids
+	rq          []RecvWR // posted receives, oldest first (the engine takes them)
 }
 
-// pending is a processed send WR awaiting its completion (or already done).
-type pending struct {
-	wr      *SendWR
-	id      uint64 // the message's id in the session
-	release func() // returns the gathered payload's buffer (nil if none)
-	posted  bool   // the session has it
-	done    bool
-	status  WCStatus
-	detail  string
+// sendQueue is a QP's send queue, a ring of MaxSendWR slots as a NIC's is: PostSend
+// fills the slot at tail (under mu, for concurrent posters) and the engine, its only
+// reader, processes slots from its own cursor and retires them at head, in order.
+// A slot is reused only after it was retired, so the engine reads a posted slot
+// without a lock once it has seen tail.
+type sendQueue struct {
+	mu    sync.Mutex // serialises posters
+	slots []wqe
+	tail  atomic.Uint64 // the next slot to post
+	head  atomic.Uint64 // the oldest slot not retired
 }
 
-// Remote is what a QP needs of its peer, as rdma_cm exchanges it: the peer QP's
+// wqe is a send queue slot: the work request as posted, and what the engine found.
+type wqe struct {
+	wr     SendWR
+	sgl    [4]SGE // the SGL when it has at most four elements (no allocation per post)
+	mrs    []*MR  // the SGL's MRs, looked up once (engine)
+	mrBuf  [4]*MR
+	done   bool // completed, waiting to be retired in order (engine)
+	status WCStatus
+	detail string
+}
+
+// Remote is what a QP needs of its peer// Remote is what a QP needs of its peer, as rdma_cm exchanges it: the peer QP's
 // number and the first PSN it sends.
 type Remote struct {
 	QPN uint32
@@ -223,10 +226,9 @@ func (pd *PD) CreateQP(cfg QPConfig) (*QP, error) {
 			return nil, wrap(ErrInvalidArgument, "destroyed CQ")
 		}
 	}
-	d.nextQPN++
-	qp := &QP{pd: pd, dev: d, qpn: d.nextQPN, cfg: cfg, sq: fifo.New[*SendWR](), attr: DefaultQPAttr,
-		done: make(chan struct{}), psn: rand.Uint32() & (1<<24 - 1)}
-	qp.cond.L = &qp.mu
+	qp := &QP{pd: pd, dev: d, qpn: nextQPN(), cfg: cfg, attr: DefaultQPAttr, done: make(chan struct{}),
+		psn: rand.Uint32() & (1<<24 - 1)}
+	qp.sq.slots = make([]wqe, cfg.MaxSendWR)
 	d.qps[qp] = struct{}{}
 	return qp, nil
 }
@@ -235,6 +237,18 @@ func (cq *CQ) detach() {
 	cq.mu.Lock()
 	cq.users--
 	cq.mu.Unlock()
+}
+
+// qpns numbers the QPs of the process: one space for all its devices, as a NIC's
+// port numbers its QPs, so that one UDP endpoint tells any two apart.
+var qpns atomic.Uint32
+
+func nextQPN() uint32 {
+	for {
+		if n := qpns.Add(1) & (1<<24 - 1); n > 1 { // 0 and 1 are the special QPs
+			return n
+		}
+	}
 }
 
 // QPNum returns the QP number.
@@ -252,8 +266,8 @@ func (qp *QP) State() QPState {
 func (qp *QP) PSN() uint32 { return qp.psn }
 
 // Connect attaches port, the wire to the peer QP remote, and moves the QP from RESET
-// or INIT to RTS. The port's MTU is the path MTU (Link.SetPathMTU lowers a Link's). From then on the QP owns the port: Destroy closes it. If Connect
-// fails, the caller keeps it.
+// or INIT to RTS. The port's MTU is the path MTU. From then on the QP owns the port:
+// Destroy closes it. If Connect fails, the caller keeps it.
 func (qp *QP) Connect(port roce.Port, remote Remote) error {
 	if remote.QPN >= 1<<24 || remote.PSN >= 1<<24 {
 		return wrap(ErrInvalidArgument, "remote QPN %#x or PSN %#x wider than 24 bits", remote.QPN, remote.PSN)
@@ -270,9 +284,18 @@ func (qp *QP) Connect(port roce.Port, remote Remote) error {
 		return wrap(ErrQPState, "connect in %v", qp.state)
 	}
 	qp.port, qp.remote = port, remote
-	qp.state = StateRTS
+	qp.setStateLocked(StateRTS)
 	qp.startLocked()
 	return nil
+}
+
+// setStateLocked changes the state and tells the engine. Called with QP.mu held.
+func (qp *QP) setStateLocked(s QPState) {
+	qp.state = s
+	qp.st.Store(int32(s))
+	if qp.eng != nil {
+		qp.eng.wake()
+	}
 }
 
 // Modify moves the QP to state to. RTR needs a wire attached by Connect first;
@@ -293,15 +316,14 @@ func (qp *QP) Modify(to QPState) error {
 		}
 		qp.startLocked()
 	case StateReset:
-		if qp.started {
+		if qp.eng != nil {
 			return wrap(ErrQPState, "reset of a connected QP: destroy it instead")
 		}
 	case StateError:
 		qp.toErrorLocked()
 		return nil
 	}
-	qp.state = to
-	qp.cond.Broadcast() // the send loop waits in SQD and SQE
+	qp.setStateLocked(to)
 	return nil
 }
 
@@ -309,10 +331,14 @@ func (qp *QP) Modify(to QPState) error {
 // MTU and the largest RC message.
 var LoopbackLimits = roce.Limits{MTU: 4096, MaxMessage: maxMsg}
 
-// ConnectLoopback connects two QPs with an in-process wire (a roce.Pipe: RoCEv2
-// packets, nothing lost) and moves both to RTS.
+// ConnectLoopback connects two QPs with an in-process wire and moves both to RTS.
+// Each direction is its sending device's link (Config.Link); runs of packets travel
+// by reference, and the receiving NIC copies each payload from the sender's memory
+// into its own, once. Between devices that do not share an address space (their
+// DMA gates differ) payloads are copied as they are sent.
 func ConnectLoopback(a, b *QP) error {
-	pa, pb, err := roce.Pipe(LoopbackLimits, roce.Loss{})
+	pa, pb, err := roce.NewPipe(LoopbackLimits, roce.PipeConfig{AB: a.dev.cfg.Link.wire(), BA: b.dev.cfg.Link.wire(),
+		Copy: a.dev.as != b.dev.as})
 	if err != nil {
 		return err
 	}
@@ -349,67 +375,95 @@ func (qp *QP) PostSend(wr SendWR) error {
 	if wr.Opcode.atomic() && (len(wr.SGL) != 1 || wr.SGL[0].Length != 8) {
 		return wrap(ErrInvalidArgument, "an atomic's SGL must be one 8-byte SGE")
 	}
-	sgl, err := qp.copySGL(wr.SGL)
-	if err != nil {
-		return err
+	if len(wr.SGL) > qp.cfg.MaxSGE {
+		return wrap(ErrInvalidArgument, "%d SGEs > max %d", len(wr.SGL), qp.cfg.MaxSGE)
 	}
-	w := wr
-	w.SGL = sgl
-	if w.Flags&SendInline != 0 {
-		if !w.Opcode.carriesData() {
-			return wrap(ErrInvalidArgument, "inline %d request", w.Opcode)
+	var inline []byte
+	if wr.Flags&SendInline != 0 {
+		if !wr.Opcode.carriesData() {
+			return wrap(ErrInvalidArgument, "inline %d request", wr.Opcode)
 		}
-		if n := sglLen(sgl); n > uint64(qp.cfg.MaxInlineData) {
+		if n := sglLen(wr.SGL); n > uint64(qp.cfg.MaxInlineData) {
 			return wrap(ErrInvalidArgument, "%d inline bytes > max %d", n, qp.cfg.MaxInlineData)
 		}
-		if w.inline, err = copyInline(sgl); err != nil {
+		var err error
+		if inline, err = copyInline(wr.SGL); err != nil {
 			return err
 		}
 	}
-	qp.mu.Lock()
-	defer qp.mu.Unlock()
-	if err := qp.admitLocked("send", canPostSend); err != nil {
+	s := qp.State()
+	if err := qp.admit("send", s, canPostSend); err != nil {
 		return err
 	}
-	if qp.sqCount >= qp.cfg.MaxSendWR {
-		return wrap(ErrQueueFull, "%d send WRs outstanding", qp.sqCount)
+	q := &qp.sq
+	q.mu.Lock()
+	tail := q.tail.Load()
+	if tail-q.head.Load() >= uint64(len(q.slots)) {
+		q.mu.Unlock()
+		return wrap(ErrQueueFull, "%d send WRs outstanding", len(q.slots))
 	}
-	qp.sqCount++
-	qp.sq.Push(&w)
+	w := &q.slots[tail%uint64(len(q.slots))]
+	*w = wqe{wr: wr}
+	if len(wr.SGL) <= len(w.sgl) {
+		w.wr.SGL = w.sgl[:copy(w.sgl[:], wr.SGL)]
+	} else {
+		w.wr.SGL = append([]SGE(nil), wr.SGL...)
+	}
+	w.wr.inline = inline
+	q.tail.Store(tail + 1)
+	q.mu.Unlock()
+	qp.mu.Lock()
+	eng := qp.eng
+	qp.mu.Unlock()
+	if eng != nil {
+		eng.wake()
+	} else if s == StateError {
+		qp.flushUnstarted()
+	}
 	return nil
 }
 
-// copySGL checks an SGL's length and copies it, so the caller may reuse its slice.
-func (qp *QP) copySGL(sgl []SGE) ([]SGE, error) {
-	if len(sgl) > qp.cfg.MaxSGE {
-		return nil, wrap(ErrInvalidArgument, "%d SGEs > max %d", len(sgl), qp.cfg.MaxSGE)
+// flushUnstarted completes, with WR_FLUSH_ERR, the send WRs of a QP in ERR that never
+// had an engine to do it.
+func (qp *QP) flushUnstarted() {
+	q := &qp.sq
+	q.mu.Lock()
+	defer q.mu.Unlock()
+	for h := q.head.Load(); h < q.tail.Load(); h++ {
+		w := &q.slots[h%uint64(len(q.slots))]
+		qp.cfg.SendCQ.push(WC{WRID: w.wr.WRID, Status: WCWRFlushErr, Opcode: wcOpcode(w.wr.Opcode), QPNum: qp.qpn})
+		*w = wqe{}
+		q.head.Store(h + 1)
 	}
-	return append([]SGE(nil), sgl...), nil
 }
 
-// admitLocked reports whether the QP accepts work of this kind in its state. Called
-// with QP.mu held.
-func (qp *QP) admitLocked(what string, can func(QPState) bool) error {
-	if qp.destroyed {
+// admit reports whether the QP accepts work of this kind in state s.
+func (qp *QP) admit(what string, s QPState, can func(QPState) bool) error {
+	qp.mu.Lock()
+	destroyed := qp.destroyed
+	qp.mu.Unlock()
+	if destroyed {
 		return ErrClosed
 	}
-	if !can(qp.state) {
-		return wrap(ErrQPState, "post %s in %v", what, qp.state)
+	if !can(s) {
+		return wrap(ErrQPState, "post %s in %v", what, s)
 	}
 	return nil
 }
 
 // PostRecv queues a receive work request.
 func (qp *QP) PostRecv(wr RecvWR) error {
-	sgl, err := qp.copySGL(wr.SGL)
-	if err != nil {
-		return err
+	if len(wr.SGL) > qp.cfg.MaxSGE {
+		return wrap(ErrInvalidArgument, "%d SGEs > max %d", len(wr.SGL), qp.cfg.MaxSGE)
 	}
-	w := RecvWR{WRID: wr.WRID, SGL: sgl}
+	w := RecvWR{WRID: wr.WRID, SGL: append([]SGE(nil), wr.SGL...)}
 	qp.mu.Lock()
 	defer qp.mu.Unlock()
-	if err := qp.admitLocked("recv", canPostRecv); err != nil {
-		return err
+	if qp.destroyed {
+		return ErrClosed
+	}
+	if !canPostRecv(qp.state) {
+		return wrap(ErrQPState, "post recv in %v", qp.state)
 	}
 	if qp.state == StateError {
 		qp.cfg.RecvCQ.push(WC{WRID: w.WRID, Status: WCWRFlushErr, Opcode: WCRecv, QPNum: qp.qpn})
@@ -419,38 +473,33 @@ func (qp *QP) PostRecv(wr RecvWR) error {
 		return wrap(ErrQueueFull, "%d receive WRs outstanding", len(qp.rq))
 	}
 	qp.rq = append(qp.rq, w)
-	qp.cond.Broadcast()
+	if qp.eng != nil {
+		qp.eng.wake() // a SEND may wait for it
+	}
 	return nil
 }
 
-// toErrorLocked moves the QP to ERR and flushes its posted receives; the session
-// flushes what is outstanding, and the send loop what it reaches later. Called with
-// QP.mu held; it takes the receive CQ's lock and Session.mu.
+// toErrorLocked moves the QP to ERR and flushes its posted receives; the engine
+// flushes what is outstanding and what it reaches later. Called with QP.mu held; it
+// takes the receive CQ's lock.
 func (qp *QP) toErrorLocked() {
 	if qp.state == StateError {
 		return
 	}
-	qp.state = StateError
-	if qp.sess != nil {
-		qp.sess.Fail()
-	}
+	qp.setStateLocked(StateError)
 	for _, w := range qp.rq {
 		qp.cfg.RecvCQ.push(WC{WRID: w.WRID, Status: WCWRFlushErr, Opcode: WCRecv, QPNum: qp.qpn})
 	}
 	qp.rq = nil
-	qp.cond.Broadcast()
+	if qp.eng == nil {
+		qp.flushUnstarted() // takes the send queue's lock under QP.mu
+	}
 }
 
 func (qp *QP) toError() {
 	qp.mu.Lock()
 	qp.toErrorLocked()
 	qp.mu.Unlock()
-}
-
-func (qp *QP) inError() bool {
-	qp.mu.Lock()
-	defer qp.mu.Unlock()
-	return qp.state == StateError
 }
 
 // Destroy stops the QP's engine, closes its wire and releases everything it held.
@@ -463,24 +512,21 @@ func (qp *QP) Destroy() error {
 	}
 	qp.destroyed = true
 	qp.state = StateError
-	sess, port, cm := qp.sess, qp.port, qp.cm
-	qp.cond.Broadcast()
+	qp.st.Store(int32(StateError))
+	eng, port, cm := qp.eng, qp.port, qp.cm
 	close(qp.done)
 	qp.mu.Unlock()
 
 	if cm != nil {
 		_ = cm.Disconnect() // the peer learns of it; the channel is gone either way
 	}
-	qp.sq.Close()
-	if sess != nil {
-		sess.Close() // closes the port
-	} else if port != nil {
+	if eng != nil {
+		eng.stop() // releases every run it held
+	}
+	if port != nil {
 		_ = port.Close() // the wire is going away either way
 	}
 	qp.wg.Wait()
-	qp.mu.Lock()
-	qp.pending = nil
-	qp.mu.Unlock()
 	qp.cfg.SendCQ.detach()
 	qp.cfg.RecvCQ.detach()
 	qp.dev.mu.Lock()

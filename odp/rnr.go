@@ -2,6 +2,7 @@ package odp
 
 import (
 	"fmt"
+	"sync/atomic"
 	"time"
 
 	"github.com/odpemu/odpemu/transport/roce"
@@ -105,11 +106,11 @@ func (qp *QP) ModifyAttr(attr QPAttr, mask QPAttrMask) error {
 	if mask&AttrRetryCnt != 0 {
 		qp.attr.RetryCnt = attr.RetryCnt
 	}
-	sess, rc := qp.sess, qp.retryConfigLocked()
-	qp.mu.Unlock()
-	if sess != nil {
-		sess.SetRetry(rc.Timeout, rc.RetryCnt, rc.RNRRetry)
+	qp.attrGen.Add(1)
+	if qp.eng != nil {
+		qp.eng.wake() // the engine gives the requester the new retry settings
 	}
+	qp.mu.Unlock()
 	return nil
 }
 
@@ -136,14 +137,25 @@ type QPStats struct {
 }
 
 // Stats returns the QP's counters.
-func (qp *QP) Stats() QPStats { return rcStats(&qp.rc) }
+func (qp *QP) Stats() QPStats { return qp.rc.stats() }
 
-func rcStats(c *roce.Counters) QPStats {
-	return QPStats{RNRNaksSent: c.RNRNaksSent.Load(), RNRNaksReceived: c.RNRNaksReceived.Load(),
-		Retransmissions: c.Retransmitted.Load(), RNRWait: time.Duration(c.RNRWaitNanos.Load()),
-		RNRRetryExc: c.RNRRetryExceeded.Load(), Timeouts: c.Timeouts.Load(), RetryExc: c.RetryExceeded.Load(),
-		OutOfSequence: c.SeqNAKsSent.Load(), SeqNaksReceived: c.SeqNAKsReceived.Load(),
-		Duplicates: c.Duplicates.Load(), PacketsDropped: c.Dropped.Load()}
+// rcCounters count RC events, of a QP or of all a device's QPs; every field is
+// updated atomically by the QPs' engines.
+type rcCounters struct {
+	rnrNAKsSent, rnrNAKsReceived    atomic.Uint64
+	rnrWaitNanos                    atomic.Uint64
+	rnrRetryExceeded, retryExceeded atomic.Uint64
+	retransmitted, timeouts         atomic.Uint64
+	seqNAKsSent, seqNAKsReceived    atomic.Uint64
+	duplicates, dropped             atomic.Uint64
+}
+
+func (c *rcCounters) stats() QPStats {
+	return QPStats{RNRNaksSent: c.rnrNAKsSent.Load(), RNRNaksReceived: c.rnrNAKsReceived.Load(),
+		Retransmissions: c.retransmitted.Load(), RNRWait: time.Duration(c.rnrWaitNanos.Load()),
+		RNRRetryExc: c.rnrRetryExceeded.Load(), Timeouts: c.timeouts.Load(), RetryExc: c.retryExceeded.Load(),
+		OutOfSequence: c.seqNAKsSent.Load(), SeqNaksReceived: c.seqNAKsReceived.Load(),
+		Duplicates: c.duplicates.Load(), PacketsDropped: c.dropped.Load()}
 }
 
 // RespError says why this QP's responder last refused a request with a NAK (the

@@ -15,71 +15,89 @@ import (
 // NAK a warm one succeeds; with rnr_retry = 7 a cold WRITE always succeeds after
 // retransmission. Counters on both sides agree.
 func TestRNRRetryOnResponderFault(t *testing.T) {
-	for _, op := range []Opcode{OpRDMAWrite, OpRDMARead, OpAtomicFetchAdd} {
+	a, b := pair(t, Config{})
+	src, smr := a.region(t, 4*ps, rwa)
+	dst, dmr := b.region(t, 4*ps, rwa|AccessOnDemand)
+	fill(src, 5)
+	wr := func(mr *MR) SendWR {
+		return SendWR{WRID: 1, Opcode: OpRDMAWrite, SGL: sge(mr, 0, 2*ps), RemoteAddr: dmr.Addr(), RKey: dmr.RKey()}
+	}
+
+	require.NoError(t, a.qp.ModifyAttr(QPAttr{RNRRetry: 0}, AttrRNRRetry))
+	wc := a.post(t, wr(smr))
+	assert.Equal(t, WCRNRRetryExcErr, wc.Status, wc.Detail)
+	assert.Equal(t, StateError, a.qp.State())
+	st := a.qp.Stats()
+	assert.EqualValues(t, 1, st.RNRNaksReceived)
+	assert.EqualValues(t, 0, st.Retransmissions)
+	assert.EqualValues(t, 1, st.RNRRetryExc)
+	assert.EqualValues(t, 1, b.qp.Stats().RNRNaksSent)
+	assert.NotEqual(t, StateError, b.qp.State(), "an RNR NAK does not end the responder")
+
+	// The fault behind the NAK was resolved: a new connection finds the pages.
+	a2, b2 := newNode(t, Config{}), b
+	qp2, err := b2.pd.CreateQP(QPConfig{SendCQ: b2.scq, RecvCQ: b2.rcq})
+	require.NoError(t, err)
+	require.NoError(t, ConnectLoopback(a2.qp, qp2))
+	_, smr2 := a2.region(t, 4*ps, rwa)
+	require.NoError(t, a2.qp.ModifyAttr(QPAttr{RNRRetry: 0}, AttrRNRRetry))
+	for dmr.Stats().ValidPages < 2 { // the responder maps them after sending the NAK
+		runtime.Gosched()
+	}
+	wc = a2.post(t, wr(smr2))
+	assert.Equal(t, WCSuccess, wc.Status, wc.Detail)
+	assert.Zero(t, a2.qp.Stats().RNRNaksReceived)
+
+	// rnr_retry = 7 after dropping the pages again: retransmitted until done.
+	dontneed(t, dst)
+	require.NoError(t, b.dev.SyncEvents())
+	a3 := newNode(t, Config{})
+	qp3, err := b.pd.CreateQP(QPConfig{SendCQ: b.scq, RecvCQ: b.rcq})
+	require.NoError(t, err)
+	require.NoError(t, ConnectLoopback(a3.qp, qp3))
+	src3, smr3 := a3.region(t, 4*ps, rwa)
+	fill(src3, 9)
+	wc = a3.post(t, wr(smr3))
+	require.Equal(t, WCSuccess, wc.Status, wc.Detail)
+	st = a3.qp.Stats()
+	assert.Positive(t, st.RNRNaksReceived)
+	// The fault was on the WRITE's first packet: each RNR NAK resends both.
+	assert.Equal(t, st.RNRNaksReceived*2, st.Retransmissions, "each RNR NAK resends the message")
+	assert.Positive(t, st.RNRWait)
+	assert.Equal(t, st.RNRNaksReceived, qp3.Stats().RNRNaksSent)
+	assert.True(t, bytes.Equal(src3[:2*ps], dst[:2*ps]))
+	ds := b.dev.Stats()
+	assert.Equal(t, ds.RC.RNRNaksSent, b.qp.Stats().RNRNaksSent+qp2.Stats().RNRNaksSent+qp3.Stats().RNRNaksSent)
+}
+
+// A READ or an atomic that faults at the responder is not RNR NAKed (IBTA lets a
+// responder RNR NAK only requests that consume a receive; mlx5 resumes the QP once
+// the fault is resolved, rxe faults synchronously): the responder waits for the
+// fault, so even with rnr_retry = 0 a cold READ or atomic succeeds, later.
+func TestReadAndAtomicWaitForResponderFault(t *testing.T) {
+	for _, op := range []Opcode{OpRDMARead, OpAtomicFetchAdd} {
 		t.Run(opName(op), func(t *testing.T) {
 			a, b := pair(t, Config{})
-			src, smr := a.region(t, 4*ps, rwa)
+			back, smr := a.region(t, 4*ps, rwa)
 			dst, dmr := b.region(t, 4*ps, rwa|AccessOnDemand)
-			fill(src, 5)
-			wr := func() SendWR {
-				n := 2 * ps
-				if op.atomic() {
-					n = 8
-				}
-				return SendWR{WRID: 1, Opcode: op, SGL: sge(smr, 0, n), RemoteAddr: dmr.Addr(), RKey: dmr.RKey(), CompareAdd: 1}
+			n := 2 * ps
+			if op.atomic() {
+				n = 8
 			}
-
 			require.NoError(t, a.qp.ModifyAttr(QPAttr{RNRRetry: 0}, AttrRNRRetry))
-			wc := a.post(t, wr())
-			assert.Equal(t, WCRNRRetryExcErr, wc.Status, wc.Detail)
-			assert.Equal(t, StateError, a.qp.State())
-			st := a.qp.Stats()
-			assert.EqualValues(t, 1, st.RNRNaksReceived)
-			assert.EqualValues(t, 0, st.Retransmissions)
-			assert.EqualValues(t, 1, st.RNRRetryExc)
-			assert.EqualValues(t, 1, b.qp.Stats().RNRNaksSent)
-			assert.NotEqual(t, StateError, b.qp.State(), "an RNR NAK does not end the responder")
-
-			// The fault behind the NAK was resolved: a new connection finds the pages.
-			a2, b2 := newNode(t, Config{}), b
-			qp2, err := b2.pd.CreateQP(QPConfig{SendCQ: b2.scq, RecvCQ: b2.rcq})
-			require.NoError(t, err)
-			require.NoError(t, ConnectLoopback(a2.qp, qp2))
-			_, smr2 := a2.region(t, 4*ps, rwa)
-			require.NoError(t, a2.qp.ModifyAttr(QPAttr{RNRRetry: 0}, AttrRNRRetry))
-			w := wr()
-			w.SGL = sge(smr2, 0, int(w.SGL[0].Length))
-			for dmr.Stats().ValidPages == 0 { // the responder maps them after sending the NAK
-				runtime.Gosched()
-			}
-			wc = a2.post(t, w)
-			assert.Equal(t, WCSuccess, wc.Status, wc.Detail)
-			assert.Zero(t, a2.qp.Stats().RNRNaksReceived)
-
-			// rnr_retry = 7 after dropping the pages again: retransmitted until done.
-			dontneed(t, dst)
-			require.NoError(t, b.dev.SyncEvents())
-			a3 := newNode(t, Config{})
-			qp3, err := b.pd.CreateQP(QPConfig{SendCQ: b.scq, RecvCQ: b.rcq})
-			require.NoError(t, err)
-			require.NoError(t, ConnectLoopback(a3.qp, qp3))
-			src3, smr3 := a3.region(t, 4*ps, rwa)
-			fill(src3, 9)
-			w = wr()
-			w.SGL = sge(smr3, 0, int(w.SGL[0].Length))
-			wc = a3.post(t, w)
+			fill(back, 7)
+			wc := a.post(t, SendWR{WRID: 1, Opcode: op, SGL: sge(smr, 0, n), RemoteAddr: dmr.Addr(), RKey: dmr.RKey(),
+				CompareAdd: 3})
 			require.Equal(t, WCSuccess, wc.Status, wc.Detail)
-			st = a3.qp.Stats()
-			assert.Positive(t, st.RNRNaksReceived)
-			packets := map[Opcode]uint64{OpRDMAWrite: 2, OpRDMARead: 1, OpAtomicFetchAdd: 1}[op] // at a 4 KiB MTU
-			assert.Equal(t, st.RNRNaksReceived*packets, st.Retransmissions, "each RNR NAK resends the message")
-			assert.Positive(t, st.RNRWait)
-			assert.Equal(t, st.RNRNaksReceived, qp3.Stats().RNRNaksSent)
-			if op == OpRDMAWrite {
-				assert.True(t, bytes.Equal(src3[:2*ps], dst[:2*ps]))
+			assert.Zero(t, a.qp.Stats().RNRNaksReceived)
+			assert.Zero(t, b.qp.Stats().RNRNaksSent)
+			assert.Positive(t, dmr.Stats().PageFaults, "the responder took a network page fault")
+			if op.atomic() {
+				assert.Zero(t, back[0], "fetch-and-add returns the value it found: zero")
+				assert.EqualValues(t, 3, dst[0])
+			} else {
+				assert.True(t, bytes.Equal(back[:n], dst[:n]), "a READ of fresh memory returns zeros")
 			}
-			ds := b.dev.Stats()
-			assert.Equal(t, ds.RC.RNRNaksSent, b.qp.Stats().RNRNaksSent+qp2.Stats().RNRNaksSent+qp3.Stats().RNRNaksSent)
 		})
 	}
 }

@@ -112,7 +112,7 @@ func (d *Device) Stats() Stats {
 		GateDrains: s.Drains, GateDrainTime: s.DrainTime, GateDrainMax: s.MaxDrainTime, GateFaultReads: s.FaultReads,
 		GateUndrained: s.Undrained,
 	}
-	st.RC = rcStats(&d.rc)
+	st.RC = d.rc.stats()
 	st.Phases = FaultPhases{Detect: time.Duration(c.detectNanos.Load()), Resolve: time.Duration(c.resolveNanos.Load()),
 		Update: time.Duration(c.updateNanos.Load()), Model: time.Duration(c.modelNanos.Load()),
 		Resume: time.Duration(c.resumeNanos.Load())}

@@ -129,10 +129,14 @@ func TestUDPLostPeer(t *testing.T) {
 	silent, err := net.ListenUDP("udp4", &net.UDPAddr{IP: net.IPv4(127, 0, 0, 2)})
 	require.NoError(t, err)
 	defer func() { _ = silent.Close() }() // reads nothing: every packet is lost
-	link, err := roce.Listen(addrA, roce.Limits{MTU: 1024, MaxMessage: 1 << 20}, roce.Loss{})
+	ep, err := roce.OpenEndpoint(addrA)
+	require.NoError(t, err)
+	defer func() { require.NoError(t, ep.Close()) }()
+	port, err := ep.Attach(roce.AttachConfig{QPN: a.qp.QPNum(), Peer: silent.LocalAddr().(*net.UDPAddr).AddrPort(),
+		Limits: roce.Limits{MTU: 1024, MaxMessage: 1 << 20}})
 	require.NoError(t, err)
 	require.NoError(t, a.qp.ModifyAttr(QPAttr{Timeout: 10, RetryCnt: 2}, AttrTimeout|AttrRetryCnt))
-	require.NoError(t, a.qp.Connect(link.Dial(silent.LocalAddr().(*net.UDPAddr).AddrPort()), Remote{QPN: 9, PSN: 1}))
+	require.NoError(t, a.qp.Connect(port, Remote{QPN: 9, PSN: 1}))
 	_, smr := a.region(t, 4096, rw)
 	wc := a.post(t, SendWR{WRID: 1, Opcode: OpRDMAWrite, SGL: sge(smr, 0, 64), RemoteAddr: 0x1000, RKey: 5})
 	assert.Equal(t, WCRetryExcErr, wc.Status, wc.Detail)
@@ -193,9 +197,11 @@ func (h *hostile) raw(b []byte) {
 func (h *hostile) recv() roce.Packet {
 	buf := make([]byte, 8192)
 	require.NoError(h.t, h.conn.SetReadDeadline(time.Now().Add(10*time.Second)))
-	n, err := h.conn.Read(buf)
+	n, from, err := h.conn.ReadFromUDPAddrPort(buf)
 	require.NoError(h.t, err, "no answer from the QP")
-	p, err := roce.Decode(buf[:n], roce.Endpoints{Src: h.ep.Dst, Dst: h.ep.Src}, h.lim)
+	// The QP sends from a port of its own (its entropy), to this socket.
+	require.Equal(h.t, h.ep.Dst.Addr(), from.Addr())
+	p, err := roce.Decode(buf[:n], roce.Endpoints{Src: from, Dst: h.ep.Src}, h.lim)
 	require.NoError(h.t, err)
 	return p
 }

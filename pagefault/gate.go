@@ -86,7 +86,24 @@ func (g *Gate) Enter() {
 	}
 }
 
-// Exit ends a DMA admitted by Enter.
+// TryEnter admits one DMA if the gate is open, without waiting: false means the
+// server thread is reading the userfaultfd (or about to), and the caller must try
+// again later. The emulated NIC's engines use it: an engine that waited here could
+// hold up the very DMAs the server waits for (runs it has not taken yet).
+func (g *Gate) TryEnter() bool {
+	closed, inflight := g.closed(), g.inflight()
+	if atomic.LoadInt32(closed) != 0 {
+		return false
+	}
+	atomic.AddInt32(inflight, 1)
+	if atomic.LoadInt32(closed) == 0 {
+		return true
+	}
+	g.Exit() // closed meanwhile: the server may already wait for this DMA
+	return false
+}
+
+// Exit ends a DMA admitted by Enter or TryEnter.
 func (g *Gate) Exit() {
 	if atomic.AddInt32(g.inflight(), -1) == 0 && atomic.LoadInt32(g.closed()) != 0 {
 		futexWake(g.inflight())

@@ -32,7 +32,14 @@ type LinkStats struct {
 	BadICRC          uint64 // of which: the ICRC did not match
 	Dropped, Doubled uint64 // faults injected: packets not sent, sent twice
 	Reordered        uint64 // packets sent after the one that followed them
-	Foreign          uint64 // packets from another address than a Dial's peer, dropped
+	Foreign          uint64 // packets from another address than the QP's peer, dropped
+	// UnknownQP counts packets for a QPN that no QP of the endpoint has, dropped
+	// (an endpoint's count); Overflow packets dropped because the QP's inbox was
+	// full.
+	UnknownQP, Overflow uint64
+	// MaxInFlight is the most bytes the link held at once (a link model's queue
+	// bounds it).
+	MaxInFlight int
 }
 
 // Link is one RoCEv2 endpoint: a UDP socket bound to a specific local address (the
@@ -197,30 +204,22 @@ var recvBatches = sync.Pool{New: func() any { return new(mmsgBatch) }}
 // bufs[i] (BufferSize bytes). Datagrams that do not decode are counted and skipped;
 // it returns at least one packet, or an error once the Link is closed.
 func (l *Link) RecvBatch(bufs [][]byte, pkts []Packet, froms []netip.AddrPort) (int, error) {
-	b := recvBatches.Get().(*mmsgBatch)
-	defer recvBatches.Put(b)
-	n := min(len(bufs), maxBatch)
+	lens := make([]int, len(bufs))
 	for {
-		for i := 0; i < n; i++ {
-			b.setIov(i, bufs[i])
-			b.setMsg(i, unix.SizeofSockaddrInet6, i, 1)
-		}
-		got, err := l.mm.recvmmsg(b, n)
+		got, err := l.recvRaw(bufs, lens, froms)
 		if err != nil {
 			return 0, err
 		}
 		kept := 0
 		for i := 0; i < got; i++ {
-			from, ok := b.name(i, l.mm.v6)
-			if !ok {
-				l.rx.malformed.Add(1)
+			if lens[i] < 0 {
 				continue
 			}
-			p, ok := l.rx.decode(bufs[i], int(b.hdrs[i].Len), Endpoints{Src: from, Dst: l.local}, l.lim)
+			p, ok := l.rx.decode(bufs[i], lens[i], Endpoints{Src: froms[i], Dst: l.local}, l.lim)
 			if !ok {
 				continue
 			}
-			pkts[kept], froms[kept] = p, from
+			pkts[kept], froms[kept] = p, froms[i]
 			bufs[kept], bufs[i] = bufs[i], bufs[kept]
 			kept++
 		}
@@ -228,6 +227,34 @@ func (l *Link) RecvBatch(bufs [][]byte, pkts []Packet, froms []netip.AddrPort) (
 			return kept, nil
 		}
 	}
+}
+
+// recvRaw waits for datagrams and receives up to len(bufs) of them (at most
+// maxBatch) with one recvmmsg: datagram i is lens[i] bytes in bufs[i], from
+// froms[i]. A datagram whose sender's address family is not the socket's is
+// counted malformed and has length -1.
+func (l *Link) recvRaw(bufs [][]byte, lens []int, froms []netip.AddrPort) (int, error) {
+	b := recvBatches.Get().(*mmsgBatch)
+	defer recvBatches.Put(b)
+	n := min(len(bufs), maxBatch)
+	for i := 0; i < n; i++ {
+		b.setIov(i, bufs[i])
+		b.setMsg(i, unix.SizeofSockaddrInet6, i, 1)
+	}
+	got, err := l.mm.recvmmsg(b, n)
+	if err != nil {
+		return 0, err
+	}
+	for i := 0; i < got; i++ {
+		from, ok := b.name(i, l.mm.v6)
+		if !ok {
+			l.rx.malformed.Add(1)
+			lens[i] = -1
+			continue
+		}
+		lens[i], froms[i] = int(b.hdrs[i].Len), from
+	}
+	return got, nil
 }
 
 func (l *Link) write(b []byte, dst netip.AddrPort) error {

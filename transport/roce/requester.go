@@ -1,6 +1,7 @@
 package roce
 
 import (
+	"fmt"
 	"time"
 )
 
@@ -16,35 +17,30 @@ const (
 	StatusRetryExceeded           // no answer after RetryCnt retransmissions (RETRY_EXC_ERR)
 	StatusRNRRetryExceeded        // RNR NAKs beyond RNRRetry (RNR_RETRY_EXC_ERR)
 	StatusFlushed                 // behind a failed message: the QP is in error (WR_FLUSH_ERR)
-	StatusLocal                   // the QP could not read the message again (its handler says why)
+	StatusLocal                   // the QP could not read the message again (its owner says why)
 )
 
 // Completion is a message the requester is done with.
 type Completion struct {
-	ID       uint64
-	Status   Status
-	Response *Message // READ: the data; atomics: the original value
+	ID     uint64
+	Status Status
+	Orig   uint64 // an atomic's original value
 }
 
-// Output is what the requester's state machine asks its QP to do.
-type Output struct {
-	Done []Completion // in posting order
-	Send []Packet     // packets to put on the wire, in order
-	// RNRWait, when positive, asks the QP to call Resend after that long: the
-	// responder answered RNR NAK.
-	RNRWait time.Duration
-	// Reload lists the messages whose packets Send sends again, oldest first: a
-	// NIC reads their payload from memory again before it retransmits (the
-	// packets alias Payload).
-	Reload []Reload
-	resend uint32 // the PSN Resend starts from
-}
-
-// Reload is a message about to be retransmitted: its id and its payload, which the
-// packets to be sent alias.
-type Reload struct {
-	ID      uint64
-	Payload []byte
+// Request is a message to send: the wire part of a work request. Its payload (a
+// SEND's or WRITE's Length bytes) stays in the owner's memory and is read each time
+// a packet of it goes out (Next), as a NIC reads local memory again to retransmit.
+type Request struct {
+	ID     uint64
+	Kind   Kind   // KindSend, KindWrite, KindReadRequest, KindCompareSwap or KindFetchAdd
+	Length uint32 // SEND, WRITE: the payload; READ: the bytes asked for
+	VA     uint64 // WRITE, READ, atomics
+	RKey   uint32
+	HasImm bool // SEND and WRITE with immediate
+	Imm    uint32
+	// Swap is a compare-and-swap's new value or a fetch-and-add's addend; Compare
+	// the value a compare-and-swap expects.
+	Swap, Compare uint64
 }
 
 // RequesterConfig are the requester's RC attributes.
@@ -56,37 +52,62 @@ type RequesterConfig struct {
 	RNRRetry int           // retransmissions after RNR NAKs (0..7, 7: no limit)
 }
 
+// Output is what a transition of the requester ends: completions, and whether an
+// RNR NAK paused it.
+type Output struct {
+	Done []Completion // in posting order
+	// RNRWait, when positive, asks the owner to call Resume after that long: the
+	// responder answered RNR NAK and nothing is sent meanwhile.
+	RNRWait time.Duration
+}
+
+// Transmit is the next run of packets the requester sends (Next): the segment's
+// headers, and which bytes of which message its payload is.
+type Transmit struct {
+	Seg    Segment // headers; the owner fills Payload (and Ref) with the bytes below
+	ID     uint64  // the message
+	Offset uint32  // where the payload starts in the message
+	Len    int     // payload bytes
+	// Retransmit counts the run's packets sent before.
+	Retransmit int
+	next       uint32 // the cursor after it
+}
+
 type outstanding struct {
-	id       uint64
-	msg      Message
-	pkts     []Packet // its packets, kept for retransmission (payloads alias msg's)
-	first    uint32
-	last     uint32 // PSN of its last packet (a READ: of its response's last packet)
-	rnrTries int
-	resp     *Reassembler // READ responses
-	respNext uint32       // the PSN of the READ response packet expected next
+	Request
+	first, last uint32 // PSNs; a READ's span is its response's
+	rnrTries    int
+	respNext    uint32 // a READ's response PSN expected next
 }
 
 // Requester is the send side of an RC QP (IBTA 9.7.6, rxe_req.c and rxe_comp.c)
-// without I/O: Post assigns PSNs and segments messages, Receive takes the
-// responder's ACKs, NAKs and responses, Tick runs the ACK timer. Retransmission is
-// go-back-N from the PSN the responder asks for. It is not safe for concurrent use.
+// without I/O. Post assigns PSNs; Next and Sent move a transmit cursor over the
+// outstanding messages' packets, which are built when they go out, never kept;
+// Receive takes the responder's ACKs and NAKs, ReadResponse and ResponsePlaced its
+// READ responses; Tick runs the ACK timer. Retransmission is go-back-N: the cursor
+// goes back to the PSN the responder asks for. An RNR NAK pauses the cursor until
+// Resume. It is not safe for concurrent use.
 type Requester struct {
 	cfg     RequesterConfig
 	stats   RequesterStats
-	nextPSN uint32
-	out     []*outstanding
+	nextPSN uint32 // the PSN the next message gets
+	cursor  uint32 // the PSN sent next; nextPSN when everything is out
+	fresh   uint32 // the first PSN never sent: below it, sending is retransmitting
+	ring    []outstanding
+	head, n int // outstanding messages: ring[head], ..., oldest first
 	retries int // timeouts and sequence NAKs since the last progress
 	// resending: a go-back-N retransmission went out and nothing completed since;
 	// responses to the first sending that still arrive imply nothing more.
 	resending bool
+	paused    bool // an RNR NAK came: nothing is sent until Resume
 	deadline  time.Time
 	failed    bool
 	// confirmed is the PSN the responder last said it expects: the newest ACK's
 	// PSN + 1, or the PSN of the NAK that came last. A NAK may go back: a
-	// responder that answers RNR NAK at a message's end expects its first packet
-	// again, and that NAK itself may be lost.
+	// responder that answers RNR NAK expects that PSN again, and the NAK itself may
+	// be lost.
 	confirmed uint32
+	done      []Completion // Output.Done's storage, reused
 }
 
 // RequesterStats are a requester's counters.
@@ -97,41 +118,186 @@ type RequesterStats struct {
 	RNRNAKs       uint64 // RNR NAKs received
 }
 
-// Stats returns the counters.
-func (q *Requester) Stats() RequesterStats { return q.stats }
-
 // NewRequester starts a requester.
 func NewRequester(cfg RequesterConfig) *Requester {
-	return &Requester{cfg: cfg, nextPSN: cfg.FirstPSN & psnMask, confirmed: cfg.FirstPSN & psnMask}
+	psn := cfg.FirstPSN & psnMask
+	return &Requester{cfg: cfg, nextPSN: psn, cursor: psn, fresh: psn, confirmed: psn}
 }
+
+// Stats returns the counters.
+func (q *Requester) Stats() RequesterStats { return q.stats }
 
 // Failed reports whether the requester is in the error state.
 func (q *Requester) Failed() bool { return q.failed }
 
 // Outstanding returns the number of messages posted and not completed.
-func (q *Requester) Outstanding() int { return len(q.out) }
+func (q *Requester) Outstanding() int { return q.n }
 
-// Post segments m, assigns its PSNs and returns the packets to send. The last packet
-// asks for an acknowledgement.
-func (q *Requester) Post(id uint64, m Message, now time.Time) (Output, error) {
-	m.PSN, m.AckReq = q.nextPSN, true
-	pkts, err := Segment(&m, q.cfg.MTU)
-	if err != nil {
-		return Output{}, err
+// InFlight returns how many PSNs the outstanding messages span (a READ counts its
+// response's packets): the requester's use of its send window.
+func (q *Requester) InFlight() int {
+	if q.n == 0 {
+		return 0
 	}
-	o := &outstanding{id: id, msg: m, pkts: pkts, first: m.PSN, last: (m.PSN + uint32(m.span(q.cfg.MTU)) - 1) & psnMask}
-	if m.Kind == KindReadRequest {
-		o.resp = NewReassembler(Limits{MTU: q.cfg.MTU, MaxMessage: m.DMALen})
+	return int(psnDiff(q.nextPSN, q.ring[q.head].first))
+}
+
+// Span returns how many PSNs r takes at the path MTU: its packets, or a READ's
+// response packets.
+func (q *Requester) Span(r *Request) int {
+	switch r.Kind {
+	case KindSend, KindWrite, KindReadRequest:
+		return Packets(int(r.Length), q.cfg.MTU)
 	}
-	q.nextPSN = (o.last + 1) & psnMask
+	return 1
+}
+
+// Deadline returns when the ACK timer expires (zero: it is not running).
+func (q *Requester) Deadline() time.Time { return q.deadline }
+
+// Paused reports whether an RNR NAK holds the cursor until Resume.
+func (q *Requester) Paused() bool { return q.paused }
+
+// Pending reports whether Next has something to send.
+func (q *Requester) Pending() bool { return !q.failed && !q.paused && q.cursor != q.nextPSN }
+
+func (q *Requester) at(i int) *outstanding { return &q.ring[(q.head+i)%len(q.ring)] }
+
+func (q *Requester) output() Output {
+	q.done = q.done[:0]
+	return Output{}
+}
+
+// Post assigns r its PSNs. Once the requester failed, r completes flushed at once
+// (Output.Done). An error means r is invalid; it is not posted.
+func (q *Requester) Post(r Request, now time.Time) (Output, error) {
+	out := q.output()
+	switch r.Kind {
+	case KindSend, KindWrite, KindReadRequest, KindCompareSwap, KindFetchAdd:
+	default:
+		return out, fmt.Errorf("%w: request kind %d", ErrMalformed, r.Kind)
+	}
+	if r.Length > maxRCMessage || (r.HasImm && r.Kind != KindSend && r.Kind != KindWrite) {
+		return out, fmt.Errorf("%w: %d-byte request of kind %d", ErrMalformed, r.Length, r.Kind)
+	}
 	if q.failed {
-		return Output{Done: []Completion{{ID: id, Status: StatusFlushed}}}, nil
+		out.Done = append(q.done, Completion{ID: r.ID, Status: StatusFlushed})
+		return out, nil
 	}
-	if len(q.out) == 0 {
+	if q.n == len(q.ring) {
+		grown := make([]outstanding, max(16, 2*len(q.ring)))
+		for i := 0; i < q.n; i++ {
+			grown[i] = *q.at(i)
+		}
+		q.ring, q.head = grown, 0
+	}
+	o := q.at(q.n)
+	*o = outstanding{Request: r, first: q.nextPSN}
+	o.last = (o.first + uint32(q.Span(&r)) - 1) & psnMask
+	o.respNext = o.first
+	q.n++
+	q.nextPSN = (o.last + 1) & psnMask
+	return out, nil
+}
+
+// find returns the index of the outstanding message whose PSNs include psn, or -1.
+func (q *Requester) find(psn uint32) int {
+	for i := 0; i < q.n; i++ {
+		if o := q.at(i); psnDiff(psn, o.first) >= 0 && psnDiff(o.last, psn) >= 0 {
+			return i
+		}
+	}
+	return -1
+}
+
+// Next returns the next run of at most maxPackets packets to send, if the cursor
+// has one: a READ or an atomic is one packet. The owner reads the payload into
+// the segment and calls Sent; if it cannot (the run's memory must fault first), it
+// calls nothing and asks again later.
+func (q *Requester) Next(maxPackets int) (Transmit, bool) {
+	if !q.Pending() {
+		return Transmit{}, false
+	}
+	i := q.find(q.cursor)
+	if i < 0 { // cannot happen: the cursor lies between the oldest's first PSN and nextPSN
+		panic(fmt.Sprintf("roce: requester cursor %#x outside the outstanding messages", q.cursor))
+	}
+	o := q.at(i)
+	t := Transmit{ID: o.ID}
+	p := Packet{PKey: 0xffff, PSN: q.cursor}
+	switch o.Kind {
+	case KindReadRequest:
+		p.Opcode, p.AckReq = ReadRequest, true
+		p.PSN, p.VA, p.RKey, p.DMALen = o.first, o.VA, o.RKey, o.Length
+		t.Seg, t.next = One(p), (o.last+1)&psnMask
+		t.Retransmit = q.resent(o.first, 1)
+		return t, true
+	case KindCompareSwap, KindFetchAdd:
+		p.Opcode, p.AckReq = CompareSwap, true
+		if o.Kind == KindFetchAdd {
+			p.Opcode = FetchAdd
+		}
+		p.VA, p.RKey, p.Swap, p.Compare = o.VA, o.RKey, o.Swap, o.Compare
+		t.Seg, t.next = One(p), (o.last+1)&psnMask
+		t.Retransmit = q.resent(o.first, 1)
+		return t, true
+	}
+	ops := segmentOps[o.Kind]
+	total := Packets(int(o.Length), q.cfg.MTU)
+	k := int(psnDiff(q.cursor, o.first)) // the first packet's index in the message
+	count := max(1, min(maxPackets, total-k))
+	op := func(i int) Opcode {
+		switch {
+		case total == 1 && o.HasImm:
+			return ops[5]
+		case total == 1:
+			return ops[3]
+		case i == 0:
+			return ops[0]
+		case i == total-1 && o.HasImm:
+			return ops[4]
+		case i == total-1:
+			return ops[2]
+		}
+		return ops[1]
+	}
+	p.Opcode = op(k)
+	if k == 0 && o.Kind == KindWrite {
+		p.VA, p.RKey, p.DMALen = o.VA, o.RKey, o.Length
+	}
+	if k+count == total {
+		p.AckReq = true
+		if o.HasImm {
+			p.Imm = o.Imm
+		}
+	}
+	t.Seg = Segment{Packet: p, Count: count, Last: op(k + count - 1)}
+	t.Offset = uint32(k * q.cfg.MTU)
+	t.Len = min(count*q.cfg.MTU, int(o.Length)-k*q.cfg.MTU)
+	t.next = (q.cursor + uint32(count)) & psnMask
+	t.Retransmit = q.resent(q.cursor, count)
+	return t, true
+}
+
+// resent counts the packets of [psn, psn+count) sent before.
+func (q *Requester) resent(psn uint32, count int) int {
+	if d := int(psnDiff(q.fresh, psn)); d > 0 {
+		return min(d, count)
+	}
+	return 0
+}
+
+// Sent records that t, the run Next returned last, went out: the cursor moves past
+// it and the ACK timer runs.
+func (q *Requester) Sent(t *Transmit, now time.Time) {
+	q.cursor = t.next
+	if psnDiff(q.cursor, q.fresh) > 0 {
+		q.fresh = q.cursor
+	}
+	q.stats.Retransmitted += uint64(t.Retransmit)
+	if q.deadline.IsZero() {
 		q.arm(now)
 	}
-	q.out = append(q.out, o)
-	return Output{Send: pkts}, nil
 }
 
 func (q *Requester) arm(now time.Time) {
@@ -140,10 +306,26 @@ func (q *Requester) arm(now time.Time) {
 	}
 }
 
-// Receive takes a packet from the responder.
+// rewind moves the cursor back to psn (go-back-N), to the first PSN of a READ or an
+// atomic that psn falls in: those are asked again whole.
+func (q *Requester) rewind(psn uint32) {
+	i := q.find(psn)
+	if i < 0 {
+		return // behind every outstanding message: nothing to send again
+	}
+	if o := q.at(i); o.Kind != KindSend && o.Kind != KindWrite {
+		psn = o.first
+	}
+	if psnDiff(psn, q.cursor) < 0 {
+		q.cursor = psn
+	}
+}
+
+// Receive takes an ACK, a NAK or an atomic's acknowledgement from the responder.
+// READ responses go to ReadResponse.
 func (q *Requester) Receive(p *Packet, now time.Time) Output {
-	var out Output
-	if q.failed || len(q.out) == 0 || p.Opcode.IsRequest() {
+	out := q.output()
+	if q.failed || q.n == 0 {
 		return out
 	}
 	switch {
@@ -154,21 +336,27 @@ func (q *Requester) Receive(p *Packet, now time.Time) Output {
 		q.ackThrough(p.PSN, &out, now)
 	case p.Opcode == Acknowledge && p.Syndrome.Kind() == 1: // RNR NAK
 		q.ackThrough((p.PSN-1)&psnMask, &out, now)
-		o := q.find(p.PSN)
-		if o == nil {
-			return out
+		i := q.find(p.PSN)
+		if i < 0 || psnDiff(p.PSN, q.fresh) >= 0 {
+			return out // not a PSN of ours in flight
 		}
+		o := q.at(i)
 		q.stats.RNRNAKs++
-		q.confirmed = p.PSN // the responder took the message's packets, then went back to its first
+		q.confirmed = p.PSN // the responder expects that PSN again
 		if q.cfg.RNRRetry != 7 && o.rnrTries >= q.cfg.RNRRetry {
-			q.fail(o, StatusRNRRetryExceeded, &out)
+			q.fail(i, StatusRNRRetryExceeded, &out)
 			return out
 		}
 		o.rnrTries++
+		q.paused = true
+		q.cursor = q.nextPSN // nothing goes out until Resume, which goes back
+		q.rewind(p.PSN)
 		out.RNRWait = RNRTimer(p.Syndrome.Timer())
-		out.resend = p.PSN
 		q.deadline = time.Time{} // the RNR timer, not the ACK timer, runs now
 	case p.Opcode == Acknowledge && p.Syndrome == SynNAKPSNSeqError:
+		if psnDiff(p.PSN, q.fresh) > 0 {
+			return out // a PSN never sent: not an answer to us
+		}
 		q.stats.SeqNAKs++
 		if psnDiff(p.PSN, q.confirmed) > 0 {
 			// The responder took packets beyond what it said before: progress
@@ -183,181 +371,232 @@ func (q *Requester) Receive(p *Packet, now time.Time) Output {
 		q.retransmit(p.PSN, &out, now, true)
 	case p.Opcode == Acknowledge: // a NAK that ends the QP
 		q.ackThrough((p.PSN-1)&psnMask, &out, now)
-		if o := q.find(p.PSN); o != nil {
-			status := map[Syndrome]Status{SynNAKInvalidRequest: StatusRemoteInvalid, SynNAKRemoteAccess: StatusRemoteAccess,
-				SynNAKRemoteOperation: StatusRemoteOp}[p.Syndrome]
-			if status == StatusSuccess {
-				status = StatusRemoteInvalid // a NAK code we do not know
+		if i := q.find(p.PSN); i >= 0 {
+			status := StatusRemoteInvalid // also for a NAK code we do not know
+			switch p.Syndrome {
+			case SynNAKRemoteAccess:
+				status = StatusRemoteAccess
+			case SynNAKRemoteOperation:
+				status = StatusRemoteOp
 			}
-			q.fail(o, status, &out)
+			q.fail(i, status, &out)
 		}
 	case p.Opcode == AtomicAck:
-		o := q.find(p.PSN)
-		if o == nil || o.first != p.PSN || (o.msg.Kind != KindCompareSwap && o.msg.Kind != KindFetchAdd) {
+		i := q.find(p.PSN)
+		if i < 0 {
+			return out
+		}
+		o := q.at(i)
+		if o.first != p.PSN || (o.Kind != KindCompareSwap && o.Kind != KindFetchAdd) {
 			return out // a stale or misdirected response: ignore it
 		}
 		q.ackThrough((p.PSN-1)&psnMask, &out, now)
-		if q.impliedNAK(o, &out, now) {
+		if q.impliedNAK(i, &out, now) {
 			return out
 		}
-		q.complete(o, &Message{Kind: KindAtomicAck, PSN: p.PSN, Orig: p.Orig}, &out, now)
-	default: // READ response packets
-		o := q.find(p.PSN)
-		if o == nil || o.resp == nil {
-			return out
-		}
-		if p.Opcode == ReadRespFirst || p.Opcode == ReadRespOnly {
-			if p.PSN != o.first {
-				return out
-			}
-			q.ackThrough((p.PSN-1)&psnMask, &out, now)
-			if q.impliedNAK(o, &out, now) {
-				return out
-			}
-			o.resp = NewReassembler(Limits{MTU: q.cfg.MTU, MaxMessage: o.msg.DMALen})
-		} else if p.PSN != o.respNext {
-			return out // a gap or a duplicate: the READ is asked again when the timer fires
-		}
-		o.respNext = (p.PSN + 1) & psnMask
-		q.retries = 0 // forward progress
-		m, err := o.resp.Add(p)
-		if err != nil {
-			o.resp = NewReassembler(Limits{MTU: q.cfg.MTU, MaxMessage: o.msg.DMALen})
-			return out // the retransmission brings it again
-		}
-		if m != nil {
-			if len(m.Payload) != int(o.msg.DMALen) {
-				q.fail(o, StatusRemoteInvalid, &out)
-				return out
-			}
-			q.complete(o, m, &out, now)
-		}
+		q.complete(i, p.Orig, &out, now)
 	}
 	return out
 }
 
-// Resend is called RNRWait after an RNR NAK: it sends everything from the NAKed PSN
-// again.
-func (q *Requester) Resend(o Output, now time.Time) Output {
-	var out Output
-	if !q.failed && len(q.out) > 0 {
-		q.retransmit(o.resend, &out, now, false)
+// Lookup returns the id of the outstanding atomic whose PSN is psn: where its
+// acknowledgement's original value goes.
+func (q *Requester) Lookup(psn uint32) (uint64, bool) {
+	i := q.find(psn)
+	if i < 0 {
+		return 0, false
+	}
+	o := q.at(i)
+	if o.first != psn || (o.Kind != KindCompareSwap && o.Kind != KindFetchAdd) {
+		return 0, false
+	}
+	return o.ID, true
+}
+
+// ReadResponse takes a READ response run: it says which READ it answers (id) and
+// where its payload goes in that READ's data (off), or ok false when it must be
+// dropped (a gap, a duplicate, a response to nothing outstanding). The owner places
+// the payload and calls ResponsePlaced; if it cannot (its memory must fault first),
+// it drops the run, and RetransmitFrom asks for the READ again later.
+func (q *Requester) ReadResponse(s *Segment, now time.Time) (id uint64, off uint32, out Output, ok bool) {
+	out = q.output()
+	if q.failed || q.n == 0 || opInfo[s.Opcode].kind != KindReadResponse {
+		return 0, 0, out, false
+	}
+	i := q.find(s.PSN)
+	if i < 0 {
+		return 0, 0, out, false
+	}
+	o := q.at(i)
+	if o.Kind != KindReadRequest || s.PSN != o.respNext {
+		return 0, 0, out, false // a gap or a duplicate: the READ is asked again when the timer fires
+	}
+	if pos := opInfo[s.Opcode].pos; pos == posFirst || pos == posOnly {
+		if s.PSN != o.first {
+			return 0, 0, out, false
+		}
+		q.ackThrough((s.PSN-1)&psnMask, &out, now)
+		i = q.find(s.PSN) // ackThrough moved the ring's head
+		if q.impliedNAK(i, &out, now) {
+			return 0, 0, out, false
+		}
+		o = q.at(i)
+	}
+	end := uint64(psnDiff(s.PSN, o.first))*uint64(q.cfg.MTU) + uint64(len(s.Payload))
+	lastPos := opInfo[s.Last].pos
+	if end > uint64(o.Length) || ((lastPos == posLast || lastPos == posOnly) != (s.LastPSN() == o.last)) ||
+		((lastPos == posLast || lastPos == posOnly) && end != uint64(o.Length)) {
+		q.fail(i, StatusRemoteInvalid, &out) // a response of the wrong length: the peer is broken
+		return 0, 0, out, false
+	}
+	return o.ID, uint32(psnDiff(s.PSN, o.first)) * uint32(q.cfg.MTU), out, true
+}
+
+// ResponsePlaced records that the run ReadResponse accepted was placed: a READ
+// whose last response packet it was completes.
+func (q *Requester) ResponsePlaced(s *Segment, now time.Time) Output {
+	out := q.output()
+	if q.failed {
+		return out
+	}
+	i := q.find(s.PSN)
+	if i < 0 {
+		return out
+	}
+	o := q.at(i)
+	o.respNext = (s.LastPSN() + 1) & psnMask
+	q.retries = 0 // forward progress
+	if s.LastPSN() == o.last {
+		q.complete(i, 0, &out, now)
+	} else {
+		q.arm(now)
 	}
 	return out
+}
+
+// RetransmitFrom goes back to psn, uncounted: the owner dropped a response it could
+// not place and has made its memory ready.
+func (q *Requester) RetransmitFrom(psn uint32) {
+	if !q.failed {
+		q.resending = true
+		q.rewind(psn)
+	}
+}
+
+// Resume ends the pause an RNR NAK began (Output.RNRWait after it): the cursor is
+// at the NAKed PSN, and the ACK timer runs again.
+func (q *Requester) Resume(now time.Time) {
+	if q.paused {
+		q.paused = false
+		if q.n > 0 {
+			q.arm(now)
+		}
+	}
 }
 
 // Tick runs the ACK timer: past the deadline with messages outstanding, it
 // retransmits them all, or fails the oldest when RetryCnt retransmissions went
 // unanswered.
 func (q *Requester) Tick(now time.Time) Output {
-	var out Output
-	if q.failed || len(q.out) == 0 || q.deadline.IsZero() || now.Before(q.deadline) {
+	out := q.output()
+	if q.failed || q.n == 0 || q.deadline.IsZero() || now.Before(q.deadline) {
 		return out
 	}
 	q.stats.Timeouts++
-	q.retransmit(q.out[0].first, &out, now, true)
+	q.retransmit(q.at(0).first, &out, now, true)
 	return out
 }
 
-// retransmit sends again every packet from psn on (go-back-N); counted ones use up
-// the retry count.
+// retransmit goes back to psn (go-back-N); counted ones use up the retry count.
 func (q *Requester) retransmit(psn uint32, out *Output, now time.Time, counted bool) {
 	if counted {
 		if q.retries >= q.cfg.RetryCnt {
-			q.fail(q.out[0], StatusRetryExceeded, out)
+			q.fail(0, StatusRetryExceeded, out)
 			return
 		}
 		q.retries++
 	}
 	q.resending = true
-	sent := len(out.Send)
-	defer func() { q.stats.Retransmitted += uint64(len(out.Send) - sent) }()
-	for _, o := range q.out {
-		if o.resp != nil { // a READ whose response reaches psn is asked again, whole
-			if psnDiff(o.last, psn) >= 0 {
-				out.Send = append(out.Send, o.pkts...)
-				o.resp = NewReassembler(Limits{MTU: q.cfg.MTU, MaxMessage: o.msg.DMALen})
+	q.rewind(psn)
+	q.deadline = time.Time{}
+	q.arm(now)
+}
+
+// impliedNAK handles a response to message i while an earlier READ or atomic still
+// waits for its own: that response was lost (responses come in order), so
+// everything from the earlier one is sent again (IBTA's implied NAK). It reports
+// whether it did.
+func (q *Requester) impliedNAK(i int, out *Output, now time.Time) bool {
+	for j := 0; j < i; j++ {
+		if k := q.at(j).Kind; k != KindSend && k != KindWrite {
+			if !q.resending { // the responses of the first sending still arrive after it
+				q.retransmit(q.at(j).first, out, now, true)
 			}
-			continue
+			return true
 		}
-		resent := false
-		for _, p := range o.pkts {
-			if psnDiff(p.PSN, psn) >= 0 {
-				out.Send = append(out.Send, p)
-				resent = true
+	}
+	return false
+}
+
+// ackThrough completes the SENDs and WRITEs whose last packet is at or before psn.
+// A READ or atomic is completed by its response, not by an ACK: an ACK beyond one
+// that still waits means its response was lost (an implied NAK).
+func (q *Requester) ackThrough(psn uint32, out *Output, now time.Time) {
+	for q.n > 0 {
+		o := q.at(0)
+		if psnDiff(o.last, psn) > 0 {
+			return
+		}
+		if o.Kind != KindSend && o.Kind != KindWrite {
+			if !q.resending {
+				q.retransmit(o.first, out, now, true)
 			}
+			return
 		}
-		if resent && len(o.msg.Payload) > 0 {
-			out.Reload = append(out.Reload, Reload{ID: o.id, Payload: o.msg.Payload})
+		q.complete(0, 0, out, now)
+	}
+}
+
+// complete ends message i successfully; the messages before it, which its response
+// acknowledges implicitly, are complete too.
+func (q *Requester) complete(i int, orig uint64, out *Output, now time.Time) {
+	for k := 0; k <= i; k++ {
+		c := Completion{ID: q.at(0).ID, Status: StatusSuccess}
+		if k == i {
+			c.Orig = orig
 		}
+		out.Done = append(q.done, c)
+		q.done = out.Done
+		q.head = (q.head + 1) % len(q.ring)
+		q.n--
+	}
+	q.retries, q.resending = 0, false
+	q.deadline = time.Time{}
+	if q.n == 0 {
+		q.cursor = q.nextPSN // a go-back-N under way has nothing left to send again
+		return
+	}
+	if psnDiff(q.cursor, q.at(0).first) < 0 {
+		q.cursor = q.at(0).first
 	}
 	q.arm(now)
 }
 
-// impliedNAK handles a response to o while an earlier READ or atomic still waits for
-// its own: that response was lost (responses come in order), so everything from the
-// earlier one is sent again (IBTA's implied NAK). It reports whether it did.
-func (q *Requester) impliedNAK(o *outstanding, out *Output, now time.Time) bool {
-	if len(q.out) == 0 || q.out[0] == o {
-		return false
-	}
-	if !q.resending { // the responses of the first sending still arrive after it
-		q.retransmit(q.out[0].first, out, now, true)
-	}
-	return true
-}
-
-// ackThrough completes the SENDs and WRITEs whose last packet is at or before psn.
-// A READ or atomic is completed by its response, not by an ACK.
-func (q *Requester) ackThrough(psn uint32, out *Output, now time.Time) {
-	for len(q.out) > 0 {
-		o := q.out[0]
-		if psnDiff(o.last, psn) > 0 || o.resp != nil || o.msg.Kind == KindCompareSwap || o.msg.Kind == KindFetchAdd {
-			return
-		}
-		q.complete(o, nil, out, now)
-	}
-}
-
-// complete ends o successfully; the messages before it, which its response
-// acknowledges implicitly, are complete too.
-func (q *Requester) complete(o *outstanding, resp *Message, out *Output, now time.Time) {
-	for len(q.out) > 0 {
-		c := q.out[0]
-		q.out = q.out[1:]
-		if c == o {
-			out.Done = append(out.Done, Completion{ID: c.id, Status: StatusSuccess, Response: resp})
-			break
-		}
-		out.Done = append(out.Done, Completion{ID: c.id, Status: StatusSuccess})
-	}
-	q.retries, q.resending = 0, false
-	q.deadline = time.Time{}
-	if len(q.out) > 0 {
-		q.arm(now)
-	}
-}
-
-// fail ends o with status and flushes what follows it: the QP is in error.
-func (q *Requester) fail(o *outstanding, status Status, out *Output) {
-	for _, c := range q.out {
+// fail ends message i with status and flushes what follows it: the QP is in error.
+// Messages before it were acknowledged implicitly by whatever made it fail only if
+// an ACK said so; they are flushed too.
+func (q *Requester) fail(i int, status Status, out *Output) {
+	for k := 0; k < q.n; k++ {
 		s := StatusFlushed
-		if c == o {
+		if k == i {
 			s = status
 		}
-		out.Done = append(out.Done, Completion{ID: c.id, Status: s})
+		out.Done = append(q.done, Completion{ID: q.at(k).ID, Status: s})
+		q.done = out.Done
 	}
-	q.out, q.failed = nil, true
-}
-
-// find returns the outstanding message whose PSNs include psn.
-func (q *Requester) find(psn uint32) *outstanding {
-	for _, o := range q.out {
-		if psnDiff(psn, o.first) >= 0 && psnDiff(o.last, psn) >= 0 {
-			return o
-		}
-	}
-	return nil
+	q.n, q.failed, q.paused = 0, true, false
+	q.cursor = q.nextPSN
+	q.deadline = time.Time{}
 }
 
 // RNRTimer decodes an RNR timer value (the IBTA encoding, 0..31: 1 is 0.01 ms, 31 is
@@ -376,33 +615,27 @@ func (q *Requester) SetRetry(timeout time.Duration, retryCnt, rnrRetry int) {
 // Abort fails the outstanding message id with status (StatusLocal: it could not be
 // read again for a retransmission) and flushes the messages after it.
 func (q *Requester) Abort(id uint64, status Status) Output {
-	var out Output
-	for _, o := range q.out {
-		if o.id == id {
-			q.fail(o, status, &out)
+	out := q.output()
+	for i := 0; i < q.n; i++ {
+		if q.at(i).ID == id {
+			q.fail(i, status, &out)
 			break
 		}
 	}
 	return out
 }
 
-// InFlight returns how many PSNs the outstanding messages span (a READ counts its
-// response's packets): the requester's use of its send window.
-func (q *Requester) InFlight() int {
-	if len(q.out) == 0 {
-		return 0
-	}
-	return int(psnDiff(q.nextPSN, q.out[0].first))
-}
-
 // Flush ends every outstanding message with status (StatusFlushed when the QP went to
 // the error state, StatusRetryExceeded when the peer is gone) and fails the
 // requester: what is posted later is flushed.
 func (q *Requester) Flush(status Status) Output {
-	var out Output
-	for _, o := range q.out {
-		out.Done = append(out.Done, Completion{ID: o.id, Status: status})
+	out := q.output()
+	for i := 0; i < q.n; i++ {
+		out.Done = append(q.done, Completion{ID: q.at(i).ID, Status: status})
+		q.done = out.Done
 	}
-	q.out, q.failed = nil, true
+	q.n, q.failed, q.paused = 0, true, false
+	q.cursor = q.nextPSN
+	q.deadline = time.Time{}
 	return out
 }

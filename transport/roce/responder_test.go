@@ -1,11 +1,15 @@
 package roce
 
 import (
+	"encoding/binary"
 	"testing"
+	"time"
 
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 )
+
+var zeroTime = time.Unix(0, 0)
 
 func TestPSNDiff(t *testing.T) {
 	assert.EqualValues(t, 1, psnDiff(5, 4))
@@ -15,188 +19,325 @@ func TestPSNDiff(t *testing.T) {
 	assert.EqualValues(t, 0, psnDiff(7, 7))
 }
 
-// packets segments m for the responder's tests.
-func packetsOf(t *testing.T, m Message) []Packet {
+// runOf is the run a requester sends for packets [k, k+count) of r at the MTU.
+func runOf(t *testing.T, mtu int, first uint32, r Request, k, count int) Segment {
 	t.Helper()
-	ps, err := Segment(&m, 256)
+	q := NewRequester(RequesterConfig{MTU: mtu, FirstPSN: first})
+	_, err := q.Post(r, zeroTime)
 	require.NoError(t, err)
-	return ps
+	for i := 0; i < k; {
+		tx, _ := q.Next(k - i)
+		q.Sent(&tx, zeroTime)
+		i += tx.Seg.Count
+	}
+	tx, ok := q.Next(count)
+	require.True(t, ok)
+	require.Equal(t, count, tx.Seg.Count)
+	tx.Seg.Payload = make([]byte, tx.Len)
+	for i := range tx.Seg.Payload {
+		tx.Seg.Payload[i] = byte(int(tx.Offset) + i)
+	}
+	return tx.Seg
 }
 
 func TestResponderInOrder(t *testing.T) {
-	lim := Limits{MTU: 256, MaxMessage: 1 << 20}
+	const mtu = 256
+	lim := Limits{MTU: mtu, MaxMessage: 1 << 20}
 	start := uint32(psnMask - 1) // the sequence wraps inside the first message
 	r := NewResponder(start, lim, 4)
-	w := packetsOf(t, Message{Kind: KindWrite, PSN: start, VA: 64, RKey: 1, Payload: make([]byte, 600), AckReq: true})
-	require.Len(t, w, 3)
-	for i := range w {
-		act, m, _ := r.Receive(&w[i])
-		if i < 2 {
-			assert.Equal(t, ActContinue, act)
-			continue
-		}
-		require.Equal(t, ActExecute, act)
-		assert.Len(t, m.Payload, 600)
-		r.Executed(m, nil)
-	}
+	w := Request{ID: 1, Kind: KindWrite, Length: 600, VA: 64, RKey: 1}
+	head, tail := runOf(t, mtu, start, w, 0, 2), runOf(t, mtu, start, w, 2, 1)
+	v := r.Receive(&head)
+	require.Equal(t, ActPlace, v.Act)
+	assert.Equal(t, MessageInfo{Kind: KindWrite, First: start, VA: 64, RKey: 1, Length: 600}, v.Msg)
+	assert.False(t, v.Ends)
+	assert.False(t, r.Placed(&head, &v), "no ACK asked yet")
+	assert.True(t, r.InMessage())
+	v = r.Receive(&tail)
+	require.Equal(t, ActPlace, v.Act)
+	assert.EqualValues(t, 2*mtu, v.Off, "the LAST's place in the message")
+	assert.True(t, v.Ends)
+	assert.True(t, r.Placed(&tail, &v), "the LAST asks for an ACK")
 	assert.EqualValues(t, 1, r.ExpectedPSN(), "past the wrap")
 	assert.EqualValues(t, 1, r.MSN())
 	assert.EqualValues(t, 0, r.Ack().PSN, "the last packet acknowledged")
 
-	rd := packetsOf(t, Message{Kind: KindReadRequest, PSN: 1, VA: 64, RKey: 1, DMALen: 3*256 + 1})
-	act, m, _ := r.Receive(&rd[0])
-	require.Equal(t, ActExecute, act)
-	r.Executed(m, nil)
+	rd := runOf(t, mtu, 1, Request{ID: 2, Kind: KindReadRequest, Length: 3*mtu + 1, VA: 64, RKey: 1}, 0, 1)
+	v = r.Receive(&rd)
+	require.Equal(t, ActRead, v.Act)
+	r.ReadDone(&v)
 	assert.EqualValues(t, 5, r.ExpectedPSN(), "a READ takes a PSN per response packet")
 	assert.EqualValues(t, 2, r.MSN())
 }
 
+// A run whose first packets were taken already (a go-back-N retransmission from
+// before what the responder expects) is taken from the expected packet on.
+func TestResponderRunStraddlingExpected(t *testing.T) {
+	const mtu = 256
+	r := NewResponder(0, Limits{MTU: mtu, MaxMessage: 1 << 20}, 4)
+	w := Request{ID: 1, Kind: KindWrite, Length: 5 * mtu, VA: 0, RKey: 1}
+	first := runOf(t, mtu, 0, w, 0, 2)
+	v := r.Receive(&first)
+	require.Equal(t, ActPlace, v.Act)
+	r.Placed(&first, &v)
+	again := runOf(t, mtu, 0, w, 0, 5) // the whole message again
+	v = r.Receive(&again)
+	require.Equal(t, ActPlace, v.Act)
+	assert.Equal(t, 2, v.Skip, "the first two packets were taken")
+	assert.EqualValues(t, 2*mtu, v.Off)
+	assert.True(t, v.Ends)
+	r.Placed(&again, &v)
+	assert.EqualValues(t, 5, r.ExpectedPSN())
+	assert.False(t, r.InMessage())
+}
+
 func TestResponderLossAndDuplicates(t *testing.T) {
-	lim := Limits{MTU: 256, MaxMessage: 1 << 20}
-	r := NewResponder(10, lim, 2)
-	send := func(psn uint32, ackReq bool) Packet {
-		return packetsOf(t, Message{Kind: KindSend, PSN: psn, Payload: []byte("x"), AckReq: ackReq})[0]
+	const mtu = 256
+	r := NewResponder(10, Limits{MTU: mtu, MaxMessage: 1 << 20}, 2)
+	send := func(psn uint32) Segment {
+		return runOf(t, mtu, psn, Request{ID: 1, Kind: KindSend, Length: 1}, 0, 1)
 	}
-	exec := func(p Packet) {
-		act, m, _ := r.Receive(&p)
-		require.Equal(t, ActExecute, act)
-		r.Executed(m, nil)
+	take := func(s Segment) {
+		v := r.Receive(&s)
+		require.Equal(t, ActPlace, v.Act)
+		r.Placed(&s, &v)
 	}
-	exec(send(10, false))
+	take(send(10))
 
 	// 11 is lost: 12 draws one sequence NAK naming 11, 13 nothing.
-	p12, p13 := send(12, false), send(13, false)
-	act, _, resp := r.Receive(&p12)
-	require.Equal(t, ActNAK, act)
-	assert.Equal(t, SynNAKPSNSeqError, resp.Syndrome)
-	assert.EqualValues(t, 11, resp.PSN)
-	act, _, _ = r.Receive(&p13)
-	assert.Equal(t, ActDrop, act, "one NAK per gap")
-	exec(send(11, false)) // the go-back-N retransmission
-	exec(p12)
+	p12, p13 := send(12), send(13)
+	v := r.Receive(&p12)
+	require.Equal(t, ActNAK, v.Act)
+	assert.False(t, v.Fatal)
+	assert.Equal(t, SynNAKPSNSeqError, v.Resp.Syndrome)
+	assert.EqualValues(t, 11, v.Resp.PSN)
+	v = r.Receive(&p13)
+	assert.Equal(t, ActDrop, v.Act, "one NAK per gap")
+	take(send(11)) // the go-back-N retransmission
+	take(p12)
 
-	// A duplicate SEND: acknowledged if it asks, else dropped.
-	d := send(11, true)
-	act, _, resp = r.Receive(&d)
-	require.Equal(t, ActDuplicate, act)
-	assert.Equal(t, SynACK, resp.Syndrome)
-	assert.EqualValues(t, 12, resp.PSN)
-	d = send(11, false)
-	act, _, _ = r.Receive(&d)
-	assert.Equal(t, ActDrop, act)
+	// A duplicate SEND is acknowledged again.
+	d := send(11)
+	v = r.Receive(&d)
+	require.Equal(t, ActAck, v.Act)
+	assert.Equal(t, SynACK, v.Resp.Syndrome)
+	assert.EqualValues(t, 12, v.Resp.PSN)
 
 	// Atomics: a duplicate is answered from the saved result, not executed again;
-	// beyond the saved window it is an invalid request.
+	// one older than what is kept is dropped, silently (rxe's class D), and the QP
+	// goes on.
 	for i, psn := range []uint32{13, 14, 15} {
-		a := packetsOf(t, Message{Kind: KindFetchAdd, PSN: psn, VA: 8, RKey: 1, Swap: 1})[0]
-		act, m, _ := r.Receive(&a)
-		require.Equal(t, ActExecute, act)
-		r.Executed(m, &Message{Kind: KindAtomicAck, PSN: psn, Orig: uint64(100 + i)})
+		a := runOf(t, mtu, psn, Request{ID: 1, Kind: KindFetchAdd, VA: 8, RKey: 1, Swap: 1}, 0, 1)
+		v := r.Receive(&a)
+		require.Equal(t, ActAtomic, v.Act)
+		assert.EqualValues(t, 1, v.Msg.Swap)
+		resp := r.AtomicDone(&v, uint64(100+i))
+		assert.EqualValues(t, 100+i, resp.Orig)
 	}
-	dup := packetsOf(t, Message{Kind: KindFetchAdd, PSN: 15, VA: 8, RKey: 1, Swap: 1})[0]
-	act, m, resp := r.Receive(&dup)
-	require.Equal(t, ActDuplicate, act)
-	assert.Nil(t, m, "not executed again")
-	assert.EqualValues(t, 102, resp.Orig)
-	old := packetsOf(t, Message{Kind: KindFetchAdd, PSN: 13, VA: 8, RKey: 1, Swap: 1})[0]
-	act, _, resp = r.Receive(&old)
-	require.Equal(t, ActNAK, act)
-	assert.Equal(t, SynNAKInvalidRequest, resp.Syndrome)
+	dup := runOf(t, mtu, 15, Request{ID: 1, Kind: KindFetchAdd, VA: 8, RKey: 1, Swap: 1}, 0, 1)
+	v = r.Receive(&dup)
+	require.Equal(t, ActAtomicAgain, v.Act)
+	assert.EqualValues(t, 102, v.Resp.Orig)
+	old := runOf(t, mtu, 13, Request{ID: 1, Kind: KindFetchAdd, VA: 8, RKey: 1, Swap: 1}, 0, 1)
+	v = r.Receive(&old)
+	assert.Equal(t, ActDrop, v.Act, "a late duplicate atomic never brings the QP down")
+	take(send(16))
 
-	// A duplicate READ is read again.
-	rd := packetsOf(t, Message{Kind: KindReadRequest, PSN: 16, VA: 64, RKey: 1, DMALen: 8})[0]
-	act, m, _ = r.Receive(&rd)
-	require.Equal(t, ActExecute, act)
-	r.Executed(m, nil)
-	act, m, _ = r.Receive(&rd)
-	require.Equal(t, ActDuplicate, act)
-	assert.EqualValues(t, 16, m.PSN)
-	assert.EqualValues(t, 17, r.ExpectedPSN())
+	// A duplicate READ is read again when it asks for the original range or part
+	// of it, under the same key; anything else is dropped.
+	rd := runOf(t, mtu, 17, Request{ID: 1, Kind: KindReadRequest, Length: 3 * mtu, VA: 4096, RKey: 7}, 0, 1)
+	v = r.Receive(&rd)
+	require.Equal(t, ActRead, v.Act)
+	r.ReadDone(&v)
+	assert.EqualValues(t, 20, r.ExpectedPSN())
+	v = r.Receive(&rd)
+	require.Equal(t, ActReadAgain, v.Act)
+	assert.Equal(t, MessageInfo{Kind: KindReadRequest, First: 17, VA: 4096, RKey: 7, Length: 3 * mtu}, v.Msg)
+	part := rd
+	part.PSN, part.VA, part.DMALen = 18, 4096+mtu, 2*mtu
+	v = r.Receive(&part)
+	require.Equal(t, ActReadAgain, v.Act, "the rest of the READ, from its second packet")
+	assert.EqualValues(t, 18, v.Msg.First)
+	for _, bad := range []func(p *Segment){
+		func(p *Segment) { p.RKey = 8 },
+		func(p *Segment) { p.VA = 0 },
+		func(p *Segment) { p.DMALen = 4 * mtu },
+		func(p *Segment) { p.VA, p.DMALen = 4096+2*mtu, 2*mtu },
+	} {
+		p := rd
+		bad(&p)
+		assert.Equal(t, ActDrop, r.Receive(&p).Act, "a duplicate READ outside the original: %+v", p.Packet)
+	}
+	stale := runOf(t, mtu, 3, Request{ID: 1, Kind: KindReadRequest, Length: 8, VA: 4096, RKey: 7}, 0, 1)
+	assert.Equal(t, ActDrop, r.Receive(&stale).Act, "older than the READs kept")
+	take(send(20))
 
 	// A response sent to the responder is not its business.
-	ack := packetsOf(t, Message{Kind: KindAck, Syndrome: SynACK})[0]
-	act, _, _ = r.Receive(&ack)
-	assert.Equal(t, ActDrop, act)
+	ack := (&Message{Kind: KindAck, Syndrome: SynACK}).Segment()
+	assert.Equal(t, ActDrop, r.Receive(&ack).Act)
 }
 
-// After an RNR NAK the responder waits for the NAKed message again, dropping what
-// follows it without a sequence NAK; a multi-packet message starts over.
+// After an RNR NAK the responder waits for the NAKed packet again, dropping what
+// follows it without a sequence NAK; a message in progress stays in progress.
 func TestResponderRNR(t *testing.T) {
-	lim := Limits{MTU: 256, MaxMessage: 1 << 20}
-	r := NewResponder(0, lim, 1)
-	w := packetsOf(t, Message{Kind: KindWrite, PSN: 0, VA: 64, RKey: 1, Payload: make([]byte, 512)})
-	next := packetsOf(t, Message{Kind: KindSend, PSN: 2, Payload: []byte("behind")})[0]
-	r.Receive(&w[0])
-	act, m, _ := r.Receive(&w[1])
-	require.Equal(t, ActExecute, act)
-	nak := r.RNR(m, 12)
-	assert.Equal(t, 1, nak.Syndrome.Kind())
-	assert.EqualValues(t, 12, nak.Syndrome.Timer())
-	assert.EqualValues(t, 0, nak.PSN)
-	act, _, _ = r.Receive(&next)
-	assert.Equal(t, ActDrop, act, "dropped silently behind an RNR NAK")
-	act, _, _ = r.Receive(&w[1])
-	assert.Equal(t, ActDrop, act, "the LAST, ahead of the rolled-back PSN")
-	// The retransmission, from the FIRST.
-	act, _, _ = r.Receive(&w[0])
-	require.Equal(t, ActContinue, act)
-	act, m, _ = r.Receive(&w[1])
-	require.Equal(t, ActExecute, act)
-	r.Executed(m, nil)
-	act, _, _ = r.Receive(&next)
-	assert.Equal(t, ActExecute, act)
-
-	// A protocol error inside a message (a MIDDLE without FIRST at the expected PSN)
-	// is an invalid request.
-	r2 := NewResponder(0, lim, 1)
-	mid := Packet{Opcode: SendMiddle, PSN: 0, Payload: make([]byte, 256)}
-	act, _, resp := r2.Receive(&mid)
-	require.Equal(t, ActNAK, act)
-	assert.Equal(t, SynNAKInvalidRequest, resp.Syndrome)
+	const mtu = 256
+	r := NewResponder(0, Limits{MTU: mtu, MaxMessage: 1 << 20}, 1)
+	w := Request{ID: 1, Kind: KindWrite, Length: 3 * mtu, VA: 64, RKey: 1}
+	p0, p1, p2 := runOf(t, mtu, 0, w, 0, 1), runOf(t, mtu, 0, w, 1, 1), runOf(t, mtu, 0, w, 2, 1)
+	next := runOf(t, mtu, 3, Request{ID: 2, Kind: KindSend, Length: 6}, 0, 1)
+	v := r.Receive(&p0)
+	require.Equal(t, ActPlace, v.Act)
+	r.Placed(&p0, &v)
+	v = r.Receive(&p1)
+	require.Equal(t, ActPlace, v.Act)
+	nakm := r.RNR(12) // the second packet faults
+	assert.Equal(t, 1, nakm.Syndrome.Kind())
+	assert.EqualValues(t, 12, nakm.Syndrome.Timer())
+	assert.EqualValues(t, 1, nakm.PSN, "the packet that faulted")
+	assert.Equal(t, ActDrop, r.Receive(&p2).Act, "dropped silently behind an RNR NAK")
+	assert.Equal(t, ActDrop, r.Receive(&next).Act)
+	// The retransmission, from the NAKed packet: the message goes on.
+	v = r.Receive(&p1)
+	require.Equal(t, ActPlace, v.Act)
+	assert.EqualValues(t, mtu, v.Off)
+	r.Placed(&p1, &v)
+	v = r.Receive(&p2)
+	require.Equal(t, ActPlace, v.Act)
+	require.True(t, v.Ends)
+	r.Placed(&p2, &v)
+	assert.Equal(t, ActPlace, r.Receive(&next).Act)
 }
 
-// The responder's request handling on any packets in any order: no panic, no message
-// beyond the limit, and the expected PSN moves only by what was executed.
-func FuzzResponder(f *testing.F) {
+// Runs that break the protocol are invalid requests: the QP is in error (Fatal).
+func TestResponderMalformed(t *testing.T) {
 	const mtu = 256
 	lim := Limits{MTU: mtu, MaxMessage: 4 * mtu}
-	f.Add(framedStream(f, mtu,
-		Message{Kind: KindWrite, PSN: 0, VA: 1, RKey: 2, Payload: make([]byte, 300)},
-		Message{Kind: KindReadRequest, PSN: 2, VA: 1, RKey: 2, DMALen: 600},
-		Message{Kind: KindFetchAdd, PSN: 5, VA: 8, RKey: 2, Swap: 1},
-		Message{Kind: KindSend, PSN: 6, Payload: []byte("hi"), AckReq: true}))
+	for name, s := range map[string]Segment{
+		"MIDDLE without FIRST":   One(Packet{Opcode: SendMiddle, Payload: make([]byte, mtu)}),
+		"WRITE FIRST of one MTU": One(Packet{Opcode: WriteFirst, DMALen: mtu, Payload: make([]byte, mtu)}),
+		"WRITE past the largest message": One(Packet{Opcode: WriteFirst, DMALen: 4*mtu + 1,
+			Payload: make([]byte, mtu)}),
+		"WRITE ONLY of the wrong length": One(Packet{Opcode: WriteOnly, DMALen: 10, Payload: make([]byte, 9)}),
+		"READ past the largest message":  One(Packet{Opcode: ReadRequest, DMALen: 4*mtu + 1}),
+		"SEND past the largest message": {Packet: Packet{Opcode: SendFirst, Payload: make([]byte, 5*mtu)}, Count: 5,
+			Last: SendMiddle},
+		"run of mixed kinds": {Packet: Packet{Opcode: SendFirst, Payload: make([]byte, 2*mtu)}, Count: 2,
+			Last: WriteLast},
+		"run with a short packet": {Packet: Packet{Opcode: SendFirst, Payload: make([]byte, mtu+1)}, Count: 2,
+			Last: SendMiddle},
+	} {
+		r := NewResponder(0, lim, 1)
+		v := r.Receive(&s)
+		assert.Equal(t, ActNAK, v.Act, name)
+		assert.True(t, v.Fatal, name)
+		assert.Equal(t, SynNAKInvalidRequest, v.Resp.Syndrome, name)
+	}
+	// A WRITE whose packets add up to other than its RETH's length.
+	r := NewResponder(0, lim, 1)
+	first := One(Packet{Opcode: WriteFirst, DMALen: 2 * mtu, Payload: make([]byte, mtu)})
+	v := r.Receive(&first)
+	require.Equal(t, ActPlace, v.Act)
+	r.Placed(&first, &v)
+	last := One(Packet{Opcode: WriteLast, PSN: 1, Payload: make([]byte, mtu-4)})
+	v = r.Receive(&last)
+	assert.True(t, v.Fatal, "a WRITE shorter than its RETH says")
+}
+
+func TestSegmentSplitAndPackets(t *testing.T) {
+	const mtu = 256
+	w := Request{ID: 1, Kind: KindWrite, Length: 4*mtu - 3, VA: 0x1000, RKey: 9, HasImm: true, Imm: 77}
+	s := runOf(t, mtu, 100, w, 0, 4)
+	require.NoError(t, s.check(mtu))
+	ps := s.Packets(nil, mtu)
+	require.Len(t, ps, 4)
+	assert.Equal(t, []Opcode{WriteFirst, WriteMiddle, WriteMiddle, WriteLastImm},
+		[]Opcode{ps[0].Opcode, ps[1].Opcode, ps[2].Opcode, ps[3].Opcode})
+	assert.EqualValues(t, 0x1000, ps[0].VA)
+	assert.EqualValues(t, 4*mtu-3, ps[0].DMALen)
+	assert.Zero(t, ps[1].VA, "a MIDDLE has no RETH")
+	assert.True(t, ps[3].AckReq)
+	assert.False(t, ps[0].AckReq)
+	assert.EqualValues(t, 77, ps[3].Imm)
+	assert.EqualValues(t, 103, ps[3].PSN)
+	assert.Len(t, ps[3].Payload, mtu-3)
+	for _, p := range ps { // each encodes as a packet of the wire
+		_, err := p.Append(nil, Endpoints{Src: netipAP("127.0.0.1:1"), Dst: netipAP("127.0.0.2:4791")})
+		require.NoError(t, err)
+	}
+
+	head, tail := s.Split(1, mtu)
+	assert.Equal(t, 1, head.Count)
+	assert.Equal(t, WriteFirst, head.Opcode)
+	assert.Equal(t, WriteFirst, head.Last)
+	assert.False(t, head.AckReq)
+	assert.Equal(t, 3, tail.Count)
+	assert.Equal(t, WriteMiddle, tail.Opcode)
+	assert.EqualValues(t, 101, tail.PSN)
+	assert.Zero(t, tail.VA, "the rest starts with a MIDDLE: no RETH")
+	assert.True(t, tail.AckReq)
+	require.NoError(t, head.check(mtu))
+	require.NoError(t, tail.check(mtu))
+	assert.Equal(t, append(head.Payload, tail.Payload...), s.Payload)
+
+	resp := ReadResponseRun(50, 1, 2, 4, 9)
+	assert.Equal(t, ReadRespMiddle, resp.Opcode)
+	assert.Equal(t, ReadRespMiddle, resp.Last)
+	assert.Zero(t, resp.Syndrome, "no AETH in the middle of a response")
+	resp = ReadResponseRun(50, 0, 4, 4, 9)
+	assert.Equal(t, ReadRespFirst, resp.Opcode)
+	assert.Equal(t, ReadRespLast, resp.Last)
+	assert.Equal(t, SynACK, resp.Syndrome)
+	assert.EqualValues(t, 9, resp.MSN)
+}
+
+// The responder on any runs in any order: no panic, nothing placed beyond the
+// message's length or the largest message, and the expected PSN moves only by what
+// was taken.
+func FuzzResponder(f *testing.F) {
+	const mtu = 256
+	f.Add([]byte{0, 6, 0, 2, 1, 0, 0, 4, 12, 0, 0, 3, 0, 2, 20, 0, 1, 0, 4, 0, 1, 0})
 	f.Fuzz(func(t *testing.T, stream []byte) {
+		lim := Limits{MTU: mtu, MaxMessage: 4 * mtu}
 		r := NewResponder(0, lim, 2)
-		for {
-			p, choice, ok := nextFramed(&stream, lim)
-			if !ok {
-				return
-			}
-			if p == nil {
-				continue
+		var got uint64 // bytes of the message in progress placed
+		for len(stream) >= 5 {
+			op, count, psn, plen, choice := Opcode(stream[0]%21), int(stream[1]%4)+1, uint32(stream[2]%16),
+				int(stream[3])*8, stream[4]
+			stream = stream[5:]
+			s := Segment{Packet: Packet{Opcode: op, PSN: psn, DMALen: uint32(plen) * 2, VA: uint64(choice),
+				Payload: make([]byte, min(plen, 5*mtu))}, Count: count, Last: Opcode((uint8(op) + uint8(count) - 1) % 21)}
+			if count == 1 {
+				s.Last = s.Opcode
 			}
 			before := r.ExpectedPSN()
-			act, m, resp := r.Receive(p)
-			switch act {
-			case ActExecute:
-				if len(m.Payload) > int(lim.MaxMessage) {
-					t.Fatalf("a %d-byte message", len(m.Payload))
+			v := r.Receive(&s)
+			switch v.Act {
+			case ActPlace:
+				n := uint64(len(s.Payload) - v.Skip*mtu)
+				if uint64(v.Off)+n > uint64(lim.MaxMessage) {
+					t.Fatalf("placing %d bytes at %d, the limit is %d", n, v.Off, lim.MaxMessage)
+				}
+				if v.Msg.Kind == KindWrite && uint64(v.Off)+n > uint64(v.Msg.Length) {
+					t.Fatalf("placing %d bytes at %d of a %d-byte WRITE", n, v.Off, v.Msg.Length)
 				}
 				if choice%4 == 0 {
-					r.RNR(m, 1)
+					r.RNR(1)
 					continue
 				}
-				r.Executed(m, &Message{Kind: KindAtomicAck})
-			case ActNAK, ActDuplicate:
-				if resp == nil && m == nil {
-					t.Fatalf("%v without a response or a message", act)
-				}
-				fallthrough
-			case ActDrop:
+				r.Placed(&s, &v)
+				got = uint64(v.Off) + n
+			case ActRead:
+				r.ReadDone(&v)
+			case ActAtomic:
+				var b [8]byte
+				binary.LittleEndian.PutUint64(b[:], uint64(choice))
+				r.AtomicDone(&v, binary.LittleEndian.Uint64(b[:]))
+			default:
 				if r.ExpectedPSN() != before {
-					t.Fatalf("%v moved the expected PSN from %d to %d", act, before, r.ExpectedPSN())
+					t.Fatalf("%v moved the expected PSN from %d to %d", v.Act, before, r.ExpectedPSN())
 				}
 			}
+			_ = got
 		}
 	})
 }

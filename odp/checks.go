@@ -1,0 +1,59 @@
+package odp
+
+import "fmt"
+
+// The NIC's checks of local and remote keys against the device's MRs.
+
+// localSGE checks one SGE against this device's MRs as the NIC does for a local key.
+func (qp *QP) localSGE(s SGE, write bool) (*MR, uint64, string) {
+	mr := qp.dev.lookupMR(s.LKey)
+	switch {
+	case mr == nil:
+		return nil, 0, fmt.Sprintf("lkey %#x is not a registered MR", s.LKey)
+	case mr.pd != qp.pd:
+		return nil, 0, fmt.Sprintf("lkey %#x belongs to another PD", s.LKey)
+	case write && mr.access&AccessLocalWrite == 0:
+		return nil, 0, fmt.Sprintf("MR %#x lacks LOCAL_WRITE", s.LKey)
+	}
+	off, ok := mr.offset(s.Addr, uint64(s.Length))
+	if !ok {
+		return nil, 0, fmt.Sprintf("[%#x, +%d) outside MR %#x [%#x, +%d)", s.Addr, s.Length, s.LKey, mr.start, mr.length)
+	}
+	return mr, off, ""
+}
+
+// offset returns addr's offset in the MR if [addr, addr+n) lies inside it.
+func (mr *MR) offset(addr, n uint64) (uint64, bool) {
+	start := uint64(mr.start)
+	if addr < start || addr-start > mr.length || n > mr.length-(addr-start) {
+		return 0, false
+	}
+	return addr - start, true
+}
+
+func sglLen(sgl []SGE) uint64 {
+	var n uint64
+	for _, s := range sgl {
+		n += uint64(s.Length)
+	}
+	return n
+}
+
+// remoteMR checks a request's rkey, range and rights against this device's MRs, and
+// says why it refuses.
+func (qp *QP) remoteMR(rkey uint32, va, n uint64, need Access) (*MR, uint64, string) {
+	mr := qp.dev.lookupMR(rkey)
+	switch {
+	case mr == nil:
+		return nil, 0, fmt.Sprintf("rkey %#x is not a registered MR", rkey)
+	case mr.pd != qp.pd:
+		return nil, 0, fmt.Sprintf("rkey %#x belongs to another PD", rkey)
+	case mr.access&need == 0:
+		return nil, 0, fmt.Sprintf("MR %#x lacks %v", rkey, need)
+	}
+	off, ok := mr.offset(va, n)
+	if !ok {
+		return nil, 0, fmt.Sprintf("[%#x, +%d) outside MR %#x [%#x, +%d)", va, n, rkey, mr.start, mr.length)
+	}
+	return mr, off, ""
+}

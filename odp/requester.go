@@ -1,0 +1,431 @@
+package odp
+
+// The engine's requester side: work requests from the send queue into the RC
+// requester (post), their packets out of local memory onto the wire (transmit), the
+// responder's answers (response), and completions in posting order (retire).
+
+import (
+	"encoding/binary"
+	"errors"
+	"fmt"
+	"sync"
+	"sync/atomic"
+
+	"github.com/odpemu/odpemu/internal/bufpool"
+	"github.com/odpemu/odpemu/transport/roce"
+)
+
+func (q *sendQueue) slot(i uint64) *wqe { return &q.slots[i%uint64(len(q.slots))] }
+
+// post takes work requests from the send queue into the requester, in order, as far
+// as the window, fences and the QP's state allow. A request that fails the NIC's
+// local checks completes with an error in its turn.
+func (e *engine) post() bool {
+	q := &e.qp.sq
+	tail := q.tail.Load()
+	state := QPState(e.qp.st.Load())
+	busy := false
+	for e.sqNext < tail {
+		w := q.slot(e.sqNext)
+		if !e.errored && (state == StateSQD || state == StateSQE) {
+			break // draining: started requests complete, later ones wait
+		}
+		if e.errored || e.req.Failed() {
+			w.done, w.status = true, WCWRFlushErr
+			e.sqNext++
+			busy = true
+			continue
+		}
+		if w.wr.Flags&SendFence != 0 && e.fenced > 0 {
+			break // a READ or atomic before it has not completed
+		}
+		r, status, detail := e.message(w)
+		if status != WCSuccess {
+			w.done, w.status, w.detail = true, status, detail
+			e.sqNext++
+			busy = true
+			continue
+		}
+		if e.req.Outstanding() > 0 && e.req.InFlight()+e.req.Span(&r) > e.window {
+			break
+		}
+		out, err := e.req.Post(r, e.now)
+		if err != nil {
+			w.done, w.status, w.detail = true, WCLocQPOpErr, err.Error()
+		} else if w.wr.Opcode.readsBack() {
+			e.fenced++
+		}
+		e.sqNext++
+		e.complete(out, "")
+		busy = true
+	}
+	return busy
+}
+
+// message makes a work request's RC message, after the local checks the NIC makes:
+// its SGL's keys, looked up once (a retransmission reads through the same MRs, or
+// finds one deregistered).
+func (e *engine) message(w *wqe) (roce.Request, WCStatus, string) {
+	wr := &w.wr
+	total := sglLen(wr.SGL)
+	r := roce.Request{ID: e.sqNext, VA: wr.RemoteAddr, RKey: wr.RKey}
+	if total > maxMsg {
+		return r, WCLocLenErr, fmt.Sprintf("message of %d bytes > %d", total, maxMsg)
+	}
+	r.Length = uint32(total)
+	writes := wr.Opcode.readsBack() // the data lands in the SGL later: check for write now
+	if wr.Flags&SendInline == 0 || writes {
+		w.mrs = w.mrBuf[:0]
+		for _, s := range wr.SGL {
+			mr, _, why := e.qp.localSGE(s, writes)
+			if mr == nil {
+				return r, WCLocProtErr, why
+			}
+			w.mrs = append(w.mrs, mr)
+		}
+	}
+	switch wr.Opcode {
+	case OpRDMAWrite, OpRDMAWriteImm:
+		r.Kind, r.HasImm, r.Imm = roce.KindWrite, wr.Opcode == OpRDMAWriteImm, wr.Imm
+	case OpSend, OpSendImm:
+		r.Kind, r.VA, r.RKey, r.HasImm, r.Imm = roce.KindSend, 0, 0, wr.Opcode == OpSendImm, wr.Imm
+	case OpRDMARead:
+		r.Kind = roce.KindReadRequest
+	case OpAtomicCmpSwap:
+		r.Kind, r.Swap, r.Compare = roce.KindCompareSwap, wr.Swap, wr.CompareAdd
+	case OpAtomicFetchAdd:
+		r.Kind, r.Swap = roce.KindFetchAdd, wr.CompareAdd
+	}
+	return r, WCSuccess, ""
+}
+
+// transmit builds the requester's next runs out of local memory, as far as the
+// port's room, the RNR timer and the requester's faults allow.
+func (e *engine) transmit() bool {
+	busy := false
+	for len(e.out) < maxOut && e.srcFault == nil && e.retryAt.IsZero() && e.req.Pending() {
+		t, _ := e.req.Next(e.maxRun)
+		w := e.qp.sq.slot(t.ID)
+		if t.Len > 0 {
+			if !e.payload(w, &t) {
+				break
+			}
+		}
+		t.Seg.DestQP = e.remote
+		e.req.Sent(&t, e.now)
+		e.out = append(e.out, t.Seg)
+		busy = true
+	}
+	return busy
+}
+
+// payload reads a run's payload out of the work request's memory: by reference when
+// it lies in one SGE of an MR this process's engines may touch, else copied into a
+// buffer. It reports false when the run must wait (the gate is busy, or a network
+// page fault is on its way) or failed (the message completes with a local error).
+func (e *engine) payload(w *wqe, t *roce.Transmit) bool {
+	if w.wr.Flags&SendInline != 0 {
+		t.Seg.Payload = w.wr.inline[t.Offset : int(t.Offset)+t.Len]
+		return true
+	}
+	i, in := sglAt(w.wr.SGL, uint64(t.Offset))
+	if room := uint64(w.wr.SGL[i].Length) - in; uint64(t.Len) > room && t.Seg.Count > 1 && room >= uint64(e.mtu) {
+		// The run crosses into the next SGE: send the packets before it by reference.
+		*t, _ = e.req.Next(int(room) / e.mtu)
+	}
+	mr := w.mrs[i]
+	if uint64(t.Len) <= uint64(w.wr.SGL[i].Length)-in && mr.file == nil {
+		off := w.wr.SGL[i].Addr - uint64(mr.start) + in
+		ref, miss, err := mr.tryAcquire(off, uint64(t.Len), false, false)
+		if ok := e.readable(t.ID, mr, off, w.wr.SGL[i].Length, in, miss, err); !ok {
+			return false
+		}
+		sr := srcRefs.Get().(*srcRef)
+		sr.r = ref
+		t.Seg.Payload, t.Seg.Ref = ref.bytes(), sr
+		return true
+	}
+	buf := bufpool.Get(t.Len)
+	if !e.gather(t.ID, w, uint64(t.Offset), buf) {
+		bufpool.Put(buf)
+		return false
+	}
+	t.Seg.Payload, t.Seg.Ref = buf, roce.Owned(buf)
+	return true
+}
+
+// readable handles the outcome of a DMA the requester tried on mr's bytes from off
+// (SGE of length sgeLen, in bytes into it): it reports true if the DMA began.
+// Otherwise the gate was busy, or a network page fault on the rest of the SGE is
+// started (the cursor waits for it), or the message fails with a local protection
+// error.
+func (e *engine) readable(id uint64, mr *MR, off uint64, sgeLen uint32, in uint64, miss int, err error) bool {
+	switch {
+	case errors.Is(err, errGateBusy):
+		e.gateBusy()
+		return false
+	case err != nil:
+		e.fail(id, err.Error())
+		return false
+	case miss >= 0:
+		first, count := mr.pageSpan(off-in, uint64(sgeLen)) // the rest of the SGE: mlx5 resolves whole WQEs
+		e.srcFault, e.srcID = e.startFault(mr, miss, first+count, false), id
+		return false
+	}
+	return true
+}
+
+// gather copies message bytes [off, off+len(buf)) of w's SGL into buf, one DMA per
+// SGE piece, as a NIC gathers a packet that spans SGEs.
+func (e *engine) gather(id uint64, w *wqe, off uint64, buf []byte) bool {
+	for pos := 0; pos < len(buf); {
+		i, in := sglAt(w.wr.SGL, off+uint64(pos))
+		s, mr := w.wr.SGL[i], w.mrs[i]
+		n := min(uint64(len(buf)-pos), uint64(s.Length)-in)
+		moff := s.Addr - uint64(mr.start) + in
+		ref, miss, err := mr.tryAcquire(moff, n, false, e.covering > 0)
+		if !e.readable(id, mr, moff, s.Length, in, miss, err) {
+			return false
+		}
+		if mr.file != nil {
+			err = mr.fileCopy(moff, buf[pos:pos+int(n)], false)
+		} else {
+			err = e.dev.dmaCopy(buf[pos:pos+int(n)], ref.bytes())
+		}
+		if torn := ref.release(err == nil); torn && err == nil {
+			return false // made again on the next round
+		}
+		if err != nil {
+			e.fail(id, err.Error())
+			return false
+		}
+		pos += int(n)
+	}
+	return true
+}
+
+// sgeAt returns the SGE that holds byte off of an SGL's data, and where in it.
+func sglAt(sgl []SGE, off uint64) (int, uint64) {
+	for i, s := range sgl {
+		if off < uint64(s.Length) || i == len(sgl)-1 {
+			return i, off
+		}
+		off -= uint64(s.Length)
+	}
+	return 0, off
+}
+
+// fail ends message id with a local protection error: its memory could not be read
+// (the MR was deregistered, pages of it unmapped, a fault failed).
+func (e *engine) fail(id uint64, why string) {
+	e.complete(e.req.Abort(id, roce.StatusLocal), why)
+}
+
+// srcRef is a run's payload read by reference: the DMA on the sender's MR, open
+// until the receiving engine has copied the payload (roce.Ref). A READ response's
+// names the responding engine (owner), which counts its responses not yet read.
+type srcRef struct {
+	r     dmaRef
+	owner *engine
+}
+
+var srcRefs = sync.Pool{New: func() any { return new(srcRef) }}
+
+// Release implements roce.Ref.
+func (s *srcRef) Release() { s.finish() }
+
+// finish ends the DMA and reports whether its copy was torn (see dmaRef.release).
+func (s *srcRef) finish() bool {
+	torn := s.r.release(true)
+	if o := s.owner; o != nil && o.unread.Add(-1) == 0 {
+		o.wake() // its responder may write memory again
+	}
+	*s = srcRef{}
+	srcRefs.Put(s)
+	return torn
+}
+
+// response handles an answer from the responder: an ACK or NAK, an atomic's
+// result, a READ response run whose data is placed in the work request's SGL.
+func (e *engine) response(s *roce.Segment) {
+	switch s.Opcode {
+	case roce.Acknowledge:
+		e.release(s)
+		e.complete(e.req.Receive(&s.Packet, e.now), "")
+	case roce.AtomicAck:
+		e.release(s)
+		id, ok := e.req.Lookup(s.PSN)
+		if !ok || e.dstFault != nil {
+			return
+		}
+		var orig [8]byte
+		binary.NativeEndian.PutUint64(orig[:], s.Orig)
+		if !e.deliver(id, s.PSN, 0, orig[:], nil) {
+			return
+		}
+		e.complete(e.req.Receive(&s.Packet, e.now), "")
+	default:
+		id, off, out, ok := e.req.ReadResponse(s, e.now)
+		e.complete(out, "")
+		if !ok || e.dstFault != nil {
+			e.release(s)
+			return
+		}
+		if !e.deliver(id, s.PSN, uint64(off), s.Payload, s) {
+			return
+		}
+		e.complete(e.req.ResponsePlaced(s, e.now), "")
+	}
+}
+
+// deliver writes a response's data at byte off of request id's SGL and releases s (a
+// READ response run, or nil). If it cannot (the gate is busy, a page is missing,
+// the copy was torn), the response is dropped and the request asked again: at once,
+// or once the network page fault on the SGL is resolved. It reports whether it
+// placed the data.
+func (e *engine) deliver(id uint64, psn uint32, off uint64, data []byte, s *roce.Segment) bool {
+	w := e.qp.sq.slot(id)
+	for pos := 0; pos < len(data); {
+		i, in := sglAt(w.wr.SGL, off+uint64(pos))
+		sg, mr := w.wr.SGL[i], w.mrs[i]
+		n := min(uint64(len(data)-pos), uint64(sg.Length)-in)
+		moff := sg.Addr - uint64(mr.start) + in
+		ref, miss, err := mr.tryAcquire(moff, n, true, e.covering > 0)
+		switch {
+		case errors.Is(err, errGateBusy):
+			e.gateBusy()
+			e.dropResponse(psn, s)
+			return false
+		case err != nil:
+			e.releaseResponse(s)
+			e.fail(id, err.Error())
+			return false
+		case miss >= 0:
+			first, count := mr.pageSpan(moff-in, uint64(sg.Length))
+			e.dstFault, e.dstID, e.dstPSN = e.startFault(mr, miss, first+count, true), id, psn
+			e.releaseResponse(s)
+			return false
+		}
+		if mr.file != nil {
+			err = mr.fileCopy(moff, data[pos:pos+int(n)], true)
+		} else {
+			err = e.dev.dmaCopy(ref.bytes(), data[pos:pos+int(n)])
+		}
+		if torn := ref.release(err == nil); torn && err == nil {
+			e.dropResponse(psn, s)
+			return false
+		}
+		if err != nil {
+			if s != nil && srcFaulted(err, s.Payload) { // the responder's memory went away under its DMA
+				e.dropResponse(psn, s)
+				return false
+			}
+			e.releaseResponse(s)
+			e.fail(id, err.Error())
+			return false
+		}
+		pos += int(n)
+	}
+	if s != nil && e.release(s) {
+		e.req.RetransmitFrom(psn) // the responder's copy was torn: ask again
+		return false
+	}
+	return true
+}
+
+func (e *engine) releaseResponse(s *roce.Segment) {
+	if s != nil {
+		e.release(s)
+	}
+}
+
+// dropResponse drops a response that could not be placed now and asks for it again.
+func (e *engine) dropResponse(psn uint32, s *roce.Segment) {
+	e.releaseResponse(s)
+	e.req.RetransmitFrom(psn)
+}
+
+// complete records the requester's completions in their work requests' slots; why
+// says what went wrong when the status does not say enough.
+func (e *engine) complete(out roce.Output, why string) {
+	for _, c := range out.Done {
+		w := e.qp.sq.slot(c.ID)
+		status, detail := WCSuccess, ""
+		switch c.Status {
+		case roce.StatusRemoteInvalid:
+			status, detail = WCRemInvReqErr, "responder: NAK invalid request"
+		case roce.StatusRemoteAccess:
+			status, detail = WCRemAccessErr, "responder: NAK remote access error"
+		case roce.StatusRemoteOp:
+			status, detail = WCRemOpErr, "responder: NAK remote operational error"
+		case roce.StatusRetryExceeded:
+			status, detail = WCRetryExcErr, "no response: transport retry counter exceeded"
+			e.rc(func(c *rcCounters) *atomic.Uint64 { return &c.retryExceeded })
+		case roce.StatusRNRRetryExceeded:
+			status, detail = WCRNRRetryExcErr, "responder not ready: RNR retry counter exceeded"
+			e.rc(func(c *rcCounters) *atomic.Uint64 { return &c.rnrRetryExceeded })
+		case roce.StatusLocal:
+			status, detail = WCLocProtErr, "local memory: "+why
+		case roce.StatusFlushed:
+			status = WCWRFlushErr
+		}
+		if why != "" && c.Status == roce.StatusRetryExceeded {
+			detail = why
+		}
+		if w.wr.Opcode.readsBack() && !w.done {
+			e.fenced--
+		}
+		w.done, w.status, w.detail = true, status, detail
+	}
+	if out.RNRWait > 0 {
+		e.rnrSince, e.rnrUntil = e.now, e.now.Add(out.RNRWait)
+	}
+}
+
+// retire completes finished work requests from the head of the send queue, in
+// posting order: a completion for those signaled and for every error, after which
+// the QP is in ERR. A slot is free again before its completion is seen, as a verbs
+// application that polls a completion expects to post again.
+func (e *engine) retire() {
+	q := &e.qp.sq
+	head := q.head.Load()
+	for head < e.sqNext {
+		w := q.slot(head)
+		if !w.done {
+			break
+		}
+		report := w.status != WCSuccess || w.wr.Flags&SendSignaled != 0 || e.qp.cfg.SigAll
+		failed := w.status != WCSuccess && w.status != WCWRFlushErr
+		var wc WC
+		if report {
+			wc = WC{WRID: w.wr.WRID, Status: w.status, Opcode: wcOpcode(w.wr.Opcode), QPNum: e.qp.qpn, Detail: w.detail}
+			if w.wr.Opcode.readsBack() && w.status == WCSuccess {
+				wc.ByteLen = uint32(sglLen(w.wr.SGL)) // as verbs reports a READ's length
+			}
+		}
+		*w = wqe{}
+		head++
+		q.head.Store(head)
+		if report {
+			e.qp.cfg.SendCQ.push(wc)
+		}
+		if failed && !e.errored {
+			e.qp.toError()
+			e.toError()
+		}
+	}
+}
+
+func wcOpcode(op Opcode) WCOpcode {
+	switch op {
+	case OpRDMARead:
+		return WCRDMARead
+	case OpSend, OpSendImm:
+		return WCSend
+	case OpAtomicCmpSwap:
+		return WCCompSwap
+	case OpAtomicFetchAdd:
+		return WCFetchAdd
+	}
+	return WCRDMAWrite
+}

@@ -1,0 +1,561 @@
+package odp
+
+// The engine's responder side: the peer's requests, taken in PSN order and checked
+// by the RC responder (roce.Responder), placed in or read from this device's MRs;
+// and the answers (ACKs, NAKs, READ responses, atomic results), sent in order.
+//
+// What the responder does when a request finds ODP pages missing (a network page
+// fault), by policy and operation:
+//
+//	               FaultRNR (mlx5, the default)          FaultStall (rxe)
+//	WRITE, SEND    RNR NAK; resolved meanwhile; the      waits for the fault, then
+//	               retransmission is RNR NAKed again     takes the request
+//	               until the fault is resolved
+//	READ, atomic   waits for the fault (IBTA lets a      waits for the fault
+//	               responder RNR NAK only requests that
+//	               consume a receive; mlx5 resumes the
+//	               QP once an RDMA responder fault is
+//	               resolved, rxe faults synchronously)
+//
+// A SEND or WRITE with immediate that finds no receive posted is answered RNR NAK
+// under both policies (IBTA's receiver not ready). An RNR NAK goes to the packet
+// that faulted (the run's first PSN, the expected one): the packets placed before
+// it are not sent again, and the fault resolves the rest of the message up to 4 MiB
+// (mlx5's MAX_PREFETCH_LEN), so that the retransmission finds it mapped.
+
+import (
+	"errors"
+	"fmt"
+	"sync/atomic"
+
+	"github.com/odpemu/odpemu/transport/roce"
+)
+
+// prefetchLimit bounds the bytes a responder fault resolves beyond the faulting
+// packet: mlx5's MAX_PREFETCH_LEN.
+const prefetchLimit = 4 << 20
+
+// job is an answer the responder sends, in order: one packet (an ACK, a NAK, an
+// atomic's result), or a READ response sent run by run as the link takes it.
+type job struct {
+	seg  roce.Segment
+	read *readJob
+}
+
+// readJob is a READ response in progress: total packets from PSN first, read from
+// MR bytes [off, off+length), k of them sent.
+type readJob struct {
+	mr       *MR
+	off      uint64
+	length   uint32
+	first    uint32
+	total, k int
+	msn      uint32
+	fault    *faultJob // the last fault resolved for it: if it failed, the READ fails
+}
+
+// answer queues a one-packet answer.
+func (e *engine) answer(m *roce.Message) {
+	m.DestQP = e.remote
+	if m.Kind == roce.KindAck && m.Syndrome == roce.SynACK {
+		// ACKs coalesce: a later one acknowledges everything an earlier one did.
+		if n := len(e.jobs); n > 0 && e.jobs[n-1].read == nil && e.jobs[n-1].seg.Opcode == roce.Acknowledge &&
+			e.jobs[n-1].seg.Syndrome == roce.SynACK {
+			e.jobs[n-1].seg = m.Segment()
+			return
+		}
+	}
+	e.jobs = append(e.jobs, job{seg: m.Segment()})
+}
+
+// takeRequest takes one run of the peer's requests. It reports false when the responder
+// waits (a fault it stalls on, the gate): the run stays at the inbox's head.
+func (e *engine) takeRequest(s *roce.Segment) bool {
+	if e.stall != nil {
+		return false
+	}
+	v := e.resp.Receive(s)
+	if err := e.faultErr; err != nil && (v.Act == roce.ActPlace || v.Act == roce.ActRead || v.Act == roce.ActAtomic) {
+		// The request whose fault failed, again: a NIC that cannot map the pages
+		// answers with a remote access error, as rxe does when its fault fails.
+		e.faultErr = nil
+		e.release(s)
+		e.refuse(e.resp.Fail(roce.SynNAKRemoteAccess), "network page fault: "+err.Error())
+		return true
+	}
+	switch v.Act {
+	case roce.ActDrop:
+		e.rc(func(c *rcCounters) *atomic.Uint64 { return &c.dropped })
+	case roce.ActNAK:
+		if v.Fatal {
+			e.refuse(v.Resp, "malformed request")
+		} else {
+			e.rc(func(c *rcCounters) *atomic.Uint64 { return &c.seqNAKsSent })
+			e.answer(v.Resp)
+		}
+	case roce.ActAck, roce.ActAtomicAgain:
+		e.rc(func(c *rcCounters) *atomic.Uint64 { return &c.duplicates })
+		e.answer(v.Resp)
+	case roce.ActReadAgain:
+		e.rc(func(c *rcCounters) *atomic.Uint64 { return &c.duplicates })
+		mr, off, _ := e.qp.remoteMR(v.Msg.RKey, v.Msg.VA, uint64(v.Msg.Length), AccessRemoteRead)
+		if mr != nil {
+			e.jobs = append(e.jobs, job{read: &readJob{mr: mr, off: off, length: v.Msg.Length, first: v.Msg.First,
+				total: roce.Packets(int(v.Msg.Length), e.mtu), msn: e.resp.MSN()}})
+		} // else dropped: the MR went away since (class D)
+	case roce.ActRead:
+		return e.read(s, &v)
+	case roce.ActAtomic:
+		return e.atomic(s, &v)
+	case roce.ActPlace:
+		return e.placeRun(s, &v)
+	}
+	e.release(s)
+	return true
+}
+
+// refuse answers a request with a NAK that ends the QP (an access error, an invalid
+// request); why is kept as the QP's last refusal (RespError).
+func (e *engine) refuse(nak *roce.Message, why string) {
+	e.qp.mu.Lock()
+	e.qp.lastRefusal = why
+	e.qp.mu.Unlock()
+	e.answer(nak)
+	e.qp.toError()
+	e.toError()
+}
+
+// rnr answers the run at the expected PSN with an RNR NAK.
+func (e *engine) rnr() {
+	e.rc(func(c *rcCounters) *atomic.Uint64 { return &c.rnrNAKsSent })
+	e.answer(e.resp.RNR(e.qp.minRNRTimer()))
+}
+
+// fault is how a placement or a DMA the responder tried came out.
+type fault int
+
+const (
+	faultNone  fault = iota
+	faultBusy        // the gate is busy: try again shortly
+	faultMiss        // a page is missing: a network page fault
+	faultLost        // the sender's memory went away or its copy was torn: the run is lost
+	faultError       // the MR cannot be written or read: an access error
+)
+
+// placeRun places a SEND or WRITE run.
+func (e *engine) placeRun(s *roce.Segment, v *roce.Verdict) bool {
+	if e.rnrFault != nil { // the retransmission of an RNR NAKed run: its fault still runs
+		e.rnr()
+		e.release(s)
+		return true
+	}
+	if e.unread.Load() > 0 {
+		return false // earlier READ responses are still being read (their copy wakes us)
+	}
+	payload := s.Payload[v.Skip*e.mtu:]
+	starts := !e.resp.InMessage()
+	var (
+		res       fault
+		err       error
+		mr        *MR
+		miss, end int
+		recv      *RecvWR
+	)
+	switch v.Msg.Kind {
+	case roce.KindWrite:
+		if starts {
+			var off uint64
+			var why string
+			if mr, off, why = e.qp.remoteMR(v.Msg.RKey, v.Msg.VA, uint64(v.Msg.Length), AccessRemoteWrite); mr == nil {
+				e.release(s)
+				e.refuse(e.resp.Fail(roce.SynNAKRemoteAccess), why)
+				return true
+			}
+			e.msgMR, e.msgOff = mr, off
+		}
+		if v.Ends && v.Msg.HasImm && !e.qp.hasRecv() {
+			e.rnr() // WRITE with immediate consumes a receive: none posted
+			e.release(s)
+			return true
+		}
+		mr = e.msgMR
+		res, miss, end, err = e.write(mr, e.msgOff+uint64(v.Off), payload, s)
+	case roce.KindSend:
+		recv = e.recv
+		if starts {
+			if recv = e.qp.peekRecv(); recv == nil {
+				e.rnr() // receiver not ready
+				e.release(s)
+				return true
+			}
+		}
+		if capacity := sglLen(recv.SGL); uint64(v.Off)+uint64(len(payload)) > capacity {
+			e.qp.takeRecv(recv, starts)
+			e.release(s)
+			why := fmt.Sprintf("%d-byte SEND into a %d-byte receive", uint64(v.Off)+uint64(len(payload)), capacity)
+			e.qp.cfg.RecvCQ.push(WC{WRID: recv.WRID, Status: WCLocLenErr, Opcode: WCRecv, QPNum: e.qp.qpn, Detail: why})
+			e.recv = nil
+			e.refuse(e.resp.Fail(roce.SynNAKInvalidRequest), why)
+			return true
+		}
+		res, mr, miss, end, err = e.scatter(recv.SGL, uint64(v.Off), payload, s)
+	}
+	switch res {
+	case faultBusy:
+		e.gateBusy()
+		return false
+	case faultMiss:
+		// The run's pages on this MR at least; for a WRITE, the rest of its message.
+		end = max(end, mr.pageSpanEnd(e.faultEnd(mr, v, payload)))
+		f := e.startFault(mr, miss, end, true)
+		if e.dev.cfg.ResponderFaults == FaultStall {
+			e.hold(f)
+			return false
+		}
+		e.rnrFault = f
+		e.rnr()
+		e.release(s)
+		return true
+	case faultLost:
+		e.release(s)
+		e.rc(func(c *rcCounters) *atomic.Uint64 { return &c.dropped })
+		return true // the requester sends it again (a sequence NAK for what follows)
+	case faultError:
+		e.release(s)
+		if v.Msg.Kind == roce.KindSend {
+			e.qp.takeRecv(recv, starts)
+			e.qp.cfg.RecvCQ.push(WC{WRID: recv.WRID, Status: WCLocProtErr, Opcode: WCRecv, QPNum: e.qp.qpn,
+				Detail: err.Error()})
+			e.recv = nil
+			e.refuse(e.resp.Fail(roce.SynNAKRemoteOperation), "receive: "+err.Error())
+		} else {
+			e.refuse(e.resp.Fail(roce.SynNAKRemoteAccess), err.Error())
+		}
+		return true
+	}
+	if e.release(s) { // the sender's copy was torn: the run is lost, sent again
+		e.rc(func(c *rcCounters) *atomic.Uint64 { return &c.dropped })
+		return true
+	}
+	if v.Msg.Kind == roce.KindSend && starts {
+		e.qp.takeRecv(recv, true)
+		e.recv = recv
+	}
+	if e.resp.Placed(s, v) {
+		e.ackOwed = true
+	}
+	if v.Ends {
+		e.msgMR = nil
+		switch {
+		case v.Msg.Kind == roce.KindSend:
+			wc := WC{WRID: e.recv.WRID, Opcode: WCRecv, QPNum: e.qp.qpn, ByteLen: v.Off + uint32(len(payload))}
+			if v.Msg.HasImm {
+				wc.Flags, wc.ImmData = WCWithImm, v.Msg.Imm
+			}
+			e.recvDone(wc)
+			e.recv = nil
+		case v.Msg.HasImm:
+			r := e.qp.peekRecv()
+			e.qp.takeRecv(r, true)
+			e.recvDone(WC{WRID: r.WRID, Opcode: WCRecvRDMAWithImm, QPNum: e.qp.qpn, ByteLen: v.Msg.Length,
+				Flags: WCWithImm, ImmData: v.Msg.Imm})
+		}
+	}
+	return true
+}
+
+// recvDone completes a receive (flushed if the QP went to ERR meanwhile).
+func (e *engine) recvDone(wc WC) {
+	if QPState(e.qp.st.Load()) == StateError {
+		wc.Status = WCWRFlushErr
+	}
+	e.qp.cfg.RecvCQ.push(wc)
+}
+
+// faultEnd is the MR byte where a responder fault on run v stops: the end of its
+// message, at most prefetchLimit past the run.
+func (e *engine) faultEnd(mr *MR, v *roce.Verdict, payload []byte) uint64 {
+	if v.Msg.Kind != roce.KindWrite || mr != e.msgMR {
+		return 0 // a receive's buffer: the run's own pages
+	}
+	start := e.msgOff + uint64(v.Off)
+	return min(e.msgOff+uint64(v.Msg.Length), start+uint64(len(payload))+prefetchLimit)
+}
+
+// pageSpanEnd returns the table page after MR byte end-1 (0: none).
+func (mr *MR) pageSpanEnd(end uint64) int {
+	if end == 0 {
+		return 0
+	}
+	first, count := mr.pageSpan(end-1, 1)
+	return first + count
+}
+
+// write places payload at MR bytes [off, ...), the DMA of a WRITE run. A page
+// fault is returned with the first page missing and the page after the run's.
+func (e *engine) write(mr *MR, off uint64, payload []byte, s *roce.Segment) (fault, int, int, error) {
+	if len(payload) == 0 {
+		return faultNone, -1, 0, nil
+	}
+	ref, miss, err := mr.tryAcquire(off, uint64(len(payload)), true, e.covering > 0)
+	if res := dmaOutcome(miss, err); res != faultNone {
+		return res, miss, mr.pageSpanEnd(off + uint64(len(payload))), err
+	}
+	if mr.file != nil {
+		err = mr.fileCopy(off, payload, true)
+	} else {
+		err = e.dev.dmaCopy(ref.bytes(), payload)
+	}
+	torn := ref.release(err == nil)
+	switch {
+	case err != nil && srcFaulted(err, s.Payload):
+		return faultLost, -1, 0, nil
+	case err != nil:
+		return faultError, -1, 0, err
+	case torn:
+		return faultLost, -1, 0, nil // made again when the requester sends it again
+	}
+	return faultNone, -1, 0, nil
+}
+
+// scatter places payload at byte off of a receive's SGL, one DMA per SGE piece. It
+// returns the MR of a missing page with the fault (as write does).
+func (e *engine) scatter(sgl []SGE, off uint64, payload []byte, s *roce.Segment) (fault, *MR, int, int, error) {
+	for pos := 0; pos < len(payload); {
+		i, in := sglAt(sgl, off+uint64(pos))
+		sg := sgl[i]
+		mr, moff, why := e.qp.localSGE(SGE{Addr: sg.Addr + in, Length: sg.Length - uint32(in), LKey: sg.LKey}, true)
+		if mr == nil {
+			return faultError, nil, -1, 0, errors.New(why)
+		}
+		n := min(len(payload)-pos, int(sg.Length)-int(in))
+		res, miss, end, err := e.write(mr, moff, payload[pos:pos+n], s)
+		if res != faultNone {
+			return res, mr, miss, end, err
+		}
+		pos += n
+	}
+	return faultNone, nil, -1, 0, nil
+}
+
+// dmaOutcome classifies what tryAcquire returned.
+func dmaOutcome(miss int, err error) fault {
+	switch {
+	case errors.Is(err, errGateBusy):
+		return faultBusy
+	case err != nil:
+		return faultError
+	case miss >= 0:
+		return faultMiss
+	}
+	return faultNone
+}
+
+// read takes a new READ: its MR is checked, its pages must be present (a READ is
+// not RNR NAKed: the responder waits for its fault), and its response is queued.
+func (e *engine) read(s *roce.Segment, v *roce.Verdict) bool {
+	mr, off, why := e.qp.remoteMR(v.Msg.RKey, v.Msg.VA, uint64(v.Msg.Length), AccessRemoteRead)
+	if mr == nil {
+		e.release(s)
+		e.refuse(e.resp.Fail(roce.SynNAKRemoteAccess), why)
+		return true
+	}
+	if miss := mr.firstMissing(off, uint64(v.Msg.Length), false); miss >= 0 {
+		end := mr.pageSpanEnd(off + uint64(v.Msg.Length))
+		e.hold(e.startFault(mr, miss, end, false))
+		return false
+	}
+	e.resp.ReadDone(v)
+	e.jobs = append(e.jobs, job{read: &readJob{mr: mr, off: off, length: v.Msg.Length, first: v.Msg.First,
+		total: roce.Packets(int(v.Msg.Length), e.mtu), msn: e.resp.MSN()}})
+	e.release(s)
+	return true
+}
+
+// firstMissing returns the first page of MR bytes [off, off+n) an ODP MR lacks an
+// entry for (for write when write is set), or -1.
+func (mr *MR) firstMissing(off, n uint64, write bool) int {
+	if !mr.odp || n == 0 {
+		return -1
+	}
+	first, count := mr.pageSpan(off, n)
+	mr.table.Lock()
+	defer mr.table.Unlock()
+	return mr.table.MissingLocked(first, count, write)
+}
+
+// atomic executes a compare-and-swap or fetch-and-add, once: a duplicate is
+// answered from its saved result.
+func (e *engine) atomic(s *roce.Segment, v *roce.Verdict) bool {
+	if v.Msg.VA%8 != 0 {
+		e.release(s)
+		e.refuse(e.resp.Fail(roce.SynNAKInvalidRequest), fmt.Sprintf("atomic at %#x is not 8-byte aligned", v.Msg.VA))
+		return true
+	}
+	mr, off, why := e.qp.remoteMR(v.Msg.RKey, v.Msg.VA, 8, AccessRemoteAtomic)
+	if mr == nil {
+		e.release(s)
+		e.refuse(e.resp.Fail(roce.SynNAKRemoteAccess), why)
+		return true
+	}
+	if e.unread.Load() > 0 {
+		return false // earlier READ responses are still being read
+	}
+	ref, miss, err := mr.tryAcquire(off, 8, true, e.covering > 0)
+	switch dmaOutcome(miss, err) {
+	case faultBusy:
+		e.gateBusy()
+		return false
+	case faultMiss:
+		e.hold(e.startFault(mr, miss, miss+1, true))
+		return false
+	case faultError:
+		e.release(s)
+		e.refuse(e.resp.Fail(roce.SynNAKRemoteAccess), err.Error())
+		return true
+	}
+	orig, err := mr.atomicOn(ref, off, v.Msg.Kind == roce.KindCompareSwap, v.Msg.Compare, v.Msg.Swap)
+	if err != nil {
+		e.release(s)
+		e.refuse(e.resp.Fail(roce.SynNAKRemoteAccess), err.Error())
+		return true
+	}
+	e.answer(e.resp.AtomicDone(v, orig))
+	e.release(s)
+	return true
+}
+
+// respond queues the answers for the port in order: one-packet answers as they are,
+// READ responses run by run, each read from the MR by reference.
+func (e *engine) respond() bool {
+	busy := false
+	for len(e.jobs) > 0 && len(e.out) < maxOut {
+		j := &e.jobs[0]
+		if j.read == nil {
+			e.out = append(e.out, j.seg)
+			e.popJob()
+			busy = true
+			continue
+		}
+		r := j.read
+		if e.stall != nil || !e.retryAt.IsZero() {
+			break
+		}
+		count := min(e.maxRun, r.total-r.k)
+		n := min(count*e.mtu, int(r.length)-r.k*e.mtu)
+		seg := roce.ReadResponseRun(r.first, r.k, count, r.total, r.msn)
+		seg.DestQP = e.remote
+		if n > 0 {
+			off := r.off + uint64(r.k*e.mtu)
+			if r.mr.file != nil {
+				buf := make([]byte, n)
+				ref, miss, err := r.mr.tryAcquire(off, uint64(n), false, e.covering > 0)
+				if !e.readOK(r, miss, err) {
+					break
+				}
+				err = r.mr.fileCopy(off, buf, false)
+				ref.release(err == nil)
+				if err != nil {
+					e.readFailed(r, err)
+					continue
+				}
+				seg.Payload, seg.Ref = buf, nil
+			} else {
+				ref, miss, err := r.mr.tryAcquire(off, uint64(n), false, false)
+				if !e.readOK(r, miss, err) {
+					break
+				}
+				sr := srcRefs.Get().(*srcRef)
+				sr.r, sr.owner = ref, e
+				e.unread.Add(1)
+				seg.Payload, seg.Ref = ref.bytes(), sr
+			}
+		}
+		e.out = append(e.out, seg)
+		r.k += count
+		if r.k == r.total {
+			e.popJob()
+		}
+		busy = true
+	}
+	return busy
+}
+
+// readOK handles the outcome of a DMA for a READ response run: it reports true if
+// it began; else the gate is busy, a fault is resolved first (an invalidation took
+// the pages since the READ was taken), or the READ fails (its pages cannot be
+// mapped: the fault resolved for it failed).
+func (e *engine) readOK(r *readJob, miss int, err error) bool {
+	switch dmaOutcome(miss, err) {
+	case faultBusy:
+		e.gateBusy()
+		return false
+	case faultMiss:
+		if r.fault != nil && r.fault.err != nil {
+			e.readFailed(r, fmt.Errorf("network page fault: %w", r.fault.err))
+			return false
+		}
+		r.fault = e.startFault(r.mr, miss, r.mr.pageSpanEnd(r.off+uint64(r.length)), false)
+		e.hold(r.fault)
+		return false
+	case faultError:
+		e.readFailed(r, err)
+		return false
+	}
+	return true
+}
+
+// readFailed answers a READ whose memory cannot be read any more with a remote
+// access NAK in place of its next response packet; the QP goes to ERR.
+func (e *engine) readFailed(r *readJob, err error) {
+	e.popJob()
+	nak := &roce.Message{Kind: roce.KindAck, Syndrome: roce.SynNAKRemoteAccess, MSN: r.msn,
+		PSN: (r.first + uint32(r.k)) & (1<<24 - 1)}
+	e.refuse(nak, err.Error())
+}
+
+func (e *engine) popJob() {
+	e.jobs[0] = job{}
+	e.jobs = e.jobs[1:]
+	if len(e.jobs) == 0 {
+		e.jobs = e.jobs[:0:0]
+	}
+}
+
+// hasRecv reports whether a receive is posted.
+func (qp *QP) hasRecv() bool {
+	qp.mu.Lock()
+	defer qp.mu.Unlock()
+	return len(qp.rq) > 0
+}
+
+// peekRecv returns a copy of the oldest posted receive, or nil.
+func (qp *QP) peekRecv() *RecvWR {
+	qp.mu.Lock()
+	defer qp.mu.Unlock()
+	if len(qp.rq) == 0 {
+		return nil
+	}
+	r := qp.rq[0]
+	return &r
+}
+
+// takeRecv removes the oldest posted receive, which peekRecv returned as r, if
+// first says the SEND has not taken it yet (only the engine takes receives).
+func (qp *QP) takeRecv(r *RecvWR, first bool) {
+	if !first || r == nil {
+		return
+	}
+	qp.mu.Lock()
+	defer qp.mu.Unlock()
+	if len(qp.rq) > 0 && qp.rq[0].WRID == r.WRID {
+		qp.rq = qp.rq[1:]
+	}
+}
+
+// minRNRTimer is the RNR timer the responder asks for.
+func (qp *QP) minRNRTimer() uint8 {
+	qp.mu.Lock()
+	defer qp.mu.Unlock()
+	return qp.attr.MinRNRTimer
+}

@@ -1,0 +1,360 @@
+package roce
+
+import (
+	"errors"
+	"fmt"
+	"net/netip"
+	"runtime"
+	"sync"
+	"sync/atomic"
+	"time"
+)
+
+// Endpoint is a NIC port's RoCEv2 address in this process: one UDP socket, bound to
+// a local address and UDP port 4791 (RoCEv2's), that receives every packet for the
+// port's QPs and hands each to the QP its BTH names (the destination QPN), as a NIC
+// with one port and many QPs does. Packets for a QPN no QP of the endpoint has are
+// dropped and counted. Each attached QP sends from a socket of its own on the same
+// address, whose source port (chosen by the kernel) is the QP's entropy, as
+// RoCEv2 NICs vary the source port per QP; every packet goes to the peer's port
+// 4791.
+//
+// Endpoints are shared: OpenEndpoint returns the process's endpoint at an address,
+// counted, and the last Close closes it. Two processes on one host need two
+// addresses (127.0.0.1 and 127.0.0.2, say: every 127/8 address is local), as two
+// hosts would have.
+type Endpoint struct {
+	key  netip.AddrPort // what OpenEndpoint was asked for
+	addr netip.AddrPort // where it is bound
+	link *Link
+	refs int // protected by endpoints.mu
+
+	mu   sync.Mutex                          // serialises attach and detach
+	qps  atomic.Pointer[map[uint32]*udpPort] // copy on write: the receive loop reads it without a lock
+	done chan struct{}                       // closed when the receive loop ends
+
+	unknown, foreign, overflow atomic.Uint64
+}
+
+var endpoints = struct {
+	mu sync.Mutex
+	m  map[netip.AddrPort]*Endpoint
+}{m: map[netip.AddrPort]*Endpoint{}}
+
+// endpointLimits are what an endpoint's socket takes: datagrams up to the largest
+// path MTU; each QP checks its own path MTU and largest message.
+var endpointLimits = Limits{MTU: 4096, MaxMessage: maxRCMessage}
+
+// OpenEndpoint returns this process's endpoint at addr, a specific address and
+// port (RoCEv2's is UDPPort, 4791; port 0 lets the kernel pick one, which tests
+// that run in parallel processes use), opening it if it is not open: every
+// OpenEndpoint of the same addr in a process returns the same endpoint. Each
+// OpenEndpoint needs a Close.
+func OpenEndpoint(addr netip.AddrPort) (*Endpoint, error) {
+	addr = netip.AddrPortFrom(addr.Addr().Unmap(), addr.Port())
+	endpoints.mu.Lock()
+	defer endpoints.mu.Unlock()
+	if e := endpoints.m[addr]; e != nil {
+		e.refs++
+		return e, nil
+	}
+	link, err := Listen(addr, endpointLimits, Loss{})
+	if err != nil {
+		return nil, fmt.Errorf("roce: endpoint %v (is another process using it?): %w", addr, err)
+	}
+	e := &Endpoint{key: addr, addr: link.LocalAddr(), link: link, refs: 1, done: make(chan struct{})}
+	e.qps.Store(&map[uint32]*udpPort{})
+	endpoints.m[addr] = e
+	go e.receive()
+	return e, nil
+}
+
+// Addr returns the endpoint's address, where peers send.
+func (e *Endpoint) Addr() netip.AddrPort { return e.addr }
+
+// Close releases the endpoint; the last Close closes its socket.
+func (e *Endpoint) Close() error {
+	endpoints.mu.Lock()
+	e.refs--
+	last := e.refs == 0
+	if last {
+		delete(endpoints.m, e.key)
+	}
+	endpoints.mu.Unlock()
+	if !last {
+		return nil
+	}
+	err := e.link.Close()
+	<-e.done
+	return err
+}
+
+// EndpointStats are an endpoint's counters.
+type EndpointStats struct {
+	LinkStats
+	QPs int // attached
+}
+
+// Stats returns the endpoint's counters: its socket's, and the packets it dropped
+// for unknown QPNs, foreign senders and full inboxes.
+func (e *Endpoint) Stats() EndpointStats {
+	s := EndpointStats{LinkStats: e.link.Stats(), QPs: len(*e.qps.Load())}
+	s.UnknownQP, s.Foreign, s.Overflow = e.unknown.Load(), e.foreign.Load(), e.overflow.Load()
+	return s
+}
+
+// AttachConfig is a QP's side of a connection over an endpoint.
+type AttachConfig struct {
+	QPN  uint32         // the local QP: packets for it come to the port
+	Peer netip.AddrPort // the peer's endpoint: packets go there, and come only from its address
+	// Limits are the path MTU and the largest message the peer may send.
+	Limits Limits
+	// Loss injects faults into what the QP sends.
+	Loss Loss
+	// Link is the link model of what the QP sends: its rate paces the sends, its
+	// queue bounds how far ahead of the rate they may be, and its delay holds each
+	// packet received for this QP before the QP takes it.
+	Link LinkModel
+}
+
+// Attach connects QP cfg.QPN to its peer over the endpoint and returns its port.
+// Closing the port detaches it.
+func (e *Endpoint) Attach(cfg AttachConfig) (Port, error) {
+	if !ValidMTU(cfg.Limits.MTU) || cfg.Limits.MaxMessage == 0 || cfg.QPN >= 1<<24 {
+		return nil, fmt.Errorf("roce: attach QP %#x with limits %+v", cfg.QPN, cfg.Limits)
+	}
+	send, err := Listen(netip.AddrPortFrom(e.addr.Addr(), 0), endpointLimits, cfg.Loss)
+	if err != nil {
+		return nil, err
+	}
+	p := &udpPort{ep: e, qpn: cfg.QPN, peer: netip.AddrPortFrom(cfg.Peer.Addr().Unmap(), cfg.Peer.Port()), send: send,
+		lim: cfg.Limits, in: new(ring), delay: int64(cfg.Link.Delay), rate: cfg.Link.Rate / 8 / 1e9,
+		ahead: int64(cfg.Link.queue(cfg.Limits.MTU))}
+	if p.rate > 0 {
+		p.ahead = int64(float64(p.ahead) / p.rate) // the queue as time at the line rate
+	}
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	old := *e.qps.Load()
+	if _, ok := old[cfg.QPN]; ok {
+		_ = send.Close() // never used
+		return nil, fmt.Errorf("roce: endpoint %v: QP %#x is attached already", e.addr, cfg.QPN)
+	}
+	endpoints.mu.Lock()
+	e.refs++ // the port's, released by its Close
+	endpoints.mu.Unlock()
+	m := make(map[uint32]*udpPort, len(old)+1)
+	for k, v := range old {
+		m[k] = v
+	}
+	m[cfg.QPN] = p
+	e.qps.Store(&m)
+	return p, nil
+}
+
+func (e *Endpoint) detach(qpn uint32) {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	old := *e.qps.Load()
+	m := make(map[uint32]*udpPort, len(old))
+	for k, v := range old {
+		if k != qpn {
+			m[k] = v
+		}
+	}
+	e.qps.Store(&m)
+}
+
+// rxBuf is a receive buffer that a packet's payload aliases until the QP is done
+// with it (its Ref).
+type rxBuf struct{ b []byte }
+
+var rxBufs = sync.Pool{New: func() any { return &rxBuf{b: make([]byte, BufferSize(endpointLimits))} }}
+
+func (r *rxBuf) Release() { rxBufs.Put(r) }
+
+// receive takes the socket's datagrams and hands each to its QP until the socket
+// closes.
+func (e *Endpoint) receive() {
+	defer close(e.done)
+	var (
+		bufs  = make([][]byte, maxBatch)
+		owner = make([]*rxBuf, maxBatch) // bufs[i] is owner[i].b
+		lens  = make([]int, maxBatch)
+		froms = make([]netip.AddrPort, maxBatch)
+		woken = make([]*udpPort, 0, maxBatch)
+	)
+	for i := range bufs {
+		owner[i] = rxBufs.Get().(*rxBuf)
+		bufs[i] = owner[i].b
+	}
+	for {
+		n, err := e.link.recvRaw(bufs, lens, froms)
+		if err != nil {
+			for _, o := range owner {
+				o.Release()
+			}
+			return
+		}
+		now := mono(time.Now())
+		qps := *e.qps.Load()
+		woken = woken[:0]
+		for i := 0; i < n; i++ {
+			if lens[i] < 0 {
+				continue
+			}
+			b := bufs[i][:lens[i]]
+			if len(b) < BTHSize {
+				e.link.rx.malformed.Add(1)
+				continue
+			}
+			qpn := uint32(b[5])<<16 | uint32(b[6])<<8 | uint32(b[7])
+			p := qps[qpn]
+			switch {
+			case p == nil:
+				e.unknown.Add(1)
+				continue
+			case froms[i].Addr() != p.peer.Addr():
+				e.foreign.Add(1)
+				continue
+			}
+			pkt, ok := p.rx.decode(bufs[i], lens[i], Endpoints{Src: froms[i], Dst: e.addr}, p.lim)
+			if !ok {
+				continue
+			}
+			if p.in.full() {
+				e.overflow.Add(1)
+				continue
+			}
+			seg := One(pkt)
+			seg.Ref = owner[i]
+			p.in.push(seg, now+p.delay, 0)
+			if p.closed.Load() {
+				p.drop() // closed meanwhile: its engine will not take it
+			}
+			owner[i] = rxBufs.Get().(*rxBuf) // the QP holds the old one
+			bufs[i] = owner[i].b
+			if len(woken) == 0 || woken[len(woken)-1] != p {
+				woken = append(woken, p)
+			}
+		}
+		for _, p := range woken {
+			wake(&p.wake)
+		}
+	}
+}
+
+// udpPort is a QP's port on an endpoint.
+type udpPort struct {
+	ep   *Endpoint
+	qpn  uint32
+	peer netip.AddrPort
+	send *Link
+	lim  Limits
+	in   *ring // filled by the endpoint's receive loop, emptied by the QP's engine
+
+	delay     int64   // held this long after arriving
+	rate      float64 // bytes per nanosecond, 0: unlimited
+	ahead     int64   // how far ahead of the line rate sends may run, nanoseconds
+	busyUntil int64   // the sender's: when what it sent has left at the line rate
+
+	rx     rxCounters
+	wake   atomic.Pointer[func()]
+	mu     sync.Mutex // held while a closed port's inbox is dropped
+	closed atomic.Bool
+	once   sync.Once
+	pkts   []Packet // Send's scratch
+}
+
+func (p *udpPort) Limits() Limits   { return p.lim }
+func (p *udpPort) MaxRun() int      { return 1 }
+func (p *udpPort) SetWake(f func()) { p.wake.Store(&f) }
+func (p *udpPort) Hold(bool)        {} // what arrives over UDP is a datagram of its own
+
+// Send implements Port: each run's packets go out with sendmmsg, their payloads
+// straight from the QP's memory into the kernel, and its Ref is released once the
+// call returns. With a rate, it first waits until the link has room.
+func (p *udpPort) Send(segs []Segment, now time.Time) (int, error) {
+	defer func() {
+		for i := range segs {
+			release(&segs[i])
+		}
+	}()
+	if p.closed.Load() {
+		return len(segs), ErrClosed
+	}
+	p.pkts = p.pkts[:0]
+	bytes := 0
+	for i := range segs {
+		p.pkts = segs[i].Packets(p.pkts, p.lim.MTU)
+		bytes += WireBytes(&segs[i])
+	}
+	if p.rate > 0 {
+		t := mono(now)
+		start := max(t, p.busyUntil)
+		for start-t > p.ahead { // the queue is full: the link drains at the line rate
+			runtime.Gosched()
+			t = mono(time.Now())
+		}
+		p.busyUntil = start + int64(float64(bytes)/p.rate)
+	}
+	if err := p.send.SendBatch(p.pkts, p.peer); err != nil {
+		return len(segs), err
+	}
+	return len(segs), nil
+}
+
+// Recv implements Port.
+func (p *udpPort) Recv(segs []Segment, now time.Time) (int, time.Time, error) {
+	if p.closed.Load() {
+		return 0, time.Time{}, ErrClosed
+	}
+	t := mono(now)
+	n := 0
+	for n < len(segs) {
+		sl := p.in.peek()
+		if sl == nil {
+			break
+		}
+		if sl.due > t {
+			if n == 0 {
+				return 0, fromMono(sl.due), nil
+			}
+			break
+		}
+		segs[n] = sl.seg
+		p.in.pop()
+		n++
+	}
+	return n, time.Time{}, nil
+}
+
+func (p *udpPort) drop() {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	for sl := p.in.peek(); sl != nil; sl = p.in.peek() {
+		release(&sl.seg)
+		p.in.pop()
+	}
+}
+
+// Close implements Port: the QP is detached and its sending socket closed. It must
+// be called once the QP's engine has stopped.
+func (p *udpPort) Close() error {
+	var err error
+	p.once.Do(func() {
+		p.closed.Store(true)
+		p.ep.detach(p.qpn)
+		err = errors.Join(p.send.Close(), p.ep.Close())
+		p.drop()
+	})
+	return err
+}
+
+// Stats implements Port: what the QP sent (and the faults injected into it) and
+// received.
+func (p *udpPort) Stats() LinkStats {
+	s := p.send.Stats()
+	s.Received, s.Malformed, s.BadICRC = p.rx.received.Load(), p.rx.malformed.Load(), p.rx.badICRC.Load()
+	return s
+}

@@ -1,0 +1,464 @@
+package roce
+
+import (
+	"errors"
+	"fmt"
+	"math/rand/v2"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/odpemu/odpemu/internal/bufpool"
+)
+
+// Port is one QP's end of the wire to its peer QP: a Pipe's end in one process, or
+// a UDP endpoint's (Endpoint.Attach). The QP's engine, one goroutine, sends and
+// receives runs of packets (Segments) through it; Send and Recv are each called by
+// that goroutine only, and every method is safe for concurrent use with the others.
+type Port interface {
+	// Send puts runs on the wire, in order, and returns how many it took: fewer
+	// when the link's queue is full (the wake function runs once it has room).
+	// It owns the Refs of the runs it took: it releases each once the run was
+	// sent, copied or dropped. An error means the port is closed.
+	Send(segs []Segment, now time.Time) (int, error)
+	// Recv moves up to len(segs) runs that have arrived into segs and returns how
+	// many; the caller owns their Refs. With none ready, next is when the next one
+	// on its way arrives (zero when none is on its way); the wake function runs when
+	// one is sent. It fails with ErrClosed once the port or its peer is closed and
+	// everything sent was received.
+	Recv(segs []Segment, now time.Time) (n int, next time.Time, err error)
+	// MaxRun is the most packets a run sent may hold: 1 where every packet travels
+	// on its own (over UDP, or with loss injected).
+	MaxRun() int
+	// Limits are the path MTU and the largest message the peer may send.
+	Limits() Limits
+	// SetWake sets the function the port calls, from any goroutine, when runs
+	// arrive or room opens on the link. It must not block.
+	SetWake(func())
+	// Hold, while on, has the peer copy what it sends instead of passing it by
+	// reference: this end's engine waits for something and must not hold the
+	// peer's memory meanwhile (it copies what it was sent already, Detach).
+	Hold(on bool)
+	// Stats returns the port's counters.
+	Stats() LinkStats
+	// Close closes this end: runs not yet received are dropped (their Refs
+	// released), and the peer's Recv fails once it has what was already sent.
+	Close() error
+}
+
+// ErrClosed is returned by a Port whose end, or whose peer, is closed.
+var ErrClosed = errors.New("roce: port closed")
+
+// LinkModel is the link between two NICs: line rate, one-way delay and a bounded
+// queue, so that a requester's window fills the link and no more, as a NIC's does.
+// The zero value is no model: runs arrive at once and nothing bounds them but the
+// requester's window.
+type LinkModel struct {
+	// Rate is the line rate in bits per second (0: unlimited). Every packet takes
+	// its wire size (WireBytes) of it.
+	Rate float64
+	// Delay is the one-way delay: a packet arrives that long after its last bit
+	// left.
+	Delay time.Duration
+	// Queue bounds, in bytes, what is in flight on the link: sent and not yet taken
+	// by the receiver (queued to go out, on the wire, waiting to be taken). 0:
+	// DefaultQueue.
+	Queue int
+}
+
+// BDP is the link's bandwidth-delay product in bytes, over its round trip (twice
+// the one-way delay): what a NAK finds in flight when it reaches the sender.
+func (m LinkModel) BDP() int { return int(m.Rate / 8 * 2 * m.Delay.Seconds()) }
+
+// DefaultQueue is the queue a link of the given model has by default: one
+// bandwidth-delay product plus one packet of the path MTU (with its headers); no
+// bound when the rate is unlimited.
+func (m LinkModel) DefaultQueue(mtu int) int {
+	if m.Rate <= 0 {
+		return 0
+	}
+	return m.BDP() + mtu + maxHeaders
+}
+
+func (m LinkModel) queue(mtu int) int {
+	if m.Queue > 0 {
+		return m.Queue
+	}
+	return m.DefaultQueue(mtu)
+}
+
+// Ethernet framing around every RoCEv2 packet on the wire: preamble and gap (20),
+// MAC header (14) and FCS (4), IPv4 (20), UDP (8).
+const frameOverhead = 20 + 14 + 4 + 20 + 8
+
+// WireBytes is the size of a run on the wire: every packet's headers, ICRC,
+// Ethernet framing and payload.
+func WireBytes(s *Segment) int {
+	n := len(s.Payload) + s.Count*(frameOverhead+ICRCSize) + s.Opcode.HeaderSize()
+	if s.Count > 1 {
+		n += (s.Count-1)*BTHSize + s.Last.HeaderSize() - BTHSize
+	}
+	return n
+}
+
+// PipeConfig configures an in-process wire.
+type PipeConfig struct {
+	// AB is the link from the first end to the second, BA the other way.
+	AB, BA LinkModel
+	// Loss injects faults into what each end sends (the second end's generator is
+	// seeded differently). Runs are then single packets, copied as they are sent.
+	Loss Loss
+	// Copy copies every payload as it is sent instead of passing it by reference
+	// (the ends' memory is in different address spaces, whose DMA gates differ).
+	Copy bool
+	// MaxRun bounds the packets of one run (default 64: 256 KiB at MTU 4096, one
+	// DMA).
+	MaxRun int
+}
+
+// Pipe returns two connected in-process ports with no link model.
+func Pipe(lim Limits, loss Loss) (Port, Port, error) {
+	return NewPipe(lim, PipeConfig{Loss: loss})
+}
+
+// NewPipe returns two connected in-process ports. Runs travel by reference, headers
+// as structs, with no encoding, ICRC or copy: the receiver copies the payload
+// straight from the sender's memory into its own (the one copy a DMA makes), and
+// releases the sender's DMA then.
+func NewPipe(lim Limits, cfg PipeConfig) (Port, Port, error) {
+	if !ValidMTU(lim.MTU) || lim.MaxMessage == 0 {
+		return nil, nil, fmt.Errorf("roce: limits %+v: a path MTU of 256..4096 and a largest message", lim)
+	}
+	for _, m := range []LinkModel{cfg.AB, cfg.BA} {
+		if m.Rate < 0 || m.Delay < 0 || m.Queue < 0 {
+			return nil, nil, fmt.Errorf("roce: link model %+v", m)
+		}
+	}
+	if cfg.MaxRun <= 0 {
+		cfg.MaxRun = 64
+	}
+	copying := cfg.Copy || cfg.Loss.active()
+	if cfg.Loss.active() {
+		cfg.MaxRun = 1
+	}
+	ab := newDirection(cfg.AB, lim.MTU, cfg.Loss, copying)
+	lossB := cfg.Loss
+	lossB.Seed = ^cfg.Loss.Seed
+	ba := newDirection(cfg.BA, lim.MTU, lossB, copying)
+	a := &pipeEnd{lim: lim, out: ab, in: ba, maxRun: cfg.MaxRun}
+	b := &pipeEnd{lim: lim, out: ba, in: ab, maxRun: cfg.MaxRun}
+	return a, b, nil
+}
+
+// ringSize is how many runs a direction of a pipe (or a QP's UDP inbox) holds.
+const ringSize = 1024
+
+// ring is a single-producer, single-consumer queue of runs, each with the time it
+// may be taken (its arrival) and the bytes it holds on the link.
+type ring struct {
+	slots      [ringSize]slot
+	head, tail atomic.Uint64 // consumer's and producer's indices
+}
+
+type slot struct {
+	seg   Segment
+	due   int64 // monotonic nanoseconds
+	bytes int
+}
+
+func (r *ring) full() bool { return r.tail.Load()-r.head.Load() == ringSize }
+
+// push adds a run; the producer checked that the ring is not full.
+func (r *ring) push(s Segment, due int64, bytes int) {
+	t := r.tail.Load()
+	r.slots[t%ringSize] = slot{seg: s, due: due, bytes: bytes}
+	r.tail.Store(t + 1)
+}
+
+// peek returns the oldest slot, or nil.
+func (r *ring) peek() *slot {
+	h := r.head.Load()
+	if h == r.tail.Load() {
+		return nil
+	}
+	return &r.slots[h%ringSize]
+}
+
+// pop drops the oldest slot (after peek), clearing it.
+func (r *ring) pop() {
+	h := r.head.Load()
+	r.slots[h%ringSize] = slot{}
+	r.head.Store(h + 1)
+}
+
+// base anchors the monotonic nanoseconds the links keep.
+var base = time.Now()
+
+func mono(t time.Time) int64 { return int64(t.Sub(base)) }
+
+func fromMono(n int64) time.Time { return base.Add(time.Duration(n)) }
+
+// direction is one way of a pipe: the sender's link (its clock and queue) and the
+// receiver's inbox.
+type direction struct {
+	r        ring
+	rate     float64 // bytes per nanosecond, 0: unlimited
+	delay    int64
+	capacity int64       // bytes in flight at most, 0: unbounded
+	copying  bool        // payloads are copied as they are sent (a pipe's setting)
+	held     atomic.Bool // ... and while the receiver holds the link
+
+	busyUntil int64 // sender's: when the last bit of what it sent leaves
+	inj       *segInjector
+
+	mu            sync.Mutex   // held while a closed direction's runs are dropped
+	inflight      atomic.Int64 // bytes sent and not yet taken
+	maxInflight   atomic.Int64
+	senderWaiting atomic.Bool
+	closed        atomic.Bool // either end closed
+	sent, taken   atomic.Uint64
+
+	wakeRecv, wakeSend atomic.Pointer[func()]
+}
+
+func newDirection(m LinkModel, mtu int, loss Loss, copying bool) *direction {
+	d := &direction{rate: m.Rate / 8 / 1e9, delay: int64(m.Delay), capacity: int64(m.queue(mtu)), copying: copying}
+	if loss.active() {
+		d.inj = &segInjector{loss: loss, rng: rand.New(rand.NewPCG(loss.Seed, 0x726f6365))}
+	}
+	return d
+}
+
+func wake(p *atomic.Pointer[func()]) {
+	if f := p.Load(); f != nil {
+		(*f)()
+	}
+}
+
+type pipeEnd struct {
+	lim     Limits
+	out, in *direction
+	maxRun  int
+	once    sync.Once
+}
+
+func (e *pipeEnd) Limits() Limits { return e.lim }
+func (e *pipeEnd) MaxRun() int    { return e.maxRun }
+
+func (e *pipeEnd) Hold(on bool) { e.in.held.Store(on) }
+
+func (e *pipeEnd) SetWake(f func()) {
+	e.in.wakeRecv.Store(&f)
+	e.out.wakeSend.Store(&f)
+}
+
+// Send implements Port.
+func (e *pipeEnd) Send(segs []Segment, now time.Time) (int, error) {
+	d := e.out
+	if d.closed.Load() {
+		for i := range segs {
+			release(&segs[i])
+		}
+		return len(segs), ErrClosed
+	}
+	t := mono(now)
+	n := 0
+	for ; n < len(segs); n++ {
+		s := &segs[n]
+		bytes := WireBytes(s)
+		if d.noRoom(bytes) {
+			// Say so before looking again, so that a receiver taking a run now
+			// either sees the flag or leaves room this look sees.
+			d.senderWaiting.Store(true)
+			if d.noRoom(bytes) {
+				break
+			}
+			d.senderWaiting.Store(false)
+		}
+		if d.copying || d.held.Load() {
+			copyPayload(s)
+		}
+		if d.inj != nil {
+			d.inj.send(d, s, t, bytes)
+			continue
+		}
+		d.enqueue(*s, t, bytes)
+	}
+	if n > 0 {
+		wake(&d.wakeRecv)
+	}
+	if d.closed.Load() {
+		// The peer closed while these went on the link: its engine has stopped, so
+		// what it will never take is dropped here.
+		d.drop()
+	}
+	return n, nil
+}
+
+// noRoom reports whether a run of bytes must wait: the ring is full (an injector
+// may put three runs in it at once), or the link holds its queue's worth.
+func (d *direction) noRoom(bytes int) bool {
+	room := uint64(1)
+	if d.inj != nil {
+		room = 3
+	}
+	if d.r.tail.Load()-d.r.head.Load()+room > ringSize {
+		return true
+	}
+	in := d.inflight.Load()
+	return d.capacity > 0 && in > 0 && in+int64(bytes) > d.capacity
+}
+
+// drop releases every run on a closed direction; its receiver no longer runs.
+func (d *direction) drop() {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	for sl := d.r.peek(); sl != nil; sl = d.r.peek() {
+		release(&sl.seg)
+		d.inflight.Add(-int64(sl.bytes))
+		d.r.pop()
+	}
+}
+
+// enqueue puts a run on the link at time t: it leaves when the link is free and
+// its last bit is out, and arrives the delay after.
+func (d *direction) enqueue(s Segment, t int64, bytes int) {
+	start := max(t, d.busyUntil)
+	leave := start
+	if d.rate > 0 {
+		leave += int64(float64(bytes) / d.rate)
+	}
+	d.busyUntil = leave
+	in := d.inflight.Add(int64(bytes))
+	for m := d.maxInflight.Load(); in > m && !d.maxInflight.CompareAndSwap(m, in); m = d.maxInflight.Load() {
+	}
+	d.r.push(s, leave+d.delay, bytes)
+	d.sent.Add(uint64(s.Count))
+}
+
+// Recv implements Port.
+func (e *pipeEnd) Recv(segs []Segment, now time.Time) (int, time.Time, error) {
+	d := e.in
+	t := mono(now)
+	n := 0
+	for n < len(segs) {
+		sl := d.r.peek()
+		if sl == nil {
+			break
+		}
+		if sl.due > t {
+			if n == 0 {
+				return 0, fromMono(sl.due), nil
+			}
+			break
+		}
+		segs[n] = sl.seg
+		bytes := sl.bytes
+		d.r.pop()
+		d.taken.Add(uint64(segs[n].Count))
+		d.inflight.Add(-int64(bytes))
+		n++
+	}
+	if n > 0 && d.senderWaiting.CompareAndSwap(true, false) {
+		wake(&d.wakeSend)
+	}
+	if n == 0 && d.closed.Load() {
+		return 0, time.Time{}, ErrClosed
+	}
+	return n, time.Time{}, nil
+}
+
+// Close implements Port: what this end has not received is dropped, and both
+// directions close. It must be called once this end's engine has stopped: it drops
+// runs on the end's inbound direction, whose only receiver that engine is. The
+// peer receives what was sent to it before, then ErrClosed.
+func (e *pipeEnd) Close() error {
+	e.once.Do(func() {
+		e.out.closed.Store(true)
+		e.in.closed.Store(true)
+		e.in.drop()
+		wake(&e.out.wakeRecv) // the peer learns of it
+		wake(&e.in.wakeSend)
+	})
+	return nil
+}
+
+// Stats implements Port: the packets this end sent and received, the faults
+// injected into what it sent, and the most bytes its link held.
+func (e *pipeEnd) Stats() LinkStats {
+	s := LinkStats{Sent: e.out.sent.Load(), Received: e.in.taken.Load(), MaxInFlight: int(e.out.maxInflight.Load())}
+	if inj := e.out.inj; inj != nil {
+		s.Dropped, s.Doubled, s.Reordered = inj.dropped.Load(), inj.doubled.Load(), inj.reordered.Load()
+	}
+	return s
+}
+
+func release(s *Segment) {
+	if s.Ref != nil {
+		s.Ref.Release()
+		s.Ref = nil
+	}
+}
+
+// bufRef is a Ref on a payload copied into a pooled buffer.
+type bufRef struct{ b []byte }
+
+func (r *bufRef) Release() { bufpool.Put(r.b) }
+
+// Owned returns the Ref of a payload copied into b, a buffer from package bufpool:
+// releasing it gives b back.
+func Owned(b []byte) Ref { return &bufRef{b: b} }
+
+// Detach replaces the run's payload with a copy of its own and releases the DMA it
+// was read under: what a receiver that must wait does with runs it holds.
+func Detach(s *Segment) { copyPayload(s) }
+
+// copyPayload replaces the run's payload with a copy of its own and releases the
+// DMA it was read under.
+func copyPayload(s *Segment) {
+	if len(s.Payload) == 0 {
+		release(s)
+		return
+	}
+	b := bufpool.Get(len(s.Payload))
+	copy(b, s.Payload)
+	release(s)
+	s.Payload, s.Ref = b, &bufRef{b: b}
+}
+
+// segInjector applies a Loss to the runs (single packets) a pipe end sends: each
+// is dropped, sent twice, or held back and sent after the next one.
+type segInjector struct {
+	loss    Loss
+	rng     *rand.Rand
+	held    *Segment
+	heldLen int
+
+	dropped, doubled, reordered atomic.Uint64
+}
+
+func (in *segInjector) send(d *direction, s *Segment, t int64, bytes int) {
+	held, heldLen := in.held, in.heldLen
+	in.held = nil
+	switch r := in.rng.Float64(); {
+	case r < in.loss.Drop:
+		in.dropped.Add(1)
+		release(s)
+	case r < in.loss.Drop+in.loss.Duplicate:
+		in.doubled.Add(1)
+		twin := *s
+		twin.Ref = nil
+		copyPayload(&twin) // a payload of its own: each copy is released by its receiver
+		d.enqueue(*s, t, bytes)
+		d.enqueue(twin, t, bytes)
+	case r < in.loss.Drop+in.loss.Duplicate+in.loss.Reorder && held == nil:
+		in.reordered.Add(1)
+		c := *s
+		in.held, in.heldLen = &c, bytes
+	default:
+		d.enqueue(*s, t, bytes)
+	}
+	if held != nil {
+		d.enqueue(*held, t, heldLen)
+	}
+}
