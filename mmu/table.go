@@ -86,11 +86,12 @@ type Table struct {
 	mu   sync.Mutex
 	cond sync.Cond // on mu: signalled when a DMA ends or an invalidation finishes
 
-	// Protected by mu.
+	// Protected by mu, but for what BeginDMA reads without it (the entries, read
+	// atomically, and seq).
 	npages       int
-	entries      entries // sparse: nothing for pages never mapped
-	seq          uint64  // notifier sequence: bumped when an invalidation starts
-	invalidating int     // invalidations in progress
+	entries      entries       // sparse: nothing for pages never mapped
+	seq          atomic.Uint64 // notifier sequence: bumped (under mu) when an invalidation starts
+	invalidating int           // invalidations in progress
 	stats        Stats
 
 	// In-flight DMA accounting, without a lock: a DMA counts itself in
@@ -120,7 +121,7 @@ func New(npages int) *Table {
 	if npages < 0 {
 		panic(fmt.Sprintf("mmu: table of %d pages", npages))
 	}
-	t := &Table{npages: npages, entries: newEntries()}
+	t := &Table{npages: npages, entries: newEntries(npages)}
 	t.cond.L = &t.mu
 	return t
 }
@@ -154,13 +155,13 @@ func (t *Table) ReadBegin() uint64 {
 	for t.invalidating > 0 {
 		t.cond.Wait()
 	}
-	return t.seq
+	return t.seq.Load()
 }
 
 // ReadRetryLocked reports whether an invalidation started since ReadBegin returned seq,
 // in which case the caller's translation may be stale and must not be mapped.
 func (t *Table) ReadRetryLocked(seq uint64) bool {
-	if t.seq != seq || t.invalidating > 0 {
+	if t.seq.Load() != seq || t.invalidating > 0 {
 		t.stats.RetriesSignalled++
 		return true
 	}
@@ -189,11 +190,30 @@ func (t *Table) MissingLocked(first, n int, write bool) int {
 
 // BeginDMA starts a DMA over pages [first, first+n) if every entry allows it, and
 // returns its handle and -1. Otherwise it returns the first page that needs a fault (a
-// network page fault) and no DMA is started. It allocates nothing.
+// network page fault) and no DMA is started. It allocates nothing and takes no lock.
 func (t *Table) BeginDMA(first, n int, write bool) (DMA, int) {
-	// Count first, then check the entries under the lock: an invalidation clears
-	// entries before it moves the epoch on, so a DMA counted in the old epoch is
-	// waited for, and one counted in the new epoch finds the entries cleared.
+	t.check(first, n)
+	d := t.Enter()
+	if miss := t.entries.missing(first, n, write); miss >= 0 {
+		t.end(d.epoch)
+		t.misses.Add(1)
+		return DMA{}, miss
+	}
+	t.dmas.Add(1)
+	return d, -1
+}
+
+// Enter starts a DMA that has checked no entry yet: the caller checks the pages it
+// touches with Missing before each access, and ends it with EndDMA. One DMA begun so
+// can cover several accesses (a NIC's DMA engine reading several packets of one
+// MR): an invalidation waits for it as for any, and an access checked after the
+// invalidation began finds its entries cleared.
+func (t *Table) Enter() DMA {
+	// Count first, then check the entries: an invalidation clears entries before it
+	// moves the epoch on, so a DMA counted in the old epoch is waited for, and one
+	// counted in the new epoch finds the entries cleared. The sequence is read
+	// before the entries: an invalidation that began after it is one the DMA
+	// either waited out (a miss) or that waits for the DMA.
 	e := t.epoch.Load()
 	for {
 		t.active[e&1].Add(1)
@@ -204,17 +224,18 @@ func (t *Table) BeginDMA(first, n int, write bool) (DMA, int) {
 		}
 		break
 	}
-	t.mu.Lock()
-	miss := t.MissingLocked(first, n, write)
-	seq := t.seq
-	t.mu.Unlock()
-	if miss >= 0 {
-		t.end(e)
+	return DMA{epoch: e, seq: t.seq.Load()}
+}
+
+// Missing returns the first page in [first, first+n) that is invalid, or not
+// writable when write is set, or -1, without the lock: for a DMA begun with Enter.
+func (t *Table) Missing(first, n int, write bool) int {
+	t.check(first, n)
+	if miss := t.entries.missing(first, n, write); miss >= 0 {
 		t.misses.Add(1)
-		return DMA{}, miss
+		return miss
 	}
-	t.dmas.Add(1)
-	return DMA{epoch: e, seq: seq}, -1
+	return -1
 }
 
 // end uncounts a DMA of epoch e, waking an invalidation waiting for the count. A
@@ -272,11 +293,7 @@ func (t *Table) InvalidateEnd() {
 
 // Sequence returns the notifier sequence without waiting: it changes whenever an
 // invalidation begins, so a DMA that sees it unchanged was not overlapped by one.
-func (t *Table) Sequence() uint64 {
-	t.mu.Lock()
-	defer t.mu.Unlock()
-	return t.seq
-}
+func (t *Table) Sequence() uint64 { return t.seq.Load() }
 
 // InvalidateBegin is invalidate_range_start for pages [first, first+n): it bumps the
 // sequence (so a fault in progress fails ReadRetryLocked), clears the entries, then
@@ -292,7 +309,7 @@ func (t *Table) InvalidateBegin(first, n int) InvalidateResult {
 	defer t.mu.Unlock()
 	t.check(first, n)
 	t.invalidating++
-	t.seq++
+	t.seq.Add(1)
 	t.stats.Invalidations++
 	r := InvalidateResult{Pages: t.entries.invalidate(first, n)}
 	t.stats.PagesInvalidated += uint64(r.Pages)
@@ -340,18 +357,19 @@ func (t *Table) ValidPages() int {
 func (t *Table) Leaves() int {
 	t.mu.Lock()
 	defer t.mu.Unlock()
-	return len(t.entries.leaves)
+	return t.entries.leaves
 }
 
 // LeafPages is the number of consecutive pages a leaf of the table holds.
 const LeafPages = leafPages
 
-// Footprint estimates the bytes the table's entries occupy: its leaves and their
-// slots in the leaf index. It grows with the pages mapped, whatever the table spans.
+// Footprint estimates the bytes the table's entries occupy beyond its root
+// directory: its leaves and the directories above them. It grows with the pages
+// mapped, whatever the table spans.
 func (t *Table) Footprint() int {
 	t.mu.Lock()
 	defer t.mu.Unlock()
-	return len(t.entries.leaves) * leafBytes
+	return t.entries.leaves*leafBytes + t.entries.dirBytes
 }
 
 // InFlight returns the number of DMAs in flight.

@@ -1,8 +1,11 @@
 package mmu
 
 import (
+	"fmt"
 	"math/rand/v2"
 	"runtime"
+	"sync"
+	"sync/atomic"
 	"testing"
 
 	"github.com/stretchr/testify/assert"
@@ -360,4 +363,87 @@ func heapInUse() int64 {
 	var ms runtime.MemStats
 	runtime.ReadMemStats(&ms)
 	return int64(ms.HeapAlloc)
+}
+
+// DMAs begin and end from many goroutines, without the table lock, while others map
+// pages (faults) and invalidate ranges at random, at GOMAXPROCS 1 and 2: when an
+// invalidation's InvalidateBegin returns, no DMA on its pages is in flight (each DMA
+// counts itself on its pages between BeginDMA and EndDMA), no DMA is overtaken, and
+// the counts end at zero.
+func TestConcurrentDMAsFaultsAndInvalidations(t *testing.T) {
+	for _, procs := range []int{1, 2} {
+		t.Run(fmt.Sprint("GOMAXPROCS=", procs), func(t *testing.T) {
+			defer runtime.GOMAXPROCS(runtime.GOMAXPROCS(procs))
+			const pages = 4 * LeafPages * 16 // two levels of directories
+			tb := New(pages)
+			var inflight [pages]atomic.Int32
+			var wg sync.WaitGroup
+			var dmas, misses atomic.Int64
+			stop := make(chan struct{})
+			for w := 0; w < 4; w++ {
+				wg.Add(1)
+				go func(w int) {
+					defer wg.Done()
+					rng := rand.New(rand.NewPCG(uint64(w), 1))
+					for {
+						select {
+						case <-stop:
+							return
+						default:
+						}
+						first := rng.IntN(pages - 8)
+						n := rng.IntN(8) + 1
+						d, miss := tb.BeginDMA(first, n, rng.IntN(2) == 0)
+						if miss >= 0 {
+							misses.Add(1)
+							continue
+						}
+						dmas.Add(1)
+						for p := first; p < first+n; p++ {
+							inflight[p].Add(1)
+						}
+						runtime.Gosched() // a copy takes time
+						for p := first; p < first+n; p++ {
+							inflight[p].Add(-1)
+						}
+						if tb.EndDMA(d) {
+							t.Errorf("DMA on [%d, +%d) overtaken", first, n)
+						}
+					}
+				}(w)
+			}
+			rng := rand.New(rand.NewPCG(9, 9))
+			for i := 0; i < 3000; i++ {
+				runtime.Gosched() // at GOMAXPROCS=1 too, the DMAs run in between
+				first := rng.IntN(pages - 32)
+				n := rng.IntN(32) + 1
+				if rng.IntN(2) == 0 {
+					seq := tb.ReadBegin()
+					tb.Lock()
+					if !tb.ReadRetryLocked(seq) {
+						tb.MapLocked(first, make([]uint64, n), rng.IntN(2) == 0)
+					}
+					tb.Unlock()
+					continue
+				}
+				tb.InvalidateBegin(first, n)
+				for p := first; p < first+n; p++ {
+					if c := inflight[p].Load(); c != 0 {
+						t.Errorf("invalidation of [%d, +%d) returned with %d DMAs on page %d", first, n, c, p)
+					}
+				}
+				tb.InvalidateEnd()
+			}
+			close(stop)
+			wg.Wait()
+			assert.Zero(t, tb.InFlight())
+			assert.Zero(t, tb.Stats().Overtaken)
+			t.Logf("%d DMAs, %d misses", dmas.Load(), misses.Load())
+			assert.Positive(t, dmas.Load())
+			assert.Positive(t, misses.Load())
+			tb.Invalidate(0, pages)
+			assert.Zero(t, tb.Leaves())
+			assert.Zero(t, tb.Footprint())
+		})
+	}
 }

@@ -132,9 +132,12 @@ type Device struct {
 	// Added to under mu, while not closed.
 	background sync.WaitGroup
 
-	mu      sync.RWMutex // protects everything below; read-locked for key lookups
-	closed  bool
-	mrs     map[uint32]*MR // by key index
+	mu     sync.RWMutex // protects everything below; read-locked for key lookups
+	closed bool
+	mrs    map[uint32]*MR // by key index; every change is mirrored in keyed
+	// keyed maps key indices to MRs like mrs, for the engines' lookups of every
+	// work request and request without a lock (a sync.Map: written under mu).
+	keyed   sync.Map
 	keys    keyAllocator
 	pinned  int64 // bytes accounted as pinned (pinned_vm)
 	pds     map[*PD]struct{}

@@ -14,10 +14,10 @@ import (
 
 // lookupMR finds a live MR by key.
 func (d *Device) lookupMR(key uint32) *MR {
-	d.mu.RLock()
-	defer d.mu.RUnlock()
-	if mr := d.mrs[key>>8]; mr != nil && mr.key == key {
-		return mr
+	if v, ok := d.keyed.Load(key >> 8); ok {
+		if mr := v.(*MR); mr.key == key {
+			return mr
+		}
 	}
 	return nil
 }
@@ -261,9 +261,10 @@ type dmaRef struct {
 	off, n uint64
 	d      mmu.DMA
 	audit  bool
-	gated  bool   // the DMA entered the device's gate (else it was covered)
-	mark   uint64 // the fault server's fault sequence at acquire
-	stale  bool   // audit: a translation was stale when the DMA began
+	gated  bool     // the DMA entered the device's gate (else it was covered)
+	hold   *dmaHold // the DMA d is the hold's, shared with other runs
+	mark   uint64   // the fault server's fault sequence at acquire
+	stale  bool     // audit: a translation was stale when the DMA began
 }
 
 // acquire starts a DMA, taking network page faults as needed.
@@ -325,18 +326,133 @@ func (r dmaRef) release(copied bool) (torn bool) {
 	if !torn && r.audit && copied {
 		r.check(faulted)
 	}
-	overtaken := mr.endDMA(r.d, r.gated)
+	if r.hold != nil {
+		r.hold.put()
+	} else if overtaken := mr.endDMA(r.d, r.gated); overtaken && r.audit {
+		mr.countOvertaken()
+	}
 	if torn {
-		d.stats.tornDMAs.Add(1)
-		mr.invalidate(first, count)
+		mr.tornAsync(first, count)
 		return true
 	}
-	if overtaken && r.audit {
-		d.stats.stale.Add(1)
-		mr.stats.stale.Add(1)
-		d.stats.overtaken.Add(1)
-	}
 	return false
+}
+
+// tornAsync counts a torn copy and invalidates its pages, on a goroutine of its own:
+// an engine releases runs of other engines' MRs, and an invalidation waits for every
+// DMA of the table, the runs the engine holds included.
+func (mr *MR) tornAsync(first, count int) {
+	d := mr.dev
+	d.stats.tornDMAs.Add(1)
+	d.faulting.Add(1)
+	go func() {
+		defer d.faulting.Done()
+		mr.invalidate(first, count)
+	}()
+}
+
+// countOvertaken counts a DMA an invalidation completed under (the audit's).
+func (mr *MR) countOvertaken() {
+	d := mr.dev
+	d.stats.stale.Add(1)
+	mr.stats.stale.Add(1)
+	d.stats.overtaken.Add(1)
+}
+
+// dmaHold is one DMA on an MR under which several runs are read (a requester's
+// transmit round, as a NIC's DMA engine reads several packets of one MR): one entry
+// in the device's gate and one in the table's DMA count, whatever the runs. Each run
+// checks its own pages (run) and holds a reference; the hold ends when the last
+// reference is released (put), the opener's included.
+//
+// Without the audit, a run read under a hold carries the hold itself as its
+// roce.Ref (finishRun releases it, given the run's payload): nothing is allocated
+// per run. The torn-copy check of a run then starts from the hold's fault sequence,
+// which can only find more faults than the run's own would.
+type dmaHold struct {
+	mr    *MR
+	d     mmu.DMA
+	gated bool
+	mark  uint64 // the fault server's fault sequence when the hold began
+	refs  atomic.Int32
+}
+
+// Release implements roce.Ref for a run that was dropped unread.
+func (h *dmaHold) Release() { h.put() }
+
+// finishRun releases a run read under the hold whose payload was copied, and
+// reports whether the copy was torn (see dmaRef.release).
+func (h *dmaHold) finishRun(payload []byte) (torn bool) {
+	mr, d := h.mr, h.mr.dev
+	if mr.odp && len(payload) > 0 && !d.cfg.NoInvalidate && d.as.gate.FaultSeq() != h.mark {
+		first, count := mr.pageSpan(uint64(uintptr(unsafe.Pointer(&payload[0]))-mr.start), uint64(len(payload)))
+		lo := mr.base + uintptr(first)*pagefault.PageSize
+		if faulted, _ := d.as.server.FaultedSince(h.mark, lo, lo+uintptr(count)*pagefault.PageSize); faulted {
+			torn = true
+			mr.tornAsync(first, count)
+		}
+	}
+	h.put()
+	return torn
+}
+
+// check checks MR bytes [off, off+n) (already bounds-checked) for reading under the
+// hold: it returns -1, or the first page that needs a network page fault, or why the
+// MR cannot be read.
+func (h *dmaHold) check(off, n uint64) (int, error) {
+	mr := h.mr
+	first, count := mr.pageSpan(off, n)
+	if miss := mr.table.Missing(first, count, false); miss >= 0 {
+		if !mr.odp {
+			return -1, mr.missErr(first, count)
+		}
+		return miss, nil
+	}
+	if p := mr.dev.as.pager; p != nil && mr.odp {
+		p.Touch(mr.base+uintptr(first)*pagefault.PageSize, count) // the NIC's access bits
+	}
+	return -1, nil
+}
+
+// openHold starts a hold on mr without waiting (errGateBusy: try again later).
+func (mr *MR) openHold() (*dmaHold, error) {
+	d := mr.dev
+	gated := !d.cfg.NoInvalidate
+	if gated {
+		if !d.as.gate.TryEnter() {
+			return nil, errGateBusy
+		}
+		if d.as.gate.Events() > d.as.pump.Applied() {
+			d.as.gate.Exit()
+			return nil, errGateBusy
+		}
+	}
+	h := &dmaHold{mr: mr, d: mr.table.Enter(), gated: gated, mark: d.as.gate.FaultSeq()}
+	h.refs.Store(1)
+	return h, nil
+}
+
+// run checks MR bytes [off, off+n) for reading and returns its DMA under the hold
+// (a reference on it), or the first page that needs a network page fault, or why the
+// MR cannot be read: the audited way of reading a run.
+func (h *dmaHold) run(off, n uint64) (dmaRef, int, error) {
+	if miss, err := h.check(off, n); miss >= 0 || err != nil {
+		return dmaRef{}, miss, err
+	}
+	h.refs.Add(1)
+	r := h.mr.started(off, n, h.d, h.gated)
+	r.hold = h
+	return r, -1, nil
+}
+
+// put releases a reference; the last ends the hold's DMA.
+func (h *dmaHold) put() {
+	if h.refs.Add(-1) != 0 {
+		return
+	}
+	if overtaken := h.mr.endDMA(h.d, h.gated); overtaken && h.mr.dev.cfg.Audit {
+		h.mr.countOvertaken()
+	}
 }
 
 // framesStale is the first half of the DMA audit, run when the DMA begins: does the

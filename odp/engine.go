@@ -89,6 +89,7 @@ type engine struct {
 	dstPSN   uint32
 	rnrUntil time.Time
 	rnrSince time.Time
+	holds    []*dmaHold          // the DMAs of this transmit round, one per MR read
 	last     roce.RequesterStats // the requester's counters when last added up
 
 	// The responder side (responder.go).
@@ -131,6 +132,7 @@ func (qp *QP) startLocked() {
 		remote: qp.remote.QPN, window: 1024, kick: make(chan struct{}, 1), quit: make(chan struct{}),
 		exited: make(chan struct{}), rx: make([]roce.Segment, 64)}
 	qp.eng = e
+	qp.engA.Store(e)
 	qp.port.SetWake(e.wake)
 	go e.run()
 }
@@ -333,8 +335,13 @@ func (e *engine) compact() {
 // which holds its DMA gate until the run is released: a DMA the engine starts
 // while it holds such a run needs no gate entry of its own (tryAcquire's covered).
 func (e *engine) covers(s *roce.Segment) bool {
-	r, ok := s.Ref.(*srcRef)
-	return ok && r.r.gated && r.r.mr.dev.as == e.dev.as
+	switch r := s.Ref.(type) {
+	case *dmaHold:
+		return r.gated && r.mr.dev.as == e.dev.as
+	case *srcRef:
+		return r.r.gated && r.r.mr.dev.as == e.dev.as
+	}
+	return false
 }
 
 // release releases a run's Ref and reports whether the copy taken under it may be
@@ -347,9 +354,12 @@ func (e *engine) release(s *roce.Segment) (torn bool) {
 	if e.covers(s) {
 		e.covering--
 	}
-	if r, ok := s.Ref.(*srcRef); ok {
+	switch r := s.Ref.(type) {
+	case *dmaHold:
+		torn = r.finishRun(s.Payload)
+	case *srcRef:
 		torn = r.finish()
-	} else {
+	default:
 		s.Ref.Release()
 	}
 	s.Ref = nil
@@ -361,7 +371,8 @@ func (e *engine) release(s *roce.Segment) (torn bool) {
 func (e *engine) detach() {
 	for i := e.inHead; i < len(e.inbox); i++ {
 		s := &e.inbox[i]
-		if _, ok := s.Ref.(*srcRef); ok {
+		switch s.Ref.(type) {
+		case *srcRef, *dmaHold:
 			if e.covers(s) {
 				e.covering--
 			}

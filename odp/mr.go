@@ -166,6 +166,7 @@ func (mr *MR) Dereg() error {
 		return wrap(ErrInvalidArgument, "MR %#x is not registered", mr.key)
 	}
 	delete(d.mrs, mr.key>>8)
+	d.keyed.Delete(mr.key >> 8)
 	d.mu.Unlock()
 
 	if mr.sub != nil {

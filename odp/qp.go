@@ -126,6 +126,9 @@ type QP struct {
 	rc  rcCounters   // the QP's RC events
 	sq  sendQueue    // posted by PostSend, processed and retired by the engine
 	st  atomic.Int32 // the state, for the engine's loop (written under mu)
+	// engA is eng, for PostSend to wake without QP.mu; gone is destroyed.
+	engA atomic.Pointer[engine]
+	gone atomic.Bool
 	// attrGen counts ModifyAttr calls, for the engine to see new retry settings.
 	attrGen atomic.Uint64
 	wg      sync.WaitGroup // the connection manager watch
@@ -391,9 +394,12 @@ func (qp *QP) PostSend(wr SendWR) error {
 			return err
 		}
 	}
-	s := qp.State()
-	if err := qp.admit("send", s, canPostSend); err != nil {
-		return err
+	s := QPState(qp.st.Load())
+	if qp.gone.Load() {
+		return ErrClosed
+	}
+	if !canPostSend(s) {
+		return wrap(ErrQPState, "post send in %v", s)
 	}
 	q := &qp.sq
 	q.mu.Lock()
@@ -403,19 +409,18 @@ func (qp *QP) PostSend(wr SendWR) error {
 		return wrap(ErrQueueFull, "%d send WRs outstanding", len(q.slots))
 	}
 	w := &q.slots[tail%uint64(len(q.slots))]
-	*w = wqe{wr: wr}
+	// Field by field: the caller's SGL is copied, never kept (so it does not
+	// escape, and a caller's WR on the stack costs no allocation).
+	*w = wqe{wr: SendWR{WRID: wr.WRID, Opcode: wr.Opcode, Flags: wr.Flags, RemoteAddr: wr.RemoteAddr, RKey: wr.RKey,
+		Imm: wr.Imm, CompareAdd: wr.CompareAdd, Swap: wr.Swap, inline: inline}}
 	if len(wr.SGL) <= len(w.sgl) {
 		w.wr.SGL = w.sgl[:copy(w.sgl[:], wr.SGL)]
 	} else {
 		w.wr.SGL = append([]SGE(nil), wr.SGL...)
 	}
-	w.wr.inline = inline
 	q.tail.Store(tail + 1)
 	q.mu.Unlock()
-	qp.mu.Lock()
-	eng := qp.eng
-	qp.mu.Unlock()
-	if eng != nil {
+	if eng := qp.engA.Load(); eng != nil {
 		eng.wake()
 	} else if s == StateError {
 		qp.flushUnstarted()
@@ -435,20 +440,6 @@ func (qp *QP) flushUnstarted() {
 		*w = wqe{}
 		q.head.Store(h + 1)
 	}
-}
-
-// admit reports whether the QP accepts work of this kind in state s.
-func (qp *QP) admit(what string, s QPState, can func(QPState) bool) error {
-	qp.mu.Lock()
-	destroyed := qp.destroyed
-	qp.mu.Unlock()
-	if destroyed {
-		return ErrClosed
-	}
-	if !can(s) {
-		return wrap(ErrQPState, "post %s in %v", what, s)
-	}
-	return nil
 }
 
 // PostRecv queues a receive work request.
@@ -511,6 +502,7 @@ func (qp *QP) Destroy() error {
 		return ErrClosed
 	}
 	qp.destroyed = true
+	qp.gone.Store(true)
 	qp.state = StateError
 	qp.st.Store(int32(StateError))
 	eng, port, cm := qp.eng, qp.port, qp.cm

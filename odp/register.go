@@ -46,6 +46,7 @@ func (mr *MR) registerODP(end uintptr, npages int) error {
 	mr.key = key
 	mr.table = mmu.New(npages)
 	d.mrs[key>>8] = mr
+	d.keyed.Store(key>>8, mr)
 	d.mu.Unlock()
 	mr.activateODP(end, t0)
 	return nil
@@ -208,6 +209,7 @@ func (mr *MR) registerPinned(end uintptr, npages int) error {
 	if ok {
 		mr.key = key
 		d.mrs[key>>8] = mr
+		d.keyed.Store(key>>8, mr)
 		d.as.mu.Lock()
 		d.as.locked = append(d.as.locked, mr.span(end))
 		d.as.mu.Unlock()

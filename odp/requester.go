@@ -103,6 +103,7 @@ func (e *engine) message(w *wqe) (roce.Request, WCStatus, string) {
 // port's room, the RNR timer and the requester's faults allow.
 func (e *engine) transmit() bool {
 	busy := false
+	defer e.closeHolds()
 	for len(e.out) < maxOut && e.srcFault == nil && e.retryAt.IsZero() && e.req.Pending() {
 		t, _ := e.req.Next(e.maxRun)
 		w := e.qp.sq.slot(t.ID)
@@ -136,13 +137,25 @@ func (e *engine) payload(w *wqe, t *roce.Transmit) bool {
 	mr := w.mrs[i]
 	if uint64(t.Len) <= uint64(w.wr.SGL[i].Length)-in && mr.file == nil {
 		off := w.wr.SGL[i].Addr - uint64(mr.start) + in
-		ref, miss, err := mr.tryAcquire(off, uint64(t.Len), false, false)
+		h, err := e.holdOn(mr)
+		miss := -1
+		if err == nil {
+			miss, err = h.check(off, uint64(t.Len))
+		}
 		if ok := e.readable(t.ID, mr, off, w.wr.SGL[i].Length, in, miss, err); !ok {
 			return false
 		}
+		t.Seg.Payload = mr.slice(off, uint64(t.Len))
+		if !e.dev.cfg.Audit {
+			h.refs.Add(1)
+			t.Seg.Ref = h // the run's range is its payload: nothing per run
+			return true
+		}
 		sr := srcRefs.Get().(*srcRef)
-		sr.r = ref
-		t.Seg.Payload, t.Seg.Ref = ref.bytes(), sr
+		h.refs.Add(1)
+		sr.r = mr.started(off, uint64(t.Len), h.d, h.gated)
+		sr.r.hold = h
+		t.Seg.Ref = sr
 		return true
 	}
 	buf := bufpool.Get(t.Len)
@@ -152,6 +165,30 @@ func (e *engine) payload(w *wqe, t *roce.Transmit) bool {
 	}
 	t.Seg.Payload, t.Seg.Ref = buf, roce.Owned(buf)
 	return true
+}
+
+// holdOn returns the DMA hold of this transmit round on mr, opening it.
+func (e *engine) holdOn(mr *MR) (*dmaHold, error) {
+	for _, h := range e.holds {
+		if h.mr == mr {
+			return h, nil
+		}
+	}
+	h, err := mr.openHold()
+	if err == nil {
+		e.holds = append(e.holds, h)
+	}
+	return h, err
+}
+
+// closeHolds drops the round's own references on its holds: each ends once the
+// peer has read the last run read under it.
+func (e *engine) closeHolds() {
+	for i, h := range e.holds {
+		h.put()
+		e.holds[i] = nil
+	}
+	e.holds = e.holds[:0]
 }
 
 // readable handles the outcome of a DMA the requester tried on mr's bytes from off

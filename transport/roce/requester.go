@@ -95,6 +95,7 @@ type Requester struct {
 	fresh   uint32 // the first PSN never sent: below it, sending is retransmitting
 	ring    []outstanding
 	head, n int // outstanding messages: ring[head], ..., oldest first
+	ci      int // the outstanding message the cursor was last found in (a hint)
 	retries int // timeouts and sequence NAKs since the last progress
 	// resending: a go-back-N retransmission went out and nothing completed since;
 	// responses to the first sending that still arrive imply nothing more.
@@ -200,6 +201,21 @@ func (q *Requester) Post(r Request, now time.Time) (Output, error) {
 	return out, nil
 }
 
+// cursorIndex returns the index of the outstanding message the cursor is in: where
+// it was last found, or the one after, as it moves on (a search after a rewind).
+func (q *Requester) cursorIndex() int {
+	for _, i := range [2]int{q.ci, q.ci + 1} {
+		if i >= 0 && i < q.n {
+			if o := q.at(i); psnDiff(q.cursor, o.first) >= 0 && psnDiff(o.last, q.cursor) >= 0 {
+				q.ci = i
+				return i
+			}
+		}
+	}
+	q.ci = q.find(q.cursor)
+	return q.ci
+}
+
 // find returns the index of the outstanding message whose PSNs include psn, or -1.
 func (q *Requester) find(psn uint32) int {
 	for i := 0; i < q.n; i++ {
@@ -218,7 +234,7 @@ func (q *Requester) Next(maxPackets int) (Transmit, bool) {
 	if !q.Pending() {
 		return Transmit{}, false
 	}
-	i := q.find(q.cursor)
+	i := q.cursorIndex()
 	if i < 0 { // cannot happen: the cursor lies between the oldest's first PSN and nextPSN
 		panic(fmt.Sprintf("roce: requester cursor %#x outside the outstanding messages", q.cursor))
 	}
@@ -569,6 +585,7 @@ func (q *Requester) complete(i int, orig uint64, out *Output, now time.Time) {
 		q.done = out.Done
 		q.head = (q.head + 1) % len(q.ring)
 		q.n--
+		q.ci--
 	}
 	q.retries, q.resending = 0, false
 	q.deadline = time.Time{}

@@ -252,7 +252,9 @@ func (e *pipeEnd) SetWake(f func()) {
 	e.out.wakeSend.Store(&f)
 }
 
-// Send implements Port.
+// Send implements Port. The runs are written to the ring and published once, and
+// the link's counters change once per call: the receiver's engine, on the other
+// core, shares those cache lines.
 func (e *pipeEnd) Send(segs []Segment, now time.Time) (int, error) {
 	d := e.out
 	if d.closed.Load() {
@@ -262,15 +264,17 @@ func (e *pipeEnd) Send(segs []Segment, now time.Time) (int, error) {
 		return len(segs), ErrClosed
 	}
 	t := mono(now)
+	tail := d.r.tail.Load()
+	pending, packets := 0, 0 // bytes and packets written, not yet published
 	n := 0
 	for ; n < len(segs); n++ {
 		s := &segs[n]
 		bytes := WireBytes(s)
-		if d.noRoom(bytes) {
+		if d.noRoom(tail, pending, bytes) {
 			// Say so before looking again, so that a receiver taking a run now
 			// either sees the flag or leaves room this look sees.
 			d.senderWaiting.Store(true)
-			if d.noRoom(bytes) {
+			if d.noRoom(tail, pending, bytes) {
 				break
 			}
 			d.senderWaiting.Store(false)
@@ -279,11 +283,17 @@ func (e *pipeEnd) Send(segs []Segment, now time.Time) (int, error) {
 			copyPayload(s)
 		}
 		if d.inj != nil {
+			d.publish(&tail, &pending, &packets)
 			d.inj.send(d, s, t, bytes)
+			tail = d.r.tail.Load()
 			continue
 		}
-		d.enqueue(*s, t, bytes)
+		d.r.slots[tail%ringSize] = slot{seg: *s, due: d.leave(t, bytes) + d.delay, bytes: bytes}
+		tail++
+		pending += bytes
+		packets += s.Count
 	}
+	d.publish(&tail, &pending, &packets)
 	if n > 0 {
 		wake(&d.wakeRecv)
 	}
@@ -295,17 +305,44 @@ func (e *pipeEnd) Send(segs []Segment, now time.Time) (int, error) {
 	return n, nil
 }
 
-// noRoom reports whether a run of bytes must wait: the ring is full (an injector
-// may put three runs in it at once), or the link holds its queue's worth.
-func (d *direction) noRoom(bytes int) bool {
+// publish makes the runs written up to tail visible to the receiver, their bytes
+// counted in flight first (the receiver uncounts what it takes).
+func (d *direction) publish(tail *uint64, pending, packets *int) {
+	if *tail == d.r.tail.Load() {
+		return
+	}
+	in := d.inflight.Add(int64(*pending))
+	for m := d.maxInflight.Load(); in > m && !d.maxInflight.CompareAndSwap(m, in); m = d.maxInflight.Load() {
+	}
+	d.sent.Add(uint64(*packets))
+	d.r.tail.Store(*tail)
+	*pending, *packets = 0, 0
+}
+
+// leave returns when a run of bytes sent at t has left the link: when the link is
+// free and its last bit is out.
+func (d *direction) leave(t int64, bytes int) int64 {
+	l := max(t, d.busyUntil)
+	if d.rate > 0 {
+		l += int64(float64(bytes) / d.rate)
+	}
+	d.busyUntil = l
+	return l
+}
+
+// noRoom reports whether a run of bytes must wait, with the ring written up to
+// tail and pending bytes written before it, not yet counted in flight: the ring is
+// full (an injector may put three runs in it at once), or the link holds its
+// queue's worth (a run always goes onto an empty link, however large).
+func (d *direction) noRoom(tail uint64, pending, bytes int) bool {
 	room := uint64(1)
 	if d.inj != nil {
 		room = 3
 	}
-	if d.r.tail.Load()-d.r.head.Load()+room > ringSize {
+	if tail-d.r.head.Load()+room > ringSize {
 		return true
 	}
-	in := d.inflight.Load()
+	in := d.inflight.Load() + int64(pending)
 	return d.capacity > 0 && in > 0 && in+int64(bytes) > d.capacity
 }
 
@@ -320,52 +357,51 @@ func (d *direction) drop() {
 	}
 }
 
-// enqueue puts a run on the link at time t: it leaves when the link is free and
-// its last bit is out, and arrives the delay after.
+// enqueue puts a run on the link at time t, published at once (the injector's
+// path): it leaves when the link is free and its last bit is out, and arrives the
+// delay after.
 func (d *direction) enqueue(s Segment, t int64, bytes int) {
-	start := max(t, d.busyUntil)
-	leave := start
-	if d.rate > 0 {
-		leave += int64(float64(bytes) / d.rate)
-	}
-	d.busyUntil = leave
-	in := d.inflight.Add(int64(bytes))
-	for m := d.maxInflight.Load(); in > m && !d.maxInflight.CompareAndSwap(m, in); m = d.maxInflight.Load() {
-	}
-	d.r.push(s, leave+d.delay, bytes)
-	d.sent.Add(uint64(s.Count))
+	tail := d.r.tail.Load()
+	d.r.slots[tail%ringSize] = slot{seg: s, due: d.leave(t, bytes) + d.delay, bytes: bytes}
+	tail++
+	pending, packets := bytes, s.Count
+	d.publish(&tail, &pending, &packets)
 }
 
 // Recv implements Port.
 func (e *pipeEnd) Recv(segs []Segment, now time.Time) (int, time.Time, error) {
 	d := e.in
 	t := mono(now)
-	n := 0
-	for n < len(segs) {
-		sl := d.r.peek()
-		if sl == nil {
-			break
-		}
+	head, tail := d.r.head.Load(), d.r.tail.Load()
+	n, bytes, packets := 0, 0, 0
+	var next time.Time
+	for n < len(segs) && head != tail {
+		sl := &d.r.slots[head%ringSize]
 		if sl.due > t {
 			if n == 0 {
-				return 0, fromMono(sl.due), nil
+				next = fromMono(sl.due)
 			}
 			break
 		}
 		segs[n] = sl.seg
-		bytes := sl.bytes
-		d.r.pop()
-		d.taken.Add(uint64(segs[n].Count))
-		d.inflight.Add(-int64(bytes))
+		bytes += sl.bytes
+		packets += sl.seg.Count
+		*sl = slot{}
+		head++
 		n++
 	}
-	if n > 0 && d.senderWaiting.CompareAndSwap(true, false) {
-		wake(&d.wakeSend)
+	if n > 0 {
+		d.r.head.Store(head)
+		d.taken.Add(uint64(packets))
+		d.inflight.Add(-int64(bytes))
+		if d.senderWaiting.CompareAndSwap(true, false) {
+			wake(&d.wakeSend)
+		}
 	}
-	if n == 0 && d.closed.Load() {
+	if n == 0 && next.IsZero() && d.closed.Load() {
 		return 0, time.Time{}, ErrClosed
 	}
-	return n, time.Time{}, nil
+	return n, next, nil
 }
 
 // Close implements Port: what this end has not received is dropped, and both

@@ -18,6 +18,7 @@ import (
 	"io"
 	"net/netip"
 	"os"
+	"runtime/pprof"
 	"strconv"
 	"strings"
 	"time"
@@ -158,8 +159,16 @@ func bw(test string, args []string, stdout, stderr io.Writer) error {
 	loss := fs.Float64("loss", 0, "probability that this side (both sides, in one process) drops a packet it sends (0..1)")
 	seed := fs.Uint64("seed", 1, "seed of the injected loss")
 	timeout := fs.Int("timeout", -1, "the QP's local ACK timeout, IBTA encoding 0..31 (4.096 us x 2^t; default 18)")
+	cpuProfile := fs.String("cpuprofile", "", "write a CPU profile of the runs to this file (go tool pprof)")
 	if err := fs.Parse(args); err != nil {
 		return err
+	}
+	if *cpuProfile != "" {
+		stop, err := startProfile(*cpuProfile)
+		if err != nil {
+			return err
+		}
+		defer stop()
 	}
 	wire, ackTimeout, err := wireFlags(*server, *connect, *bind, *loss, *timeout)
 	if err != nil {
@@ -333,6 +342,22 @@ func compare(args []string, stdout, stderr io.Writer) error {
 		return writeCSV(*csvPath, *test, rows)
 	}
 	return nil
+}
+
+// startProfile starts a CPU profile into path; stop ends it and closes the file.
+func startProfile(path string) (stop func(), err error) {
+	f, err := os.Create(path)
+	if err != nil {
+		return nil, err
+	}
+	if err := pprof.StartCPUProfile(f); err != nil {
+		_ = f.Close() // the profile's error is the one to report
+		return nil, err
+	}
+	return func() {
+		pprof.StopCPUProfile()
+		_ = f.Close() // a profile cut short is the only loss
+	}, nil
 }
 
 // sizeList parses a comma-separated list of sizes; empty is none.
