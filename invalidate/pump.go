@@ -3,6 +3,7 @@ package invalidate
 import (
 	"errors"
 	"fmt"
+	"os"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -38,7 +39,7 @@ type Pump struct {
 	src      EventSource
 	reg      *Registry
 	disabled bool
-	stop     int // eventfd
+	bell     *os.File // a copy of the source's event fd, waited on in the netpoller
 	done     chan struct{}
 
 	mu      sync.Mutex
@@ -71,12 +72,22 @@ func (p *Pump) SetBarrier(b func() error) {
 
 // StartPump starts applying src's events to reg. With disabled set (the ablation
 // switch) events are read and counted but not applied.
+//
+// The pump waits for events in Go's netpoller, on a copy of the source's event fd
+// (a non-blocking eventfd): a goroutine blocked in a system call (poll(2), say)
+// keeps its P until sysmon takes it back, which it does late or not at all while
+// other Ps go idle now and then, so the NIC's engines would share one P.
 func StartPump(src EventSource, reg *Registry, disabled bool) (*Pump, error) {
-	stop, err := unix.Eventfd(0, unix.EFD_CLOEXEC|unix.EFD_NONBLOCK)
+	efd, err := src.EventFd()
 	if err != nil {
-		return nil, fmt.Errorf("invalidate: eventfd: %w", err)
+		return nil, err
 	}
-	p := &Pump{src: src, reg: reg, disabled: disabled, stop: stop, done: make(chan struct{})}
+	dup, err := unix.FcntlInt(uintptr(efd), unix.F_DUPFD_CLOEXEC, 0)
+	if err != nil {
+		return nil, fmt.Errorf("invalidate: dup event fd: %w", err)
+	}
+	bell := os.NewFile(uintptr(dup), "odp-events")
+	p := &Pump{src: src, reg: reg, disabled: disabled, bell: bell, done: make(chan struct{})}
 	p.cond.L = &p.mu
 	go p.run()
 	return p, nil
@@ -85,30 +96,28 @@ func StartPump(src EventSource, reg *Registry, disabled bool) (*Pump, error) {
 func (p *Pump) run() {
 	defer close(p.done)
 	msgs := make([]pagefault.Msg, 64)
-	efd, err := p.src.EventFd()
+	rc, err := p.bell.SyscallConn()
 	if err != nil {
 		p.fail(err)
 		return
 	}
-	fds := []unix.PollFd{{Fd: int32(efd), Events: unix.POLLIN}, {Fd: int32(p.stop), Events: unix.POLLIN}}
+	var failed error
 	for {
-		n, err := p.src.Events(msgs)
-		if err != nil {
-			p.fail(err)
+		// Events drains the doorbell, then takes what is queued; an event
+		// queued after that rings it again, which wakes the wait.
+		n := 0
+		err := rc.Read(func(uintptr) bool {
+			n, failed = p.src.Events(msgs)
+			return n > 0 || failed != nil
+		})
+		switch {
+		case failed != nil:
+			p.fail(failed)
+			return
+		case err != nil: // Stop closed the copy
 			return
 		}
-		if n > 0 {
-			p.apply(msgs[:n])
-			continue
-		}
-		// Blocking in poll(2) releases this goroutine's P.
-		if _, err := unix.Poll(fds, -1); err != nil && err != unix.EINTR {
-			p.fail(err)
-			return
-		}
-		if fds[1].Revents != 0 {
-			return
-		}
+		p.apply(msgs[:n])
 	}
 }
 
@@ -239,12 +248,8 @@ func (p *Pump) Stats() PumpStats {
 
 // Stop stops the goroutine and waits for it.
 func (p *Pump) Stop() {
-	one := []byte{1, 0, 0, 0, 0, 0, 0, 0}
-	// An eventfd write of 1 cannot fail while the counter is far from its maximum,
-	// nor can closing our own eventfd.
-	_, _ = unix.Write(p.stop, one)
+	_ = p.bell.Close() // wakes the wait; closing a copy of an eventfd cannot fail
 	<-p.done
-	_ = unix.Close(p.stop)
 	p.mu.Lock()
 	if p.err == nil {
 		p.err = ErrPumpStopped // nobody waits for events that will not be applied
