@@ -16,11 +16,6 @@
 // A goroutine that holds one of these locks takes only locks further down the list:
 //
 //	QP.attrMu                orders ModifyAttr calls
-//	roce.Session.mu          a QP's RC session's state machines; Reload gathers a
-//	                         payload again under it for a retransmission (network page
-//	                         faults and the locks below)
-//	roce.Session.sendMu      the requester's packets going out, in order (taken under
-//	                         Session.mu, which is released while they are sent)
 //	space.regMu              ODP userfaultfd registration changes (registerODP, Dereg,
 //	                         RegImplicitMR) in the address space
 //	invalidate.Pager.reclaimMu  one evictor at a time; Discard, Evict, Migrate, Restore
@@ -47,6 +42,16 @@
 // invalidate.Pump's, the work queues' (internal/fifo). No lock is held across a DMA
 // copy, and no goroutine holds a lock while it waits for the C fault server except
 // through ioctls that return EAGAIN. Functions named ...Locked say which lock they need.
+//
+// A connected QP's engine (engine.go) is one goroutine that owns the QP's RC state
+// machines, its send queue from the processing cursor on and the runs on its
+// port: it takes no lock for them. It takes QP.mu once per received message (the
+// receive queue) and per completion, a table lock only through the fault path,
+// never two of the locks above at once, and never waits for another engine: a
+// network page fault runs on a goroutine of its own (startFault), and the DMA gate
+// is entered with TryEnter. The application reaches the engine through the send
+// queue ring, atomics and a wake-up; MR keys are looked up in Device.keyed, a
+// sync.Map that mirrors Device.mrs (written under Device.mu).
 //
 // The DMA gate (pagefault.Gate) is held like a shared lock from a DMA's table check
 // to its end (enterDMA, endDMA): the fault server's reader waits for it before it

@@ -109,6 +109,12 @@ func runDirect(t *testing.T, mode string, seed uint64, steps int, cfg Config) di
 
 	stop := make(chan struct{})
 	appDone := make(chan struct{})
+	var stopOnce sync.Once
+	stopApp := func() {
+		stopOnce.Do(func() { close(stop) })
+		<-appDone
+	}
+	defer stopApp()               // before the mappings go, on a failure too
 	unmapNow := make(chan int, 1) // the page to unmap or move away next, while WRs to it run
 	madviseNow := make(chan struct{}, 64)
 	go func() { // the application
@@ -280,8 +286,7 @@ func runDirect(t *testing.T, mode string, seed uint64, steps int, cfg Config) di
 		}
 		runtime.Gosched() // at GOMAXPROCS=1 too, the application runs between batches
 	}
-	close(stop)
-	<-appDone
+	stopApp()
 	require.NoError(t, b.dev.SyncEvents())
 
 	mu.Lock()

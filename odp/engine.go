@@ -74,8 +74,15 @@ type engine struct {
 	covering int            // runs in the inbox whose DMA holds this device's gate
 	nextDue  time.Time      // when the next run on its way arrives
 	retryAt  time.Time      // the gate was busy: try again then
+	bulkAt   time.Time      // when the port last gave a run of an MTU or more
 	lost     bool           // the port failed
 	errored  bool           // the QP is in ERR and the engine flushed it
+
+	// The requester waits for room on the link since roomSince; it opens by
+	// itself at roomAt (zero: when the peer takes runs).
+	roomWait  bool
+	roomSince time.Time
+	roomAt    time.Time
 
 	out []roce.Segment // runs to send, oldest first
 
@@ -197,13 +204,23 @@ func (e *engine) run() {
 		busy = e.post() || busy
 		busy = e.transmit() || busy
 		busy = e.flush() || busy
-		e.retire()
 		e.count()
+		e.retire()
 		if !busy {
 			e.park()
 		}
 	}
 }
+
+// spinFor is the longest wait an engine yields through instead of sleeping: waking
+// a sleeping goroutine takes tens of microseconds on a busy machine.
+const spinFor = 100 * time.Microsecond
+
+// bulkSpin is how long after a bulk run (a full MTU's payload) arrived an engine
+// yields for the next instead of sleeping. Small messages never make an engine
+// spin: their cost is the work per message, and a spinning engine would take the
+// application's CPU.
+const bulkSpin = 50 * time.Microsecond
 
 // park waits until something changes or the next deadline: runs on their way, the
 // RNR timer, a busy gate, the ACK timer.
@@ -224,18 +241,32 @@ func (e *engine) park() {
 	if e.woken.Load() {
 		return
 	}
+	if e.roomWait {
+		// The link sends what it queued by roomAt; else the peer takes runs
+		// off it within microseconds, as they arrive, and wakes the engine:
+		// yield for a while as for a precise deadline, then sleep.
+		if !e.roomAt.IsZero() {
+			soonest(e.roomAt, true)
+		} else if t := e.roomSince.Add(spinFor); t.After(e.now) {
+			soonest(t, true)
+		}
+	}
+	if t := e.bulkAt.Add(bulkSpin); t.After(e.now) {
+		// A bulk transfer is on: its next run comes within microseconds, and
+		// a sleeping engine would take ten to wake. Yield meanwhile.
+		soonest(t, true)
+	}
 	if deadline.IsZero() {
 		select {
 		case <-e.kick:
 		case <-e.quit:
-
 		}
 		return
 	}
 	d := time.Until(deadline)
 	switch {
 	case d <= 0:
-	case d < 100*time.Microsecond:
+	case d < spinFor:
 		// Runs on the wire and short timers: yield until then.
 		for time.Now().Before(deadline) && !e.woken.Load() {
 			runtime.Gosched()
@@ -282,6 +313,9 @@ func (e *engine) receive() bool {
 		for i := 0; i < n; i++ {
 			if e.covers(&e.rx[i]) {
 				e.covering++
+			}
+			if len(e.rx[i].Payload) >= e.mtu {
+				e.bulkAt = e.now
 			}
 			e.inbox = append(e.inbox, e.rx[i])
 			e.rx[i] = roce.Segment{}
@@ -534,9 +568,17 @@ func (e *engine) timers() bool {
 	return busy
 }
 
-// gateBusy notes that the DMA gate was closed: the engine tries again shortly.
+// gateBusy notes that the DMA gate was closed: the engine tries again shortly. An
+// invalidation closed it and waits for the DMAs in flight to end, among them those
+// of the runs in the inbox that read this device's address space by reference: they
+// are copied and released now, or the engine would wait for the gate while the gate
+// waits for it (a READ response blocked on the gate keeps the WRITE behind it, and
+// the runs after, in the inbox).
 func (e *engine) gateBusy() {
 	e.retryAt = e.now.Add(5 * time.Microsecond)
+	if e.covering > 0 {
+		e.detach()
+	}
 }
 
 // rc counts one event in the QP's and the device's RC counters.
@@ -559,5 +601,11 @@ func (e *engine) count() {
 	e.rcAdd(func(c *rcCounters) *atomic.Uint64 { return &c.timeouts }, st.Timeouts-e.last.Timeouts)
 	e.rcAdd(func(c *rcCounters) *atomic.Uint64 { return &c.seqNAKsReceived }, st.SeqNAKs-e.last.SeqNAKs)
 	e.rcAdd(func(c *rcCounters) *atomic.Uint64 { return &c.rnrNAKsReceived }, st.RNRNAKs-e.last.RNRNAKs)
+	if st.MaxGoBack > e.last.MaxGoBack {
+		for _, c := range []*rcCounters{&e.qp.rc, &e.dev.rc} {
+			for m := c.maxGoBack.Load(); st.MaxGoBack > m && !c.maxGoBack.CompareAndSwap(m, st.MaxGoBack); m = c.maxGoBack.Load() {
+			}
+		}
+	}
 	e.last = st
 }

@@ -7,22 +7,34 @@ import (
 )
 
 // LinkModel is the link an emulated NIC sends on: its line rate, its one-way delay
-// and a bounded queue, in one process and over UDP alike. A requester's window
-// then fills the link and no more, as a NIC's does: after an RNR NAK or a loss,
-// go-back-N resends what was really in flight (about a bandwidth-delay product),
-// not the whole window.
+// and a bounded transmit queue. A requester's window then fills the link and no
+// more, as a NIC's does: after an RNR NAK or a loss, go-back-N resends what was
+// really in flight (about a bandwidth-delay product), not the whole window.
 //
-// The zero value is the default link: DefaultLinkRate, DefaultLinkDelay and a queue
-// of one bandwidth-delay product plus a packet of the path MTU. NoLink is no model.
+// In one process the model is exact in the senders' clock (roce.LinkModel): runs
+// leave at the line rate and arrive the delay later, a requester stops at a full
+// queue, and one that a NAK reached sends nothing new before it took the NAK. The
+// receiving engine is software that may fall behind the line for a while; its
+// buffer bounds that backlog, as a lossless port's would, and a sender the
+// scheduler held up catches up to the line rate. Over UDP the sender paces its
+// datagrams at the line rate and the kernel's socket buffers are the queue.
+//
+// The zero value is the default link: DefaultLinkRate, DefaultLinkDelay, a queue
+// of one bandwidth-delay product plus a packet of the path MTU, and a receive
+// buffer of the queue's size. NoLink is no model.
 type LinkModel struct {
 	// RateGbps is the line rate in Gb/s: 0 is DefaultLinkRate, negative unlimited.
 	RateGbps float64
 	// Delay is the one-way delay: 0 is DefaultLinkDelay, negative none.
 	Delay time.Duration
-	// QueueBytes bounds what is in flight on the link (sent and not yet taken by
-	// the receiving NIC): 0 is one bandwidth-delay product (over the round trip)
-	// plus one packet, unbounded when the rate is.
+	// QueueBytes bounds the sender's transmit queue (sent and not yet on the
+	// wire): 0 is one bandwidth-delay product (over the round trip) plus one
+	// packet, unbounded when the rate is.
 	QueueBytes int
+	// BufferBytes bounds what arrived at the receiving NIC and it has not taken
+	// yet: 0 is the queue's size. A larger buffer hides more of the emulator's
+	// scheduling from the line rate, and lets more be in flight behind a NAK.
+	BufferBytes int
 }
 
 // The default link: a 100 Gb/s port with 2 us of delay each way.
@@ -37,7 +49,7 @@ var NoLink = LinkModel{RateGbps: -1, Delay: -1}
 
 // wire is the model as the transport takes it.
 func (m LinkModel) wire() roce.LinkModel {
-	w := roce.LinkModel{Rate: m.RateGbps * 1e9, Delay: m.Delay, Queue: max(m.QueueBytes, 0)}
+	w := roce.LinkModel{Rate: m.RateGbps * 1e9, Delay: m.Delay, Queue: max(m.QueueBytes, 0), Buffer: max(m.BufferBytes, 0)}
 	if m.RateGbps == 0 {
 		w.Rate = DefaultLinkRate * 1e9
 	}

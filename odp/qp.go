@@ -348,6 +348,17 @@ func ConnectLoopback(a, b *QP) error {
 	return ConnectPorts(a, b, pa, pb)
 }
 
+// ConnectLoopbackLoss is ConnectLoopback with faults injected into what each side
+// sends: runs are then single packets, copied as they are sent.
+func ConnectLoopbackLoss(a, b *QP, loss roce.Loss) error {
+	pa, pb, err := roce.NewPipe(LoopbackLimits, roce.PipeConfig{AB: a.dev.cfg.Link.wire(), BA: b.dev.cfg.Link.wire(),
+		Copy: a.dev.as != b.dev.as, Loss: loss})
+	if err != nil {
+		return err
+	}
+	return ConnectPorts(a, b, pa, pb)
+}
+
 // ConnectPorts connects a over port pa and b over port pb, two ends of one wire
 // (a roce.Pipe with loss, say), and moves both to RTS. The QPs own the ports after.
 func ConnectPorts(a, b *QP, pa, pb roce.Port) error {

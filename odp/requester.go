@@ -100,12 +100,31 @@ func (e *engine) message(w *wqe) (roce.Request, WCStatus, string) {
 }
 
 // transmit builds the requester's next runs out of local memory, as far as the
-// port's room, the RNR timer and the requester's faults allow.
+// port's room, the RNR timer and the requester's faults allow. It notes in
+// roomWait that it stopped because the link was full.
 func (e *engine) transmit() bool {
 	busy := false
 	defer e.closeHolds()
+	runs, room := e.room()
+	asked, waiting := false, e.roomWait
+	e.roomWait = false
 	for len(e.out) < maxOut && e.srcFault == nil && e.retryAt.IsZero() && e.req.Pending() {
 		t, _ := e.req.Next(e.maxRun)
+		n := roce.WireSize(&t.Seg, t.Len)
+		if runs <= 0 || (room >= 0 && n > room) {
+			// The link is full: what the requester counts as sent is on it.
+			if asked {
+				e.roomWait = true
+				if !waiting || busy {
+					e.roomSince = e.now // the wait starts now
+				}
+				break
+			}
+			e.port.WaitRoom()
+			asked = true
+			runs, room = e.room()
+			continue
+		}
 		w := e.qp.sq.slot(t.ID)
 		if t.Len > 0 {
 			if !e.payload(w, &t) {
@@ -115,9 +134,26 @@ func (e *engine) transmit() bool {
 		t.Seg.DestQP = e.remote
 		e.req.Sent(&t, e.now)
 		e.out = append(e.out, t.Seg)
+		runs--
+		if room >= 0 {
+			room -= n
+		}
 		busy = true
 	}
 	return busy
+}
+
+// room is what the port takes beyond the runs built and not sent yet; it notes in
+// roomAt when more room opens by itself.
+func (e *engine) room() (runs, bytes int) {
+	runs, bytes, e.roomAt = e.port.Room(e.now)
+	runs -= len(e.out)
+	if bytes >= 0 {
+		for i := range e.out {
+			bytes -= roce.WireBytes(&e.out[i])
+		}
+	}
+	return runs, bytes
 }
 
 // payload reads a run's payload out of the work request's memory: by reference when
@@ -443,12 +479,15 @@ func (e *engine) retire() {
 		*w = wqe{}
 		head++
 		q.head.Store(head)
-		if report {
-			e.qp.cfg.SendCQ.push(wc)
-		}
 		if failed && !e.errored {
+			// An application that polls the error finds the QP in ERR and the
+			// counters that say why.
+			e.count()
 			e.qp.toError()
 			e.toError()
+		}
+		if report {
+			e.qp.cfg.SendCQ.push(wc)
 		}
 	}
 }

@@ -149,8 +149,8 @@ func (e *engine) placeRun(s *roce.Segment, v *roce.Verdict) bool {
 		e.release(s)
 		return true
 	}
-	if e.unread.Load() > 0 {
-		return false // earlier READ responses are still being read (their copy wakes us)
+	if e.memoryBusy() {
+		return false // earlier READs are still being answered (their copy wakes us)
 	}
 	payload := s.Payload[v.Skip*e.mtu:]
 	starts := !e.resp.InMessage()
@@ -398,8 +398,8 @@ func (e *engine) atomic(s *roce.Segment, v *roce.Verdict) bool {
 		e.refuse(e.resp.Fail(roce.SynNAKRemoteAccess), why)
 		return true
 	}
-	if e.unread.Load() > 0 {
-		return false // earlier READ responses are still being read
+	if e.memoryBusy() {
+		return false // earlier READs are still being answered
 	}
 	ref, miss, err := mr.tryAcquire(off, 8, true, e.covering > 0)
 	switch dmaOutcome(miss, err) {
@@ -512,6 +512,22 @@ func (e *engine) readFailed(r *readJob, err error) {
 	nak := &roce.Message{Kind: roce.KindAck, Syndrome: roce.SynNAKRemoteAccess, MSN: r.msn,
 		PSN: (r.first + uint32(r.k)) & (1<<24 - 1)}
 	e.refuse(nak, err.Error())
+}
+
+// memoryBusy reports whether the responder must not change its memory yet: it owes
+// READ responses not built yet, or sent some by reference that the requester has
+// not copied (unread). RC executes a QP's requests in order, so a WRITE or an
+// atomic after a READ must not show in the READ's data.
+func (e *engine) memoryBusy() bool {
+	if e.unread.Load() > 0 {
+		return true
+	}
+	for i := range e.jobs {
+		if e.jobs[i].read != nil {
+			return true
+		}
+	}
+	return false
 }
 
 func (e *engine) popJob() {

@@ -134,10 +134,26 @@ type QPStats struct {
 	SeqNaksReceived uint64        // PSN sequence error NAKs this requester received (packet_seq_err)
 	Duplicates      uint64        // duplicate requests answered again (duplicate_request)
 	PacketsDropped  uint64        // packets dropped: for another QP, after a NAK, QP in error
+	// MaxGoBack is the most packets one go-back-N of this requester sent again:
+	// those in flight behind the NAK (or timeout) it answered.
+	MaxGoBack uint64
+	// LinkMaxInFlight is the most bytes the QP's link held at once, sent and not
+	// taken by the peer (LinkModel bounds it; 0 over UDP, whose sender paces
+	// itself instead).
+	LinkMaxInFlight int
 }
 
 // Stats returns the QP's counters.
-func (qp *QP) Stats() QPStats { return qp.rc.stats() }
+func (qp *QP) Stats() QPStats {
+	st := qp.rc.stats()
+	qp.mu.Lock()
+	port := qp.port
+	qp.mu.Unlock()
+	if port != nil {
+		st.LinkMaxInFlight = port.Stats().MaxInFlight
+	}
+	return st
+}
 
 // rcCounters count RC events, of a QP or of all a device's QPs; every field is
 // updated atomically by the QPs' engines.
@@ -148,6 +164,7 @@ type rcCounters struct {
 	retransmitted, timeouts         atomic.Uint64
 	seqNAKsSent, seqNAKsReceived    atomic.Uint64
 	duplicates, dropped             atomic.Uint64
+	maxGoBack                       atomic.Uint64 // a maximum, not a count
 }
 
 func (c *rcCounters) stats() QPStats {
@@ -155,7 +172,7 @@ func (c *rcCounters) stats() QPStats {
 		Retransmissions: c.retransmitted.Load(), RNRWait: time.Duration(c.rnrWaitNanos.Load()),
 		RNRRetryExc: c.rnrRetryExceeded.Load(), Timeouts: c.timeouts.Load(), RetryExc: c.retryExceeded.Load(),
 		OutOfSequence: c.seqNAKsSent.Load(), SeqNaksReceived: c.seqNAKsReceived.Load(),
-		Duplicates: c.duplicates.Load(), PacketsDropped: c.dropped.Load()}
+		Duplicates: c.duplicates.Load(), PacketsDropped: c.dropped.Load(), MaxGoBack: c.maxGoBack.Load()}
 }
 
 // RespError says why this QP's responder last refused a request with a NAK (the

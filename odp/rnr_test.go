@@ -6,6 +6,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/odpemu/odpemu/transport/roce"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 )
@@ -169,4 +170,84 @@ func TestModifyAttr(t *testing.T) {
 	assert.Equal(t, 655360*time.Microsecond, RNRTimer(0))
 	_, err := Open(Config{ResponderFaults: 7})
 	assert.ErrorIs(t, err, ErrInvalidArgument)
+}
+
+// A responder whose fault is pending answers RNR NAK to every retransmission until
+// the fault is resolved, as mlx5 does (its page-fault work queue resolves it while
+// the QP keeps answering): when min_rnr_timer x (rnr_retry+1) is shorter than the
+// fault, the WRITE fails with RNR_RETRY_EXC_ERR, and with rnr_retry 7 (infinite)
+// it succeeds once the fault is resolved, after as many NAKs as the timer fits in
+// the fault. The fault is modelled at 100 ms, so that no scheduling delay makes a
+// retransmission find it resolved: ConnectX-4's 220 us against a 10 us timer fails
+// the same way, but a loaded machine may delay a retransmission that long.
+func TestRNRRepeatedWhileFaultPending(t *testing.T) {
+	fault := FaultModel{Name: "slow", PerFault: 100 * time.Millisecond}
+	for _, c := range []struct {
+		retry, timer uint8
+		want         WCStatus
+	}{{1, 1, WCRNRRetryExcErr}, {6, 1, WCRNRRetryExcErr}, {7, 14, WCSuccess}} {
+		a, b := pair(t, Config{FaultModel: fault})
+		src, smr := a.region(t, 4*ps, rw)
+		dst, dmr := b.region(t, 4*ps, rw|AccessOnDemand)
+		fill(src, 4)
+		require.NoError(t, a.qp.ModifyAttr(QPAttr{RNRRetry: c.retry}, AttrRNRRetry))
+		require.NoError(t, b.qp.ModifyAttr(QPAttr{MinRNRTimer: c.timer}, AttrMinRNRTimer))
+		t0 := time.Now()
+		wc := a.post(t, write(smr, 0, 2*ps, dmr, 0))
+		took := time.Since(t0)
+		require.Equal(t, c.want, wc.Status, "rnr_retry %d: %s", c.retry, wc.Detail)
+		naks := b.qp.Stats().RNRNaksSent
+		assert.Equal(t, naks, a.qp.Stats().RNRNaksReceived)
+		if c.want == WCRNRRetryExcErr {
+			assert.EqualValues(t, c.retry+1, naks, "rnr_retry %d: the first try and every retry, all while the fault was pending", c.retry)
+			assert.Less(t, took, fault.PerFault, "it failed before the fault was resolved")
+			continue
+		}
+		assert.GreaterOrEqual(t, took, fault.PerFault)
+		most := uint64(fault.PerFault/RNRTimer(c.timer)) + 2
+		assert.True(t, naks > 2 && naks <= most, "%d RNR NAKs: one per %v timer while the %v fault was pending", naks, RNRTimer(c.timer), fault.PerFault)
+		assert.True(t, bytes.Equal(src[:2*ps], dst[:2*ps]))
+	}
+}
+
+// Behind an RNR NAK go-back-N sends again what was in flight, and with the link
+// model that is what the link holds (its queue, the wire and the receiver's
+// buffer) plus what the engines hold, not the requester's whole window: a cold
+// transfer of 64 WRITEs of 64 KiB (4 MiB, 1024 packets, all in the window at once)
+// never goes back more than that. Without the model the requester sends its window
+// at once, and goes back over hundreds of packets.
+func TestGoBackBoundedByTheLink(t *testing.T) {
+	const size, count = 64 << 10, 64
+	goBack := func(t *testing.T, link LinkModel) (uint64, int) {
+		a, b := pair(t, Config{Link: link})
+		if wireUDP() {
+			t.Skip("the in-process link model is under test")
+		}
+		_, smr := a.region(t, size*count, rw)
+		_, dmr := b.region(t, size*count, rw|AccessOnDemand)
+		require.NoError(t, b.qp.ModifyAttr(QPAttr{MinRNRTimer: 1}, AttrMinRNRTimer))
+		for i := 0; i < count; i++ {
+			wr := write(smr, i*size, size, dmr, uint64(i*size))
+			wr.WRID, wr.Flags = uint64(i), 0
+			if i == count-1 {
+				wr.Flags = SendSignaled
+			}
+			require.NoError(t, a.qp.PostSend(wr))
+		}
+		wc := wait(t, a.scq)
+		require.Equal(t, WCSuccess, wc.Status, wc.Detail)
+		st := a.qp.Stats()
+		require.Positive(t, st.RNRNaksReceived)
+		return st.MaxGoBack, st.LinkMaxInFlight
+	}
+	mtu := LoopbackLimits.MTU
+	packet := roce.WirePacket(mtu)
+	withLink, held := goBack(t, LinkModel{})
+	limit := LinkModel{}.wire().Limit(mtu)
+	assert.LessOrEqual(t, held, limit, "the link never held more than its limit")
+	bound := 2*limit/packet + size/mtu // the link, the responder's batch, one message
+	assert.LessOrEqual(t, withLink, uint64(bound), "go-back-N behind a NAK: %d packets, the link holds %d B", withLink, limit)
+	without, _ := goBack(t, NoLink)
+	t.Logf("go-back: %d packets with the link model (bound %d, link held %d B of %d), %d without", withLink, bound, held, limit, without)
+	assert.Greater(t, without, uint64(bound), "without the link model the requester goes back further")
 }

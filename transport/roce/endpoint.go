@@ -266,10 +266,12 @@ type udpPort struct {
 	pkts   []Packet // Send's scratch
 }
 
-func (p *udpPort) Limits() Limits   { return p.lim }
-func (p *udpPort) MaxRun() int      { return 1 }
-func (p *udpPort) SetWake(f func()) { p.wake.Store(&f) }
-func (p *udpPort) Hold(bool)        {} // what arrives over UDP is a datagram of its own
+func (p *udpPort) Limits() Limits                       { return p.lim }
+func (p *udpPort) MaxRun() int                          { return 1 }
+func (p *udpPort) Room(time.Time) (int, int, time.Time) { return maxBatch, -1, time.Time{} } // Send paces itself
+func (p *udpPort) WaitRoom()                            {}
+func (p *udpPort) SetWake(f func())                     { p.wake.Store(&f) }
+func (p *udpPort) Hold(bool)                            {} // what arrives over UDP is a datagram of its own
 
 // Send implements Port: each run's packets go out with sendmmsg, their payloads
 // straight from the QP's memory into the kernel, and its Ref is released once the

@@ -37,9 +37,10 @@ type LinkStats struct {
 	// (an endpoint's count); Overflow packets dropped because the QP's inbox was
 	// full.
 	UnknownQP, Overflow uint64
-	// MaxInFlight is the most bytes the link held at once (a link model's queue
-	// bounds it).
-	MaxInFlight int
+	// MaxInFlight is the most bytes the link held at once, sent and not taken by
+	// the receiver (LinkModel.Limit bounds it); MaxQueued the most its transmit
+	// queue held (LinkModel.Queue bounds it).
+	MaxInFlight, MaxQueued int
 }
 
 // Link is one RoCEv2 endpoint: a UDP socket bound to a specific local address (the

@@ -14,16 +14,18 @@
 // headers and the payload. A UDP socket neither shows nor lets one write the IP
 // header, so the emulated NIC fixes what would otherwise vary: packets are sent
 // from unconnected sockets with path MTU discovery on, for which Linux sets DF and
-// an IP identification of zero (see Endpoints).
+// an IP identification of zero (see OpenEndpoint).
 //
-// Above the packets: Segment and the Reassembler turn messages into packets and
-// back, checking every length before they allocate; the Requester and the
-// Responder are RC's two state machines (IBTA chapter 9: PSNs, ACKs and NAKs,
-// go-back-N, the ACK and RNR timers, duplicates), free of I/O so that tests drive
-// them packet by packet; a Session runs both over a Port for a Handler, the QP that
-// owns the memory side (odp's), and its doc has the lock order. A Port is a Link's
-// UDP socket (Link.Dial) or a Pipe in one process carrying the same encoded packets.
-// ListenCM and DialCM exchange connection parameters over TCP as rdma_cm does.
+// Above the packets: a Segment is a run of consecutive packets of one message,
+// the unit the emulated NICs exchange (one packet over UDP, up to a DMA's worth in
+// one process); the Requester and the Responder are RC's two state machines (IBTA
+// chapter 9: PSNs, ACKs and NAKs, go-back-N, the ACK and RNR timers, duplicates),
+// free of I/O so that tests drive them run by run; the QP that owns the memory
+// (odp's engine) runs both. A Port carries a QP's runs to its peer: an Endpoint's
+// UDP socket on port 4791, demultiplexed by destination QPN (Endpoint.Attach), or
+// a Pipe in one process, where runs travel by reference under a LinkModel (line
+// rate, delay, a bounded queue; wire.go). ListenCM and DialCM exchange connection
+// parameters over TCP as rdma_cm does.
 package roce
 
 import (

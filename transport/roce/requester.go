@@ -117,6 +117,9 @@ type RequesterStats struct {
 	Timeouts      uint64 // ACK timer expiries with messages outstanding
 	SeqNAKs       uint64 // PSN sequence error NAKs received
 	RNRNAKs       uint64 // RNR NAKs received
+	// MaxGoBack is the most packets one go-back-N had to send again: those sent
+	// after the PSN it went back to (what was in flight behind a NAK).
+	MaxGoBack uint64
 }
 
 // NewRequester starts a requester.
@@ -335,6 +338,7 @@ func (q *Requester) rewind(psn uint32) {
 	if psnDiff(psn, q.cursor) < 0 {
 		q.cursor = psn
 	}
+	q.stats.MaxGoBack = max(q.stats.MaxGoBack, uint64(max(psnDiff(q.fresh, q.cursor), 0)))
 }
 
 // Receive takes an ACK, a NAK or an atomic's acknowledgement from the responder.

@@ -28,8 +28,20 @@ type Port interface {
 	// everything sent was received.
 	Recv(segs []Segment, now time.Time) (n int, next time.Time, err error)
 	// MaxRun is the most packets a run sent may hold: 1 where every packet travels
-	// on its own (over UDP, or with loss injected).
+	// on its own (over UDP, or with loss injected), and never more than half the
+	// link's queue, so that runs pipeline on the link.
 	MaxRun() int
+	// Room is what Send takes at now without refusing: runs, and wire bytes (-1:
+	// no bound); a run larger than the queue goes onto an idle link alone. A
+	// requester builds no more runs than fit, so that what it counts as sent is
+	// on the link. Opens is when room for another run of MaxRun packets opens by
+	// itself, as the link sends what it queued; zero when only the receiver
+	// taking runs opens it (WaitRoom).
+	Room(now time.Time) (runs, bytes int, opens time.Time)
+	// WaitRoom has the wake function run once the receiver takes runs off the
+	// link. A caller that found too little room calls it, then looks at Room
+	// again: room that opened in between is seen there or wakes it.
+	WaitRoom()
 	// Limits are the path MTU and the largest message the peer may send.
 	Limits() Limits
 	// SetWake sets the function the port calls, from any goroutine, when runs
@@ -50,9 +62,16 @@ type Port interface {
 var ErrClosed = errors.New("roce: port closed")
 
 // LinkModel is the link between two NICs: line rate, one-way delay and a bounded
-// queue, so that a requester's window fills the link and no more, as a NIC's does.
-// The zero value is no model: runs arrive at once and nothing bounds them but the
-// requester's window.
+// transmit queue, so that a requester's window fills the link and no more, as a
+// NIC's does. The zero value is no model: runs arrive at once and nothing bounds
+// them but the requester's window.
+//
+// In one process (NewPipe) the model runs in the senders' clock: a run leaves
+// once the runs before it have, after its wire size at the line rate, and arrives
+// the delay after; a sender may queue up to Queue bytes that have not left. The
+// receiving engine is software and may take what arrived late; its Buffer bounds
+// that backlog as a lossless (PFC) port's would: what was sent and not taken never
+// exceeds Queue, the one-way bandwidth-delay product and Buffer together (Limit).
 type LinkModel struct {
 	// Rate is the line rate in bits per second (0: unlimited). Every packet takes
 	// its wire size (WireBytes) of it.
@@ -60,10 +79,12 @@ type LinkModel struct {
 	// Delay is the one-way delay: a packet arrives that long after its last bit
 	// left.
 	Delay time.Duration
-	// Queue bounds, in bytes, what is in flight on the link: sent and not yet taken
-	// by the receiver (queued to go out, on the wire, waiting to be taken). 0:
-	// DefaultQueue.
+	// Queue bounds, in bytes, the sender's transmit queue: runs sent whose last
+	// bit has not left. 0: DefaultQueue.
 	Queue int
+	// Buffer bounds, in bytes, what arrived at the receiving NIC and it has not
+	// taken yet. 0: the queue's size.
+	Buffer int
 }
 
 // BDP is the link's bandwidth-delay product in bytes, over its round trip (twice
@@ -87,14 +108,47 @@ func (m LinkModel) queue(mtu int) int {
 	return m.DefaultQueue(mtu)
 }
 
+// Limit bounds the bytes a link holds (sent and not taken by the receiver): the
+// queue, what is on the wire over the one-way delay, and the receiver's buffer.
+// 0: no bound.
+func (m LinkModel) Limit(mtu int) int {
+	q := m.queue(mtu)
+	if q == 0 {
+		return 0
+	}
+	b := m.Buffer
+	if b <= 0 {
+		b = q
+	}
+	return q + m.BDP()/2 + b
+}
+
 // Ethernet framing around every RoCEv2 packet on the wire: preamble and gap (20),
 // MAC header (14) and FCS (4), IPv4 (20), UDP (8).
 const frameOverhead = 20 + 14 + 4 + 20 + 8
 
+// WirePacket is the size on the wire of a packet carrying n payload bytes of a
+// SEND or WRITE MIDDLE: the unit a link's queue and rate are counted in.
+func WirePacket(n int) int { return n + frameOverhead + BTHSize + ICRCSize }
+
+// WriteGoodput is the payload rate, in bytes per second, that a link of the given
+// line rate (bits per second) carries for RDMA WRITEs of msg bytes at the path
+// MTU: each packet's framing and headers (and the first one's RETH) take their
+// share.
+func WriteGoodput(rate float64, msg, mtu int) float64 {
+	packets := max((msg+mtu-1)/mtu, 1)
+	wire := msg + packets*WirePacket(0) + RETHSize
+	return rate / 8 * float64(msg) / float64(wire)
+}
+
 // WireBytes is the size of a run on the wire: every packet's headers, ICRC,
 // Ethernet framing and payload.
-func WireBytes(s *Segment) int {
-	n := len(s.Payload) + s.Count*(frameOverhead+ICRCSize) + s.Opcode.HeaderSize()
+func WireBytes(s *Segment) int { return WireSize(s, len(s.Payload)) }
+
+// WireSize is the size on the wire of the run s with a payload of n bytes: what a
+// run the requester is about to read into will take.
+func WireSize(s *Segment, n int) int {
+	n += s.Count*(frameOverhead+ICRCSize) + s.Opcode.HeaderSize()
 	if s.Count > 1 {
 		n += (s.Count-1)*BTHSize + s.Last.HeaderSize() - BTHSize
 	}
@@ -130,12 +184,17 @@ func NewPipe(lim Limits, cfg PipeConfig) (Port, Port, error) {
 		return nil, nil, fmt.Errorf("roce: limits %+v: a path MTU of 256..4096 and a largest message", lim)
 	}
 	for _, m := range []LinkModel{cfg.AB, cfg.BA} {
-		if m.Rate < 0 || m.Delay < 0 || m.Queue < 0 {
+		if m.Rate < 0 || m.Delay < 0 || m.Queue < 0 || m.Buffer < 0 {
 			return nil, nil, fmt.Errorf("roce: link model %+v", m)
 		}
 	}
 	if cfg.MaxRun <= 0 {
 		cfg.MaxRun = 64
+	}
+	for _, m := range []LinkModel{cfg.AB, cfg.BA} {
+		if q := m.queue(lim.MTU); q > 0 { // two runs fit the queue, and pipeline
+			cfg.MaxRun = max(1, min(cfg.MaxRun, q/2/WirePacket(lim.MTU)))
+		}
 	}
 	copying := cfg.Copy || cfg.Loss.active()
 	if cfg.Loss.active() {
@@ -201,20 +260,29 @@ func fromMono(n int64) time.Time { return base.Add(time.Duration(n)) }
 // direction is one way of a pipe: the sender's link (its clock and queue) and the
 // receiver's inbox.
 type direction struct {
-	r        ring
-	rate     float64 // bytes per nanosecond, 0: unlimited
-	delay    int64
-	capacity int64       // bytes in flight at most, 0: unbounded
-	copying  bool        // payloads are copied as they are sent (a pipe's setting)
-	held     atomic.Bool // ... and while the receiver holds the link
+	r       ring
+	rate    float64 // bytes per nanosecond, 0: unlimited
+	delay   int64
+	queue   int64       // bytes queued to leave at most, 0: unbounded
+	limit   int64       // bytes sent and not taken at most, 0: unbounded
+	copying bool        // payloads are copied as they are sent (a pipe's setting)
+	held    atomic.Bool // ... and while the receiver holds the link
 
 	busyUntil int64 // sender's: when the last bit of what it sent leaves
-	inj       *segInjector
+	// backlogged is the sender's: it found no room for another run (Room,
+	// WaitRoom, Send) since it last sent, and the runs it sends next may catch up
+	// (catchUp); catching is set while Send sends those.
+	backlogged, catching bool
+	inj                  *segInjector
+	// fence is, plus one, the ring index of the last NAK sent this way: its
+	// receiver sends nothing once it arrived until it has taken it (nakArrived).
+	fence atomic.Uint64
 
 	mu            sync.Mutex   // held while a closed direction's runs are dropped
 	inflight      atomic.Int64 // bytes sent and not yet taken
 	maxInflight   atomic.Int64
-	senderWaiting atomic.Bool
+	maxQueued     atomic.Int64
+	senderWaiting atomic.Bool // wake the sender once the receiver takes a run
 	closed        atomic.Bool // either end closed
 	sent, taken   atomic.Uint64
 
@@ -222,7 +290,8 @@ type direction struct {
 }
 
 func newDirection(m LinkModel, mtu int, loss Loss, copying bool) *direction {
-	d := &direction{rate: m.Rate / 8 / 1e9, delay: int64(m.Delay), capacity: int64(m.queue(mtu)), copying: copying}
+	d := &direction{rate: m.Rate / 8 / 1e9, delay: int64(m.Delay), queue: int64(m.queue(mtu)),
+		limit: int64(m.Limit(mtu)), copying: copying}
 	if loss.active() {
 		d.inj = &segInjector{loss: loss, rng: rand.New(rand.NewPCG(loss.Seed, 0x726f6365))}
 	}
@@ -245,6 +314,58 @@ type pipeEnd struct {
 func (e *pipeEnd) Limits() Limits { return e.lim }
 func (e *pipeEnd) MaxRun() int    { return e.maxRun }
 
+// Room implements Port.
+func (e *pipeEnd) Room(now time.Time) (runs, bytes int, opens time.Time) {
+	d := e.out
+	runs = int(ringSize - (d.r.tail.Load() - d.r.head.Load()))
+	if d.inj != nil {
+		runs /= 3
+	}
+	t := mono(now)
+	if e.nakArrived(t) {
+		return 0, 0, time.Time{}
+	}
+	if d.queue == 0 {
+		return runs, -1, time.Time{}
+	}
+	queued := d.queued(t)
+	room := d.queue - queued
+	largest := e.largest()
+	if queued == 0 {
+		room = max(room, largest) // an idle link takes a run of any size
+	}
+	if queued > 0 && d.rate > 0 {
+		// Room for the largest run opens once that much of the queue has left.
+		opens = fromMono(d.busyUntil - int64(float64(max(d.queue-largest, 0))/d.rate))
+	}
+	if in := d.inflight.Load(); in > 0 && d.limit-in < room {
+		room, opens = max(d.limit-in, 0), time.Time{} // the receiver is behind
+	}
+	if room < largest {
+		d.backlogged = true
+	}
+	return runs, int(room), opens
+}
+
+// largest is the wire size of the largest run the end sends.
+func (e *pipeEnd) largest() int64 { return int64(e.maxRun * (e.lim.MTU + frameOverhead + maxHeaders)) }
+
+// queued is how many bytes sent at or before t have not left at t: the sender's
+// transmit queue.
+func (d *direction) queued(t int64) int64 {
+	if d.rate == 0 || d.busyUntil <= t {
+		return 0
+	}
+	return int64(float64(d.busyUntil-t) * d.rate)
+}
+
+// WaitRoom implements Port. The sender is backlogged: what it sends next may
+// catch up (catchUp).
+func (e *pipeEnd) WaitRoom() {
+	e.out.backlogged = true
+	e.out.senderWaiting.Store(true)
+}
+
 func (e *pipeEnd) Hold(on bool) { e.in.held.Store(on) }
 
 func (e *pipeEnd) SetWake(f func()) {
@@ -264,20 +385,24 @@ func (e *pipeEnd) Send(segs []Segment, now time.Time) (int, error) {
 		return len(segs), ErrClosed
 	}
 	t := mono(now)
+	stopped := e.nakArrived(t) // requests wait; answers go
+	d.catching, d.backlogged = d.backlogged, false
 	tail := d.r.tail.Load()
 	pending, packets := 0, 0 // bytes and packets written, not yet published
 	n := 0
 	for ; n < len(segs); n++ {
 		s := &segs[n]
+		if stopped && s.Opcode.IsRequest() {
+			break
+		}
 		bytes := WireBytes(s)
-		if d.noRoom(tail, pending, bytes) {
+		if d.noRoom(tail, t, pending, bytes) {
 			// Say so before looking again, so that a receiver taking a run now
 			// either sees the flag or leaves room this look sees.
 			d.senderWaiting.Store(true)
-			if d.noRoom(tail, pending, bytes) {
+			if d.noRoom(tail, t, pending, bytes) {
 				break
 			}
-			d.senderWaiting.Store(false)
 		}
 		if d.copying || d.held.Load() {
 			copyPayload(s)
@@ -290,10 +415,16 @@ func (e *pipeEnd) Send(segs []Segment, now time.Time) (int, error) {
 		}
 		d.r.slots[tail%ringSize] = slot{seg: *s, due: d.leave(t, bytes) + d.delay, bytes: bytes}
 		tail++
+		if s.fences() {
+			d.fence.Store(tail)
+		}
 		pending += bytes
 		packets += s.Count
 	}
 	d.publish(&tail, &pending, &packets)
+	if q := d.queued(t); q > d.maxQueued.Load() {
+		d.maxQueued.Store(q) // the sender alone stores it
+	}
 	if n > 0 {
 		wake(&d.wakeRecv)
 	}
@@ -319,22 +450,38 @@ func (d *direction) publish(tail *uint64, pending, packets *int) {
 	*pending, *packets = 0, 0
 }
 
+// catchUp is how far a backlogged sender's link may fall behind its clock. The
+// engines are goroutines that the Go and Linux schedulers hold up now and then for
+// tens of microseconds: a sender that waited for room on a full queue may take
+// that long to see it open, and a link that went idle meanwhile would measure the
+// scheduler, not the line. So the runs it sends then leave as if it had sent them
+// in time, up to catchUp earlier than it did, and arrive as early: the link is a
+// token bucket at the line rate whose burst is catchUp's worth, which it grants
+// only after its queue was full. A sender with nothing queued (a ping-pong, say)
+// gets nothing back: its runs leave when it sends them. The link's limit still
+// bounds what it holds.
+const catchUp = int64(50 * time.Microsecond)
+
 // leave returns when a run of bytes sent at t has left the link: when the link is
-// free and its last bit is out.
+// free (see catchUp) and its last bit is out.
 func (d *direction) leave(t int64, bytes int) int64 {
 	l := max(t, d.busyUntil)
 	if d.rate > 0 {
+		if d.catching {
+			l = max(t-catchUp, d.busyUntil)
+		}
 		l += int64(float64(bytes) / d.rate)
 	}
 	d.busyUntil = l
 	return l
 }
 
-// noRoom reports whether a run of bytes must wait, with the ring written up to
-// tail and pending bytes written before it, not yet counted in flight: the ring is
-// full (an injector may put three runs in it at once), or the link holds its
-// queue's worth (a run always goes onto an empty link, however large).
-func (d *direction) noRoom(tail uint64, pending, bytes int) bool {
+// noRoom reports whether a run of bytes sent at t must wait, with the ring
+// written up to tail and pending bytes written before it, not yet counted in
+// flight: the ring is full (an injector may put three runs in it at once), the
+// transmit queue holds its bound (a run always goes onto an idle link, however
+// large), or the link its limit (the receiver is behind).
+func (d *direction) noRoom(tail uint64, t int64, pending, bytes int) bool {
 	room := uint64(1)
 	if d.inj != nil {
 		room = 3
@@ -342,8 +489,22 @@ func (d *direction) noRoom(tail uint64, pending, bytes int) bool {
 	if tail-d.r.head.Load()+room > ringSize {
 		return true
 	}
+	if q := d.queued(t); d.queue > 0 && q > 0 && q+int64(bytes) > d.queue {
+		d.backlogged = true
+		return true
+	}
 	in := d.inflight.Load() + int64(pending)
-	return d.capacity > 0 && in > 0 && in+int64(bytes) > d.capacity
+	if d.limit > 0 && in > 0 && in+int64(bytes) > d.limit {
+		d.backlogged = true
+		return true
+	}
+	return false
+}
+
+// fences reports whether the run is a NAK that asks the requester to send again
+// from its PSN (an RNR NAK or a sequence error): see pipeEnd.nakArrived.
+func (s *Segment) fences() bool {
+	return s.Opcode == Acknowledge && (s.Syndrome.Kind() == 1 || s.Syndrome == SynNAKPSNSeqError)
 }
 
 // drop releases every run on a closed direction; its receiver no longer runs.
@@ -364,8 +525,25 @@ func (d *direction) enqueue(s Segment, t int64, bytes int) {
 	tail := d.r.tail.Load()
 	d.r.slots[tail%ringSize] = slot{seg: s, due: d.leave(t, bytes) + d.delay, bytes: bytes}
 	tail++
+	if s.fences() {
+		d.fence.Store(tail)
+	}
 	pending, packets := bytes, s.Count
 	d.publish(&tail, &pending, &packets)
+}
+
+// nakArrived reports whether a NAK that asks this end to send again (an RNR NAK
+// or a sequence error) has arrived by t and this end has not taken it. A
+// requester sends nothing new once such a NAK reached it: it goes back to the
+// NAK's PSN instead. Its engine takes what arrived only when it runs next, and
+// until then the link takes nothing from it, so that what it sends again is what
+// was in flight when the NAK arrived, not what the emulator's scheduling let it
+// send after. The sender of the NAK stores the slot before the index (fence),
+// and this end alone takes the slot, so the read is safe.
+func (e *pipeEnd) nakArrived(t int64) bool {
+	d := e.in
+	f := d.fence.Load()
+	return f != 0 && d.r.head.Load() < f && d.r.slots[(f-1)%ringSize].due <= t
 }
 
 // Recv implements Port.
@@ -422,7 +600,8 @@ func (e *pipeEnd) Close() error {
 // Stats implements Port: the packets this end sent and received, the faults
 // injected into what it sent, and the most bytes its link held.
 func (e *pipeEnd) Stats() LinkStats {
-	s := LinkStats{Sent: e.out.sent.Load(), Received: e.in.taken.Load(), MaxInFlight: int(e.out.maxInflight.Load())}
+	s := LinkStats{Sent: e.out.sent.Load(), Received: e.in.taken.Load(), MaxInFlight: int(e.out.maxInflight.Load()),
+		MaxQueued: int(e.out.maxQueued.Load())}
 	if inj := e.out.inj; inj != nil {
 		s.Dropped, s.Doubled, s.Reordered = inj.dropped.Load(), inj.doubled.Load(), inj.reordered.Load()
 	}
