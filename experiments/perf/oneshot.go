@@ -66,11 +66,7 @@ func OneShot(p Params, n int, o OneShotOptions) (OneShotResult, error) {
 		return OneShotResult{}, err
 	}
 	defer client.close()
-	pa, pb, err := pipe(p)
-	if err != nil {
-		return OneShotResult{}, err
-	}
-	if err := odp.ConnectPorts(client.qp, server.qp, pa, pb); err != nil {
+	if err := connect(p, client.qp, server.qp); err != nil {
 		return OneShotResult{}, err
 	}
 	for i, s := range []*side{client, server} {

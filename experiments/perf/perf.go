@@ -69,11 +69,16 @@ type Params struct {
 	// FaultModel is both devices' network page fault latency (default the
 	// emulator's own).
 	FaultModel odp.FaultModel
+	// Link is both devices' link (the zero value: odp's default, 100 Gb/s with
+	// 2 us of delay; odp.NoLink: none).
+	Link odp.LinkModel
+	// ResponderFaults is both devices' fault policy (default RNR NAK).
+	ResponderFaults odp.FaultPolicy
 }
 
 // device is the configuration of a side's device; a server takes the budget.
 func (p Params) device(server bool) odp.Config {
-	cfg := odp.Config{FaultAround: p.FaultAround, FaultModel: p.FaultModel}
+	cfg := odp.Config{FaultAround: p.FaultAround, FaultModel: p.FaultModel, Link: p.Link, ResponderFaults: p.ResponderFaults}
 	if server {
 		cfg.ResidentBudget = p.Budget
 	}
@@ -83,8 +88,14 @@ func (p Params) device(server bool) odp.Config {
 // loss is the wire's injected loss.
 func (p Params) loss() roce.Loss { return roce.Loss{Seed: p.Seed, Drop: p.Loss} }
 
-// pipe is the in-process wire between two sides, with p's loss.
-func pipe(p Params) (roce.Port, roce.Port, error) { return roce.Pipe(odp.LoopbackLimits, p.loss()) }
+// connect connects two sides' QPs in one process, each sending on its device's
+// link, with p's loss.
+func connect(p Params, client, server *odp.QP) error {
+	if p.Loss > 0 {
+		return odp.ConnectLoopbackLoss(client, server, p.loss())
+	}
+	return odp.ConnectLoopback(client, server)
+}
 
 func (p *Params) defaults() error {
 	if p.Test == "" {
@@ -168,7 +179,13 @@ type Result struct {
 	// Under a budget: pages evicted and restored, and the most resident bytes of
 	// the server's region seen during the loop.
 	// Timeouts is how often the client's local ACK timer expired.
-	Timeouts    uint64 `json:"timeouts"`
+	Timeouts uint64 `json:"timeouts"`
+	// The client's link: its bandwidth-delay product and the most bytes it held
+	// (in one process; 0 without a link model).
+	LinkBDP         int `json:"link_bdp_bytes"`
+	LinkMaxInFlight int `json:"link_max_in_flight_bytes"`
+	// MaxGoBack is the most packets one go-back-N of the client sent again.
+	MaxGoBack   uint64 `json:"max_go_back_packets"`
 	Evictions   uint64 `json:"evictions"`
 	Restores    uint64 `json:"restores"`
 	MaxResident int64  `json:"max_resident_bytes"`
@@ -250,11 +267,7 @@ func newRig(p Params) (_ *rig, err error) {
 	if r.server, err = newSide(p.device(true), p); err != nil {
 		return nil, err
 	}
-	pa, pb, err := pipe(p)
-	if err != nil {
-		return nil, err
-	}
-	if err := odp.ConnectPorts(r.client.qp, r.server.qp, pa, pb); err != nil {
+	if err := connect(p, r.client.qp, r.server.qp); err != nil {
 		return nil, err
 	}
 	// perftest fills its buffers after registering them: with --odp these first
@@ -306,6 +319,8 @@ func (r *rig) measure(p Params) (Result, error) {
 	res.RNRNaks = qs.RNRNaksReceived - qbefore.RNRNaksReceived
 	res.Retransmissions = qs.Retransmissions - qbefore.Retransmissions
 	res.Timeouts = qs.Timeouts - qbefore.Timeouts
+	res.LinkMaxInFlight, res.MaxGoBack = qs.LinkMaxInFlight, qs.MaxGoBack
+	res.LinkBDP = p.Link.BDPBytes()
 	res.Evictions = after[1].Evictions - before[1].Evictions
 	res.Restores = after[1].Restores - before[1].Restores
 	res.Test, res.ODP, res.Warm = p.Test, p.ODP, p.Warm

@@ -15,7 +15,6 @@ import (
 	"github.com/odpemu/odpemu/experiments/results"
 	"github.com/odpemu/odpemu/experiments/stats"
 	"github.com/odpemu/odpemu/odp"
-	"github.com/odpemu/odpemu/transport/roce"
 	"golang.org/x/sys/unix"
 )
 
@@ -139,11 +138,7 @@ func newBufferRig(cfg odp.Config, size int) (_ *bufferRig, err error) {
 		}
 	}
 	r.qp = qps[0]
-	pa, pb, err := roce.Pipe(odp.LoopbackLimits, roce.Loss{})
-	if err != nil {
-		return nil, err
-	}
-	return r, odp.ConnectPorts(qps[0], qps[1], pa, pb)
+	return r, odp.ConnectLoopback(qps[0], qps[1])
 }
 
 func (r *bufferRig) close() {

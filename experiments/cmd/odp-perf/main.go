@@ -10,6 +10,7 @@
 package main
 
 import (
+	"cmp"
 	"context"
 	"encoding/csv"
 	"encoding/json"
@@ -19,12 +20,15 @@ import (
 	"net/netip"
 	"os"
 	"runtime/pprof"
+	"runtime/trace"
+	"slices"
 	"strconv"
 	"strings"
 	"time"
 
 	"github.com/odpemu/odpemu/experiments/perf"
 	"github.com/odpemu/odpemu/experiments/progress"
+	"github.com/odpemu/odpemu/odp"
 	"github.com/odpemu/odpemu/transport/roce"
 	"github.com/spf13/pflag"
 )
@@ -138,6 +142,7 @@ func bw(test string, args []string, stdout, stderr io.Writer) error {
 	fs.VarP(&msg, "size", "s", "message size in bytes (K, M, G suffixes)")
 	all := fs.BoolP("all", "a", false, "sweep message sizes 2 B to 8 MiB")
 	iters := fs.IntP("iters", "n", 5000, "iterations per size")
+	reps := fs.Int("reps", 1, "rounds per size, each with its memcpy floor (in one process): the row shows the medians, a comment line the quartiles of each round's ratios")
 	depth := fs.IntP("tx-depth", "t", 128, "work requests in flight")
 	cqMod := fs.IntP("cq-mod", "Q", 100, "a completion every N work requests")
 	warm := fs.Bool("warm", false, "one untimed pass over the region before measuring")
@@ -160,11 +165,24 @@ func bw(test string, args []string, stdout, stderr io.Writer) error {
 	seed := fs.Uint64("seed", 1, "seed of the injected loss")
 	timeout := fs.Int("timeout", -1, "the QP's local ACK timeout, IBTA encoding 0..31 (4.096 us x 2^t; default 18)")
 	cpuProfile := fs.String("cpuprofile", "", "write a CPU profile of the runs to this file (go tool pprof)")
+	traceFile := fs.String("trace", "", "write an execution trace of the runs to this file (go tool trace): where the engines wait")
+	lf := addLinkFlags(fs)
 	if err := fs.Parse(args); err != nil {
 		return err
 	}
+	link, policy, err := lf.model()
+	if err != nil {
+		return err
+	}
 	if *cpuProfile != "" {
-		stop, err := startProfile(*cpuProfile)
+		stop, err := startProfile(*cpuProfile, pprof.StartCPUProfile, pprof.StopCPUProfile)
+		if err != nil {
+			return err
+		}
+		defer stop()
+	}
+	if *traceFile != "" {
+		stop, err := startProfile(*traceFile, trace.Start, trace.Stop)
 		if err != nil {
 			return err
 		}
@@ -177,8 +195,11 @@ func bw(test string, args []string, stdout, stderr io.Writer) error {
 	if fs.NArg() > 0 {
 		return fmt.Errorf("unexpected argument %q", fs.Arg(0))
 	}
-	if *iters < 1 || *depth < 1 || *cqMod < 1 || msg < 1 || *fa < 0 {
-		return fmt.Errorf("--iters, --tx-depth, --cq-mod and --size must be positive")
+	if *iters < 1 || *depth < 1 || *cqMod < 1 || msg < 1 || *fa < 0 || *reps < 1 {
+		return fmt.Errorf("--iters, --tx-depth, --cq-mod, --reps and --size must be positive")
+	}
+	if *reps > 1 && (*server != "" || *connect != "") {
+		return fmt.Errorf("--reps is for runs in one process")
 	}
 	var rnr, timer *uint8
 	if *rnrRetry >= 0 {
@@ -229,15 +250,24 @@ func bw(test string, args []string, stdout, stderr io.Writer) error {
 			fmt.Fprintf(stdout, " %-10s %-12s %-14s %-14s %-10s %s\n", "#bytes", "#served[s]", "#NIC faults", "#pages", "#RNR NAKs", "#retransmitted")
 		}
 	}
+	inProcess := ln == nil && *connect == ""
 	if !*asJSON && ln == nil {
-		fmt.Fprintf(stdout, " %-10s %-12s %-18s %-21s %s\n", "#bytes", "#iterations", "BW peak[MiB/sec]", "BW average[MiB/sec]", "MsgRate[Mpps]")
+		fmt.Fprintf(stdout, "# link: %s, responder faults: %v\n", lf, policy)
+		fmt.Fprintf(stdout, " %-10s %-12s %-18s %-21s %-15s", "#bytes", "#iterations", "BW peak[MiB/sec]", "BW average[MiB/sec]", "MsgRate[Mpps]")
+		if inProcess {
+			fmt.Fprintf(stdout, " %-18s %-10s", "memcpy[MiB/sec]", "BW/memcpy")
+		}
+		if *lf.rate > 0 {
+			fmt.Fprintf(stdout, " %-16s %s", "line[MiB/sec]", "BW/line")
+		}
+		fmt.Fprintln(stdout)
 	}
 	enc := json.NewEncoder(stdout)
 	for _, s := range sizes {
 		p := perf.Params{Test: test, ODP: *odpFlag, Size: s, Iters: *iters, Depth: *depth, CQMod: *cqMod,
 			MRSize: int(mrSize), Warm: *warm, FaultAround: *fa, InvalidateRate: *invRate, Budget: int64(budget), Random: *random,
 			Implicit: *implicit, Prefetch: *prefetch, RNRRetry: rnr, MinRNRTimer: timer,
-			Loss: *loss, Seed: *seed, Timeout: ackTimeout}
+			Loss: *loss, Seed: *seed, Timeout: ackTimeout, Link: link, ResponderFaults: policy}
 		var r perf.Result
 		switch {
 		case ln != nil:
@@ -247,7 +277,13 @@ func bw(test string, args []string, stdout, stderr io.Writer) error {
 			r, err = perf.Connect(ctx, *connect, p, wire)
 			cancel()
 		default:
-			r, err = perf.Run(p)
+			var rounds rounds
+			if rounds, err = runRounds(p, *reps, max(int(mrSize)/s, *depth)); err == nil {
+				r = rounds.median()
+				if !*asJSON {
+					printRounds(stdout, rounds, lf)
+				}
+			}
 		}
 		if err != nil {
 			return err
@@ -263,10 +299,22 @@ func bw(test string, args []string, stdout, stderr io.Writer) error {
 			}
 			continue
 		}
-		fmt.Fprintf(stdout, " %-10d %-12d %-18.2f %-21.2f %.6f\n", r.Bytes, r.Iters, r.PeakMiBps, r.AvgMiBps, r.MsgRateMpps)
-		if *odpFlag {
-			fmt.Fprintf(stdout, "# %d network page faults (%d pages), %d RNR NAKs, %d retransmissions, %d pages prefetched\n",
-				r.PageFaults, r.PagesFaulted, r.RNRNaks, r.Retransmissions, r.PagesPrefetched)
+		if !inProcess {
+			fmt.Fprintf(stdout, " %-10d %-12d %-18.2f %-21.2f %-15.6f", r.Bytes, r.Iters, r.PeakMiBps, r.AvgMiBps, r.MsgRateMpps)
+			if *lf.rate > 0 {
+				line := lineRate(*lf.rate, s)
+				fmt.Fprintf(stdout, " %-16.2f %.3f", line, r.AvgMiBps/line)
+			}
+			fmt.Fprintln(stdout)
+		}
+		if *odpFlag || r.RNRNaks > 0 {
+			perNAK := 0.0
+			if r.RNRNaks > 0 {
+				perNAK = float64(r.Retransmissions) / float64(r.RNRNaks)
+			}
+			fmt.Fprintf(stdout, "# %d network page faults (%d pages), %d RNR NAKs, %d retransmissions (%.1f packets per RNR NAK, at most %d behind one; link BDP %s, %.1f packets; most in flight %s), %d pages prefetched\n",
+				r.PageFaults, r.PagesFaulted, r.RNRNaks, r.Retransmissions, perNAK, r.MaxGoBack, perf.HumanBytes(r.LinkBDP),
+				float64(r.LinkBDP)/float64(roce.WirePacket(4096)), perf.HumanBytes(r.LinkMaxInFlight), r.PagesPrefetched)
 		}
 		if budget > 0 {
 			fmt.Fprintf(stdout, "# budget %s: max resident %s of %s registered, %d evictions, %d restores\n",
@@ -344,18 +392,165 @@ func compare(args []string, stdout, stderr io.Writer) error {
 	return nil
 }
 
-// startProfile starts a CPU profile into path; stop ends it and closes the file.
-func startProfile(path string) (stop func(), err error) {
+// round is one run of a size and the memcpy floor measured right after it.
+type round struct {
+	r     perf.Result
+	floor float64 // MiB/s
+}
+
+type rounds []round
+
+// runRounds runs p n times, each run followed by its memcpy floor of the same bytes
+// and strides (depth slots).
+func runRounds(p perf.Params, n, depth int) (rounds, error) {
+	var out rounds
+	for i := 0; i < n; i++ {
+		r, err := perf.Run(p)
+		if err != nil {
+			return nil, err
+		}
+		floor, err := perf.MemcpyFloor(p.Size, depth, p.Iters)
+		if err != nil {
+			return nil, err
+		}
+		out = append(out, round{r: r, floor: floor})
+	}
+	return out, nil
+}
+
+// median returns the round of median bandwidth.
+func (rs rounds) median() perf.Result {
+	s := slices.Clone(rs)
+	slices.SortFunc(s, func(a, b round) int { return cmp.Compare(a.r.AvgMiBps, b.r.AvgMiBps) })
+	return s[len(s)/2].r
+}
+
+// quartiles returns the first quartile, the median and the third quartile of f
+// over the rounds.
+func (rs rounds) quartiles(f func(round) float64) (q1, med, q3 float64) {
+	v := make([]float64, len(rs))
+	for i, r := range rs {
+		v[i] = f(r)
+	}
+	slices.Sort(v)
+	at := func(q float64) float64 { return v[int(q*float64(len(v)-1)+0.5)] }
+	return at(0.25), at(0.5), at(0.75)
+}
+
+// lineRate is what the line carries of WRITEs of size bytes, in MiB/s (a READ's
+// responses carry about as much).
+func lineRate(gbps float64, size int) float64 {
+	return roce.WriteGoodput(gbps*1e9, size, 4096) / (1 << 20)
+}
+
+// printRounds prints the row of a size: the medians of the rounds' figures and
+// ratios, and with several rounds their quartiles on a comment line.
+func printRounds(w io.Writer, rs rounds, lf *linkFlags) {
+	r := rs.median()
+	_, bw, _ := rs.quartiles(func(x round) float64 { return x.r.AvgMiBps })
+	_, peak, _ := rs.quartiles(func(x round) float64 { return x.r.PeakMiBps })
+	_, mpps, _ := rs.quartiles(func(x round) float64 { return x.r.MsgRateMpps })
+	_, floor, _ := rs.quartiles(func(x round) float64 { return x.floor })
+	m1, m, m3 := rs.quartiles(func(x round) float64 { return x.r.AvgMiBps / x.floor })
+	fmt.Fprintf(w, " %-10d %-12d %-18.2f %-21.2f %-15.6f %-18.2f %-10.3f", r.Bytes, r.Iters, peak, bw, mpps, floor, m)
+	line := 0.0
+	if *lf.rate > 0 {
+		line = lineRate(*lf.rate, r.Bytes)
+		fmt.Fprintf(w, " %-16.2f %.3f", line, bw/line)
+	}
+	fmt.Fprintln(w)
+	if len(rs) > 1 {
+		b1, _, b3 := rs.quartiles(func(x round) float64 { return x.r.AvgMiBps })
+		p1, _, p3 := rs.quartiles(func(x round) float64 { return x.r.MsgRateMpps })
+		fmt.Fprintf(w, "# %d rounds, quartiles: BW %.2f..%.2f MiB/s, %.3f..%.3f Mpps, BW/memcpy %.3f..%.3f (median %.3f)",
+			len(rs), b1, b3, p1, p3, m1, m3, m)
+		if line > 0 {
+			l1, l, l3 := rs.quartiles(func(x round) float64 { return x.r.AvgMiBps / line })
+			fmt.Fprintf(w, ", BW/line %.3f..%.3f (median %.3f)", l1, l3, l)
+		}
+		fmt.Fprintln(w)
+	}
+}
+
+// linkFlags are the link model's flags, next to the responder's fault policy.
+type linkFlags struct {
+	rate   *float64
+	delay  *time.Duration
+	queue  *size
+	buffer *size
+	faults *string
+}
+
+func addLinkFlags(fs *pflag.FlagSet) *linkFlags {
+	q, b := size(0), size(0)
+	lf := &linkFlags{
+		rate:   fs.Float64("link-rate", odp.DefaultLinkRate, "line rate of each NIC's link in Gb/s (0: unlimited)"),
+		delay:  fs.Duration("link-delay", odp.DefaultLinkDelay, "one-way delay of each link (0: none)"),
+		queue:  &q,
+		buffer: &b,
+		faults: fs.String("responder-faults", "rnr", "what a responder does on a network page fault: rnr (answer RNR NAK, mlx5) or stall (wait, rxe)"),
+	}
+	fs.Var(lf.queue, "link-queue", "bytes a sender's transmit queue holds at most (K, M suffixes; default one bandwidth-delay product plus an MTU)")
+	fs.Var(lf.buffer, "link-buffer", "bytes the receiving NIC holds that arrived and it has not taken (K, M suffixes; default the queue's size)")
+	return lf
+}
+
+// model returns the link model and fault policy the flags give.
+func (lf *linkFlags) model() (odp.LinkModel, odp.FaultPolicy, error) {
+	m := odp.LinkModel{RateGbps: *lf.rate, Delay: *lf.delay, QueueBytes: int(*lf.queue), BufferBytes: int(*lf.buffer)}
+	switch {
+	case *lf.rate < 0 || *lf.delay < 0:
+		return m, 0, fmt.Errorf("--link-rate and --link-delay must not be negative")
+	case *lf.rate == 0:
+		m.RateGbps = -1
+	}
+	if *lf.delay == 0 {
+		m.Delay = -1
+	}
+	switch *lf.faults {
+	case "rnr":
+		return m, odp.FaultRNR, nil
+	case "stall":
+		return m, odp.FaultStall, nil
+	}
+	return m, 0, fmt.Errorf("--responder-faults %q: want rnr or stall", *lf.faults)
+}
+
+func (lf *linkFlags) String() string {
+	if *lf.rate == 0 && *lf.delay == 0 {
+		return "no model (unlimited rate, no delay)"
+	}
+	rate := "unlimited rate"
+	if *lf.rate > 0 {
+		rate = fmt.Sprintf("%g Gb/s", *lf.rate)
+	}
+	queue := "a queue of one BDP plus an MTU"
+	if *lf.queue > 0 {
+		queue = "a queue of " + perf.HumanBytes(int(*lf.queue))
+	}
+	buffer := "a receive buffer as large"
+	if *lf.buffer > 0 {
+		buffer = "a receive buffer of " + perf.HumanBytes(int(*lf.buffer))
+	}
+	if *lf.rate == 0 && *lf.queue == 0 {
+		return fmt.Sprintf("%s, %v one way, no queue bound", rate, *lf.delay)
+	}
+	return fmt.Sprintf("%s, %v one way, %s, %s", rate, *lf.delay, queue, buffer)
+}
+
+// startProfile starts a CPU profile or an execution trace into path; stop ends it
+// and closes the file.
+func startProfile(path string, start func(io.Writer) error, end func()) (stop func(), err error) {
 	f, err := os.Create(path)
 	if err != nil {
 		return nil, err
 	}
-	if err := pprof.StartCPUProfile(f); err != nil {
+	if err := start(f); err != nil {
 		_ = f.Close() // the profile's error is the one to report
 		return nil, err
 	}
 	return func() {
-		pprof.StopCPUProfile()
+		end()
 		_ = f.Close() // a profile cut short is the only loss
 	}, nil
 }

@@ -27,9 +27,22 @@ func TestBWPrintsPerftestColumns(t *testing.T) {
 	require.NoError(t, err)
 	assert.Contains(t, out, "#bytes     #iterations  BW peak[MiB/sec]   BW average[MiB/sec]   MsgRate[Mpps]")
 	lines := strings.Split(strings.TrimSpace(out), "\n")
-	require.Len(t, lines, 4, "header, columns, the row and the ODP line")
-	assert.True(t, strings.HasPrefix(strings.TrimSpace(lines[2]), "8192"))
-	assert.True(t, strings.HasPrefix(lines[3], "# "), lines[3])
+	require.Len(t, lines, 5, "header, link, columns, the row and the ODP line")
+	assert.True(t, strings.HasPrefix(lines[1], "# link: 100 Gb/s, 2µs one way"), lines[1])
+	assert.True(t, strings.HasPrefix(strings.TrimSpace(lines[3]), "8192"))
+	row := strings.Fields(lines[3])
+	require.Len(t, row, 9, "perftest's five columns, memcpy and its ratio, the line rate and its ratio")
+	assert.True(t, strings.HasPrefix(lines[4], "# "), lines[4])
+	assert.Contains(t, lines[4], "packets per RNR NAK, at most")
+
+	// Several rounds: medians in the row, quartiles below it.
+	out, _, err = runArgs("write_bw", "--size", "4K", "--iters", "200", "--reps", "3", "--link-rate", "0", "--link-delay", "0")
+	require.NoError(t, err)
+	lines = strings.Split(strings.TrimSpace(out), "\n")
+	require.Len(t, lines, 5, "header, link, columns, the row and the quartiles")
+	assert.Contains(t, lines[1], "no model")
+	assert.Len(t, strings.Fields(lines[3]), 7, "no line rate without a rate")
+	assert.True(t, strings.HasPrefix(lines[4], "# 3 rounds, quartiles: BW "), lines[4])
 
 	out, _, err = runArgs("write_bw", "--odp", "--size", "4K", "--iters", "2000", "--mr-size", "8M", "--budget", "2M", "--random")
 	require.NoError(t, err)
@@ -78,6 +91,7 @@ func TestBadArguments(t *testing.T) {
 		{}, {"atomic_bw"}, {"write_bw", "--size", "12Q"}, {"write_bw", "extra"}, {"compare", "--min-size", "8K", "--max-size", "4K"},
 		{"compare", "--reg-sizes", "abc"}, {"write_bw", "--iters", "0"}, {"write_bw", "--budget", "1M", "--mr-size", "8M"},
 		{"write_bw", "--server", ":0", "--connect", "127.0.0.1:1"}, {"write_bw", "--bind", "127.0.0.1"},
+		{"write_bw", "--reps", "0"}, {"write_bw", "--reps", "2", "--server", ":0"}, {"write_bw", "--link-rate", "-1"},
 		{"write_bw", "--server", "127.0.0.1:0", "--loss", "1.5"}, {"write_bw", "--connect", "x", "--bind", "0.0.0.0"},
 		{"write_bw", "--server", "127.0.0.1:0", "--timeout", "40"}, {"wire", "--reps", "0"},
 	} {
