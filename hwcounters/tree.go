@@ -8,6 +8,39 @@
 // file is opened, so a reading is live and a script that reads mlx5's hw_counters
 // works unchanged when pointed at <dir> instead of /sys/class/infiniband. Nothing is
 // cached by the kernel (entries and attributes expire at once, files are direct I/O).
+//
+// What odp's devices show, and where each counter comes from in the kernel (mlx5:
+// drivers/infiniband/hw/mlx5/counters.c, documented in NVIDIA's "Understanding mlx5
+// Linux Counters"; rxe: drivers/infiniband/sw/rxe/rxe_hw_counters.c and the
+// rxe_counter_inc calls in rxe_comp.c and rxe_resp.c). Each means what the driver's
+// means; where odpemu's own count differs it says so.
+//
+//	file                            driver  counts
+//	page_faults                     mlx5    network page faults (rdma stat mr)
+//	page_faults_handled             mlx5    pages those faults mapped
+//	page_invalidations              mlx5    MMU notifier invalidations of ODP MRs
+//	page_invalidations_handled      mlx5    pages they unmapped from the NIC
+//	page_prefetch                   mlx5    pages mapped by ibv_advise_mr
+//	rnr_nak_retry_err               mlx5    RNR NAKs received that did not exhaust rnr_retry
+//	packet_seq_err                  mlx5    PSN sequence error NAKs received (also the one
+//	                                        that exhausts retry_cnt, which mlx5 leaves out)
+//	local_ack_timeout_err           mlx5    ACK timer expiries (also the one that exhausts
+//	                                        retry_cnt, which mlx5 leaves out)
+//	out_of_sequence                 mlx5    requests received out of sequence (responder)
+//	duplicate_request               both    duplicate requests received (responder)
+//	req_transport_retries_exceeded  mlx5    requests failed with RETRY_EXC_ERR
+//	req_rnr_retries_exceeded        mlx5    requests failed with RNR_RETRY_EXC_ERR
+//	rcvd_rnr_err                    rxe     RNR NAKs received (rxe_comp.c check_ack)
+//	send_rnr_err                    rxe     RNR NAKs sent (rxe_resp.c)
+//	rcvd_seq_err                    rxe     PSN sequence error NAKs received
+//	out_of_seq_request              rxe     as out_of_sequence
+//	retry_exceeded_err              rxe     as req_transport_retries_exceeded
+//	retry_rnr_exceeded_err          rxe     as req_rnr_retries_exceeded
+//	completer_retry_err             rxe     retries begun: ACK timeouts and sequence NAKs
+//	                                        that did not exhaust retry_cnt
+//
+// Per MR: the five page_* counters above, valid_pages (pages the NIC's table maps
+// now) and stale_dmas (DMAs the audit found reading a page after it changed).
 package hwcounters
 
 import (

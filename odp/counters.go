@@ -25,19 +25,29 @@ func odpCounterFiles(faults, pagesFaulted, invalidations, pagesInvalidated, page
 	return others
 }
 
+// portCounters maps the device's counters to the hw_counters files of mlx5 and rxe,
+// each meaning what the driver's does; the table in package hwcounters' doc gives
+// each file's source.
 func portCounters(s Stats) map[string]uint64 {
+	rc := s.RC
+	sub := func(a, b uint64) uint64 { return a - min(a, b) }
 	return odpCounterFiles(s.PageFaults, s.PagesFaulted, s.Invalidations, s.PagesInvalidated, s.PagesPrefetched, map[string]uint64{
-		// RC (mlx5's hw_counters names).
-		"rnr_nak_retry_err":              s.RC.RNRRetryExc,
-		"out_of_sequence":                s.RC.OutOfSequence,
-		"packet_seq_err":                 s.RC.SeqNaksReceived,
-		"local_ack_timeout_err":          s.RC.Timeouts,
-		"duplicate_request":              s.RC.Duplicates,
-		"req_transport_retries_exceeded": s.RC.RetryExc,
-		// rxe's names for what mlx5 does not count.
-		"rcvd_rnr_err":        s.RC.RNRNaksReceived,
-		"send_rnr_err":        s.RC.RNRNaksSent,
-		"completer_retry_err": s.RC.Retransmissions,
+		// mlx5's names.
+		"rnr_nak_retry_err":              sub(rc.RNRNaksReceived, rc.RNRRetryExc),
+		"out_of_sequence":                rc.OutOfSequence,
+		"packet_seq_err":                 rc.SeqNaksReceived,
+		"local_ack_timeout_err":          rc.Timeouts,
+		"duplicate_request":              rc.Duplicates,
+		"req_transport_retries_exceeded": rc.RetryExc,
+		"req_rnr_retries_exceeded":       rc.RNRRetryExc,
+		// rxe's names for what mlx5 counts otherwise or not at all.
+		"rcvd_rnr_err":           rc.RNRNaksReceived,
+		"send_rnr_err":           rc.RNRNaksSent,
+		"rcvd_seq_err":           rc.SeqNaksReceived,
+		"out_of_seq_request":     rc.OutOfSequence,
+		"retry_exceeded_err":     rc.RetryExc,
+		"retry_rnr_exceeded_err": rc.RNRRetryExc,
+		"completer_retry_err":    sub(rc.Timeouts+rc.SeqNaksReceived, rc.RetryExc),
 	})
 }
 

@@ -201,6 +201,13 @@ func TestRNRRepeatedWhileFaultPending(t *testing.T) {
 		if c.want == WCRNRRetryExcErr {
 			assert.EqualValues(t, c.retry+1, naks, "rnr_retry %d: the first try and every retry, all while the fault was pending", c.retry)
 			assert.Less(t, took, fault.PerFault, "it failed before the fault was resolved")
+			// The counters say it as mlx5's and rxe's do.
+			hw := a.dev.PortCounters()
+			assert.Equal(t, naks-1, hw["rnr_nak_retry_err"], "mlx5: the RNR NAKs that did not exhaust rnr_retry")
+			assert.Equal(t, naks, hw["rcvd_rnr_err"], "rxe: every RNR NAK received")
+			assert.EqualValues(t, 1, hw["req_rnr_retries_exceeded"])
+			assert.EqualValues(t, 1, hw["retry_rnr_exceeded_err"])
+			assert.Equal(t, naks, b.dev.PortCounters()["send_rnr_err"])
 			continue
 		}
 		assert.GreaterOrEqual(t, took, fault.PerFault)
