@@ -154,6 +154,7 @@ type hostile struct {
 	qpn  uint32         // the QP's number
 	psn  uint32         // the QP's expected PSN
 	lim  roce.Limits
+	qp   *QP // the QP under attack
 }
 
 // newHostile connects to qp (Accept on its side) through the connection manager.
@@ -177,7 +178,7 @@ func newHostile(t *testing.T, qp *QP) *hostile {
 	require.NoError(t, <-accepted)
 	t.Cleanup(func() { _ = cm.Disconnect() }) // the QP goes to ERR with it
 	return &hostile{t: t, conn: conn, ep: roce.Endpoints{Src: local, Dst: server.Addr}, qpn: server.QPN, psn: 100,
-		lim: roce.Limits{MTU: 4096, MaxMessage: 1 << 20}}
+		lim: roce.Limits{MTU: 4096, MaxMessage: 1 << 20}, qp: qp}
 }
 
 // send encodes p for the QP and sends it.
@@ -222,6 +223,7 @@ func (h *hostile) write(rkey uint32, va uint64, data []byte) roce.Packet {
 func TestHostilePeer(t *testing.T) {
 	b := newNode(t, Config{})
 	mem, mr := b.region(t, 64<<10, rw|AccessOnDemand)
+	amem, amr := b.region(t, 4096, rwa|AccessOnDemand)
 	good := newNode(t, Config{})
 	gqp, err := b.pd.CreateQP(QPConfig{SendCQ: b.scq, RecvCQ: b.rcq})
 	require.NoError(t, err)
@@ -279,6 +281,54 @@ func TestHostilePeer(t *testing.T) {
 			copy(want[4096:], first)
 			h.psn-- // the same PSN again, with other bytes: a duplicate, not executed
 			assert.Equal(t, roce.SynACK, nakOf(h.write(mr.RKey(), mr.Addr()+4096, bytes.Repeat([]byte{2}, 256))))
+		}},
+		{"late duplicate atomic", func(h *hostile) {
+			// 17 FETCH_ADDs of 1 to one word, then the first of them again: older
+			// than the 16 results a responder keeps (class D), so it is dropped
+			// unanswered, as rxe drops it, and the QP goes on: the next WRITE is
+			// acknowledged and nothing was added twice.
+			const at = 64
+			first := h.psn
+			for i := range 17 {
+				h.send(roce.Packet{Opcode: roce.FetchAdd, PSN: h.psn, AckReq: true, RKey: amr.RKey(), VA: amr.Addr() + at, Swap: 1})
+				h.psn++
+				resp := h.recv()
+				require.Equal(h.t, roce.AtomicAck, resp.Opcode, "FETCH_ADD %d: %v", i, resp.Syndrome)
+				assert.EqualValues(h.t, i, resp.Orig)
+			}
+			h.send(roce.Packet{Opcode: roce.FetchAdd, PSN: first, AckReq: true, RKey: amr.RKey(), VA: amr.Addr() + at, Swap: 1})
+			// A recent duplicate is answered from the saved result, not executed.
+			h.send(roce.Packet{Opcode: roce.FetchAdd, PSN: h.psn - 1, AckReq: true, RKey: amr.RKey(), VA: amr.Addr() + at, Swap: 1})
+			resp := h.recv()
+			require.Equal(h.t, roce.AtomicAck, resp.Opcode, "the late duplicate got no answer; the recent one its result")
+			assert.EqualValues(h.t, 16, resp.Orig)
+			assert.EqualValues(h.t, 17, binary.LittleEndian.Uint64(amem[at:]))
+			assert.Equal(h.t, roce.SynACK, nakOf(h.write(mr.RKey(), mr.Addr()+4096, payload)), "the QP still works")
+			copy(want[4096:], payload)
+			assert.Equal(h.t, StateRTS, h.qp.State())
+		}},
+		{"duplicate READ", func(h *hostile) {
+			// A READ, then the same PSN again naming more than the original (dropped:
+			// rxe re-executes only the original range or a part of it, under the same
+			// key), then naming a part of it (answered with that part's bytes now).
+			read := func(psn uint32, va uint64, n int) {
+				h.send(roce.Packet{Opcode: roce.ReadRequest, PSN: psn, AckReq: true, RKey: mr.RKey(), VA: va, DMALen: uint32(n)})
+			}
+			first := h.psn
+			read(first, mr.Addr()+16<<10, 512)
+			h.psn++
+			resp := h.recv()
+			require.Equal(h.t, roce.ReadRespOnly, resp.Opcode, "%v", resp.Syndrome)
+			assert.Equal(h.t, want[16<<10:16<<10+512], resp.Payload)
+			read(first, mr.Addr()+16<<10, 1024)    // beyond the original
+			read(first, mr.Addr()+32<<10, 256)     // elsewhere
+			read(first, mr.Addr()+16<<10+128, 256) // a part of it
+			resp = h.recv()
+			require.Equal(h.t, roce.ReadRespOnly, resp.Opcode, "the first two were dropped unanswered")
+			assert.Equal(h.t, want[16<<10+128:16<<10+384], resp.Payload)
+			assert.Equal(h.t, roce.SynACK, nakOf(h.write(mr.RKey(), mr.Addr()+4096, payload)), "the QP still works")
+			copy(want[4096:], payload)
+			assert.Equal(h.t, StateRTS, h.qp.State())
 		}},
 		{"disconnect mid-message", func(h *hostile) {
 			h.send(roce.Packet{Opcode: roce.WriteFirst, PSN: h.psn, RKey: mr.RKey(), VA: mr.Addr() + 8192, DMALen: 2048,
