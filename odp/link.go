@@ -65,6 +65,10 @@ func (m LinkModel) wire() roce.LinkModel {
 	return w
 }
 
+// String says what the model is at a 4096-byte path MTU: its rate, delay, queue
+// and receive buffer as the link has them, defaults resolved.
+func (m LinkModel) String() string { return m.wire().Describe(4096) }
+
 // BDPBytes is the link's bandwidth-delay product over its round trip, in bytes
 // (0 for an unlimited rate).
 func (m LinkModel) BDPBytes() int { return m.wire().BDP() }

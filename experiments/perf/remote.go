@@ -3,6 +3,7 @@ package perf
 import (
 	"context"
 	"encoding/binary"
+	"errors"
 	"fmt"
 	"net"
 	"net/netip"
@@ -16,9 +17,19 @@ import (
 // between two hosts: the server (Serve) exposes a region, the client (Connect)
 // drives the test against it.
 type Wire struct {
-	// Bind is the local address of this side's RoCE Link. The server's default is
-	// 127.0.0.1; the client's, the address its route to the server leaves from.
+	// Bind is the local address of this side's RoCEv2 endpoint. The server's
+	// default is 127.0.0.1; the client's, the address its route to the server
+	// leaves from, except on loopback, where it is 127.0.0.2: two processes on one
+	// host take two addresses, as two hosts would, so both can have port 4791.
 	Bind netip.Addr
+	// Port is the UDP port of this side's endpoint: roce.UDPPort (4791) as on a
+	// RoCEv2 NIC, which odp-perf uses; 0 lets the kernel pick one (tests that run
+	// in parallel processes). Packets go to the peer's port either way.
+	Port uint16
+	// Rejected, if set, learns of each connection the server turned away because
+	// its handshake failed (a port probe, another program, a client of another
+	// version): the server then waits for the next client.
+	Rejected func(error)
 }
 
 // privateSize is the length of the server's private data: its region's address,
@@ -29,7 +40,7 @@ func (w Wire) udp(p Params, bind netip.Addr, mtu int) odp.UDPConfig {
 	if w.Bind.IsValid() {
 		bind = w.Bind
 	}
-	return odp.UDPConfig{Addr: netip.AddrPortFrom(bind, 0), MTU: mtu, Loss: p.loss()}
+	return odp.UDPConfig{Addr: netip.AddrPortFrom(bind, w.Port), MTU: mtu, Loss: p.loss()}
 }
 
 // Serve accepts one client on ln and serves it a region for p's test until it
@@ -58,8 +69,17 @@ func Serve(ctx context.Context, ln *roce.CMListener, p Params, w Wire) (Result, 
 	cfg := w.udp(p, netip.AddrFrom4([4]byte{127, 0, 0, 1}), 4096)
 	cfg.Private = private
 	before := s.dev.Stats()
-	if _, err := s.qp.Accept(ctx, ln, cfg); err != nil {
-		return Result{}, err
+	for {
+		_, err := s.qp.Accept(ctx, ln, cfg)
+		if err == nil {
+			break
+		}
+		if !errors.Is(err, roce.ErrCM) || ctx.Err() != nil {
+			return Result{}, err
+		}
+		if w.Rejected != nil {
+			w.Rejected(err)
+		}
 	}
 	start := time.Now()
 	select {
@@ -89,6 +109,9 @@ func Connect(ctx context.Context, addr string, p Params, w Wire) (Result, error)
 	bind, err := routeFrom(addr)
 	if err != nil {
 		return Result{}, err
+	}
+	if bind.IsLoopback() && bind.Is4() {
+		bind = clientLoopback
 	}
 	s, err := newSide(p.device(false), p)
 	if err != nil {
@@ -134,6 +157,10 @@ func Connect(ctx context.Context, addr string, p Params, w Wire) (Result, error)
 	}
 	return r, nil
 }
+
+// clientLoopback is the client's RoCEv2 address when it reaches the server over
+// loopback: the server has 127.0.0.1.
+var clientLoopback = netip.AddrFrom4([4]byte{127, 0, 0, 2})
 
 // routeFrom returns the local address the route to addr's host leaves from.
 func routeFrom(addr string) (netip.Addr, error) {

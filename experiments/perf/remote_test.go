@@ -71,8 +71,8 @@ func TestWireRound(t *testing.T) {
 	for _, hot := range []bool{false, true} {
 		p := Params{Test: WriteBW, Size: 256 << 10, Iters: 50, Depth: 4, CQMod: 1, MRSize: 1 << 20, HotFloor: hot}
 		done := make(chan error, 1)
-		go func() { done <- WireServer(ctx, ln, conn, p, 1, kinds) }()
-		bw, err := WireClient(ctx, ln.Addr().String(), conn.LocalAddr().String(), p, 1, kinds)
+		go func() { done <- WireServer(ctx, ln, conn, p, Wire{}, 1, kinds) }()
+		bw, err := WireClient(ctx, ln.Addr().String(), conn.LocalAddr().String(), p, Wire{}, 1, kinds)
 		require.NoError(t, err)
 		require.NoError(t, <-done)
 		for _, kind := range kinds {
@@ -107,4 +107,36 @@ func TestStreamRegion(t *testing.T) {
 	for _, i := range []int{0, 1, 255, 1000} {
 		require.Equal(t, &hot[0], &slot(hot, i)[0])
 	}
+}
+
+// A server turns away a connection whose handshake fails (a port probe that closes
+// at once, a peer that sends garbage), says so, and serves the next client.
+func TestServeSurvivesBadHandshakes(t *testing.T) {
+	ln, err := roce.ListenCM("127.0.0.1:0")
+	require.NoError(t, err)
+	defer func() { _ = ln.Close() }() // served
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	p := Params{Test: WriteBW, Size: 4096, Iters: 20, Depth: 4, CQMod: 1}
+	rejected := make(chan error, 2)
+	served := make(chan error, 1)
+	go func() {
+		_, err := Serve(ctx, ln, p, Wire{Rejected: func(err error) { rejected <- err }})
+		served <- err
+	}()
+	probe, err := net.Dial("tcp", ln.Addr().String())
+	require.NoError(t, err)
+	require.NoError(t, probe.Close())
+	require.ErrorIs(t, <-rejected, roce.ErrCM)
+	garbage, err := net.Dial("tcp", ln.Addr().String())
+	require.NoError(t, err)
+	_, err = garbage.Write([]byte("GET / HTTP/1.0\r\n\r\n and more than a header's worth of bytes"))
+	require.NoError(t, err)
+	require.ErrorIs(t, <-rejected, roce.ErrCM)
+	require.NoError(t, garbage.Close())
+
+	r, err := Connect(ctx, ln.Addr().String(), p, Wire{})
+	require.NoError(t, err)
+	assert.Equal(t, 20, r.Iters)
+	require.NoError(t, <-served)
 }

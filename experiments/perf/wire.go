@@ -190,8 +190,8 @@ func wireKind(kind string, p Params) Params {
 
 // WireServer serves rounds of the wire comparison: for each round, a UDP sink on
 // conn (whose buffers SetBuffers set before its address was given out), then a
-// pinned and an ODP server on ln, with p's parameters.
-func WireServer(ctx context.Context, ln *roce.CMListener, conn *net.UDPConn, p Params, rounds int, kinds []string) error {
+// pinned and an ODP server on ln, with p's parameters, its endpoint as w says.
+func WireServer(ctx context.Context, ln *roce.CMListener, conn *net.UDPConn, p Params, w Wire, rounds int, kinds []string) error {
 	if err := p.defaults(); err != nil {
 		return err
 	}
@@ -202,7 +202,7 @@ func WireServer(ctx context.Context, ln *roce.CMListener, conn *net.UDPConn, p P
 			case "udp":
 				err = UDPSink(ctx, conn, p)
 			default:
-				_, err = Serve(ctx, ln, wireKind(kind, p), Wire{})
+				_, err = Serve(ctx, ln, wireKind(kind, p), w)
 			}
 			if err != nil {
 				return fmt.Errorf("perf: round %d, %s: %w", r, kind, err)
@@ -214,8 +214,8 @@ func WireServer(ctx context.Context, ln *roce.CMListener, conn *net.UDPConn, p P
 
 // ServeWireRounds is a wire comparison's server process: it listens on loopback,
 // tells print its connection manager's and UDP sink's addresses, and serves rounds
-// of WireServer with p.
-func ServeWireRounds(ctx context.Context, p Params, rounds int, kinds []string, print func(cm, udp string)) error {
+// of WireServer with p and w.
+func ServeWireRounds(ctx context.Context, p Params, w Wire, rounds int, kinds []string, print func(cm, udp string)) error {
 	ln, err := roce.ListenCM("127.0.0.1:0")
 	if err != nil {
 		return err
@@ -228,12 +228,12 @@ func ServeWireRounds(ctx context.Context, p Params, rounds int, kinds []string, 
 	defer func() { _ = conn.Close() }() // served
 	SetBuffers(conn)                    // before the client may send: a full default buffer drops
 	print(ln.Addr().String(), conn.LocalAddr().String())
-	return WireServer(ctx, ln, conn, p, rounds, kinds)
+	return WireServer(ctx, ln, conn, p, w, rounds, kinds)
 }
 
 // WireClient runs rounds of the wire comparison against a WireServer and returns
-// each kind's bandwidths in round order.
-func WireClient(ctx context.Context, cmAddr, udpAddr string, p Params, rounds int, kinds []string) (map[string][]float64, error) {
+// each kind's bandwidths in round order; w sets the client's endpoint.
+func WireClient(ctx context.Context, cmAddr, udpAddr string, p Params, w Wire, rounds int, kinds []string) (map[string][]float64, error) {
 	out := map[string][]float64{}
 	for r := 0; r < rounds; r++ {
 		for _, kind := range kinds {
@@ -245,7 +245,7 @@ func WireClient(ctx context.Context, cmAddr, udpAddr string, p Params, rounds in
 			default:
 				// The server's listener stays open: the connection waits in its
 				// backlog until it accepts.
-				res, err = Connect(ctx, cmAddr, wireKind(kind, p), Wire{})
+				res, err = Connect(ctx, cmAddr, wireKind(kind, p), w)
 			}
 			if err != nil {
 				return nil, fmt.Errorf("perf: round %d, %s: %w", r, kind, err)

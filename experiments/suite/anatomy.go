@@ -65,7 +65,7 @@ func runAnatomy(x *X) error {
 		runtime.GC()
 		for i := range anatomyVariants {
 			v := anatomyVariants[(i+rep)%len(anatomyVariants)]
-			r, err := perf.OneShot(perf.Params{ODP: true, Size: 4096, FaultAround: v.faultAround, FaultModel: v.model}, region,
+			r, err := perf.OneShot(x.nic(perf.Params{ODP: true, Size: 4096, FaultAround: v.faultAround, FaultModel: v.model}), region,
 				perf.OneShotOptions{NoSnapshot: true, Untouched: true})
 			if err != nil {
 				return fmt.Errorf("%s: %w", v.name, err)

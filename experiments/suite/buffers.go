@@ -67,7 +67,7 @@ func runBuffers(x *X) error {
 			runtime.GC()
 			for i := range strategies {
 				s := strategies[(i+rep)%len(strategies)]
-				r, err := runStrategy(s, w, reuse, x.Seed+uint64(rep))
+				r, err := runStrategy(x, s, w, reuse, x.Seed+uint64(rep))
 				if err != nil {
 					return fmt.Errorf("%s at reuse %.2f: %w", s, reuse, err)
 				}
@@ -178,9 +178,9 @@ func (r *bufferRig) transfer(op odp.Opcode, buf []byte, lkey uint32, addr uint64
 }
 
 // runStrategy runs the workload with one strategy.
-func runStrategy(strategy string, w bufferWorkload, reuse float64, seed uint64) (res strategyResult, err error) {
+func runStrategy(x *X, strategy string, w bufferWorkload, reuse float64, seed uint64) (res strategyResult, err error) {
 	onDemand := strategy == stratODP || strategy == stratODPPrefetch || strategy == stratODPHW
-	cfg := odp.Config{}
+	cfg := x.device(odp.Config{})
 	if strategy == stratODPHW {
 		cfg.FaultModel = odp.FaultModelConnectX4
 	}

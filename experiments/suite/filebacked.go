@@ -184,7 +184,7 @@ func runFileBacked(x *X) error {
 	x.Param("pages_changed", changed)
 	x.Steps(reps*len(fractions) + 1)
 	t := x.Table("", "fraction", "method", "rep", "register_ns", "first_byte_ns", "total_ns", "reads", "fs_bytes_read", "page_faults")
-	s, err := newFileSetup(size, x.Seed, odp.Config{})
+	s, err := newFileSetup(size, x.Seed, x.device(odp.Config{}))
 	if err != nil {
 		return err
 	}

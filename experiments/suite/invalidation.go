@@ -62,8 +62,8 @@ func runInvalidation(x *X) error {
 		runtime.GC()
 		for i := range runs {
 			r := runs[(i+rep)%len(runs)]
-			res, err := perf.Run(perf.Params{ODP: r.odp, Size: size, Iters: 1 << 30, Duration: runFor, MRSize: region, Warm: true,
-				InvalidateRate: r.rate, InvalidateBytes: r.bytes, FaultModel: r.model})
+			res, err := perf.Run(x.nic(perf.Params{ODP: r.odp, Size: size, Iters: 1 << 30, Duration: runFor, MRSize: region, Warm: true,
+				InvalidateRate: r.rate, InvalidateBytes: r.bytes, FaultModel: r.model}))
 			if err != nil {
 				return fmt.Errorf("rate %d, range %d: %w", r.rate, r.bytes, err)
 			}

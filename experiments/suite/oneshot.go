@@ -55,7 +55,7 @@ func runOneShot(x *X) error {
 			runtime.GC()
 			for i := range oneShotVariants {
 				v := oneShotVariants[(i+rep)%len(oneShotVariants)] // each variant leads in turn
-				r, err := perf.OneShot(perf.Params{ODP: v.odp, Size: oneShotMsg, FaultModel: v.model}, n,
+				r, err := perf.OneShot(x.nic(perf.Params{ODP: v.odp, Size: oneShotMsg, FaultModel: v.model}), n,
 					perf.OneShotOptions{NoSnapshot: v.noSnapshot})
 				if err != nil {
 					return fmt.Errorf("%s, %s: %w", v.name, human(n), err)

@@ -57,8 +57,8 @@ func runOvercommit(x *X) error {
 				if v.odp {
 					prefetch = "sync" // steady state: the region mapped as far as the budget lets it
 				}
-				res, err := perf.Run(perf.Params{ODP: v.odp, Size: size, Iters: iters, MRSize: region, Random: true,
-					Budget: budget, FaultModel: v.model, Prefetch: prefetch})
+				res, err := perf.Run(x.nic(perf.Params{ODP: v.odp, Size: size, Iters: iters, MRSize: region, Random: true,
+					Budget: budget, FaultModel: v.model, Prefetch: prefetch}))
 				status := "ok"
 				switch {
 				case !v.odp && (errors.Is(err, odp.ErrMemlockLimit) || errors.Is(err, odp.ErrNoMemory)):

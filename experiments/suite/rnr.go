@@ -65,8 +65,8 @@ func runRNR(x *X) error {
 		for i := range runs {
 			r := runs[(i+rep)%len(runs)]
 			timer, retry := r.timer, r.retry
-			res, err := perf.Run(perf.Params{ODP: true, Size: size, MRSize: region, Iters: region / size, MinRNRTimer: &timer,
-				RNRRetry: &retry, Timeout: &ack, Loss: r.loss, Seed: x.Seed + uint64(rep), FaultModel: r.model})
+			res, err := perf.Run(x.nic(perf.Params{ODP: true, Size: size, MRSize: region, Iters: region / size, MinRNRTimer: &timer,
+				RNRRetry: &retry, Timeout: &ack, Loss: r.loss, Seed: x.Seed + uint64(rep), FaultModel: r.model}))
 			status := "ok"
 			if err != nil {
 				status = failure(err)

@@ -17,7 +17,9 @@ import (
 	"slices"
 	"time"
 
+	"github.com/odpemu/odpemu/experiments/perf"
 	"github.com/odpemu/odpemu/experiments/results"
+	"github.com/odpemu/odpemu/odp"
 )
 
 // Scale is how big a run is.
@@ -108,6 +110,16 @@ type Config struct {
 	// program that passes the arguments the suite appends to ServeWire and prints
 	// what ServeWire prints. Without it the wire experiment fails with ErrNoServer.
 	WireServer []string
+	// RoCEPort is the UDP port of the wire experiment's RoCEv2 endpoints, the
+	// server's at 127.0.0.1 and the client's at 127.0.0.2: roce.UDPPort (4791), as
+	// odp-exp sets it, or 0 for ports the kernel picks (tests that may run beside
+	// another suite).
+	RoCEPort uint16
+	// Link is the emulated NICs' link in every experiment (the zero value: odp's
+	// default, 100 Gb/s with 2 us of delay each way), and ResponderFaults their
+	// responders' fault policy (default RNR NAK); the manifest records both.
+	Link            odp.LinkModel
+	ResponderFaults odp.FaultPolicy
 }
 
 // ErrUnknownExperiment is returned for a name in Config.Only that names none.
@@ -136,6 +148,9 @@ type X struct {
 	params    map[string]any
 
 	wireServer []string
+	rocePort   uint16
+	link       odp.LinkModel
+	faults     odp.FaultPolicy
 	// formats are the figures' file formats (default png and svg); loaded holds
 	// the tables Replot read, by name.
 	formats []string
@@ -188,6 +203,18 @@ func (x *X) Headline(what, value, detail string) {
 	x.headlines = append(x.headlines, Headline{Experiment: x.name, What: what, Value: value, Detail: detail})
 }
 
+// nic returns p with the run's link and fault policy.
+func (x *X) nic(p perf.Params) perf.Params {
+	p.Link, p.ResponderFaults = x.link, x.faults
+	return p
+}
+
+// device returns c with the run's link and fault policy.
+func (x *X) device(c odp.Config) odp.Config {
+	c.Link, c.ResponderFaults = x.link, x.faults
+	return c
+}
+
 // Param records a parameter of the experiment in the manifest.
 func (x *X) Param(name string, v any) { x.params[name] = v }
 
@@ -211,14 +238,15 @@ func Run(cfg Config) (*Report, error) {
 	m := &rep.Manifest
 	m.Started, m.Command, m.Machine, m.Go, m.Revision = time.Now(), cfg.Command, results.Describe(), runtime.Version(), results.Revision()
 	params := map[string]map[string]any{}
-	m.Config = map[string]any{"scale": cfg.Scale.String(), "seed": cfg.Seed, "only": cfg.Only, "experiments": params}
+	m.Config = map[string]any{"scale": cfg.Scale.String(), "seed": cfg.Seed, "only": cfg.Only, "experiments": params,
+		"link": cfg.Link.String(), "link_bdp_bytes": cfg.Link.BDPBytes(), "responder_faults": cfg.ResponderFaults.String()}
 	var failed []error
 	for i, e := range all {
 		if len(cfg.Only) > 0 && !slices.Contains(cfg.Only, e.Name) {
 			continue
 		}
 		x := &X{Scale: cfg.Scale, Seed: cfg.Seed + uint64(i)*1000, name: e.Name, dir: cfg.Dir, prog: cfg.Progress,
-			params: map[string]any{}, wireServer: cfg.WireServer}
+			params: map[string]any{}, wireServer: cfg.WireServer, rocePort: cfg.RoCEPort, link: cfg.Link, faults: cfg.ResponderFaults}
 		x.Param("seed", x.Seed)
 		start := time.Now()
 		err := e.Run(x)

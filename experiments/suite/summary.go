@@ -17,6 +17,9 @@ func writeSummary(rep *Report) error {
 	fmt.Fprintf(&b, "- Machine: %s\n", m.Machine)
 	fmt.Fprintf(&b, "- Run: %s, started %s, %s wall time, Go %s, revision %s\n", rep.Scale,
 		m.Started.UTC().Format(time.RFC3339), m.WallTime.Round(time.Second), m.Go, orUnknown(m.Revision))
+	if c, ok := m.Config.(map[string]any); ok && c["link"] != nil {
+		fmt.Fprintf(&b, "- Emulated NICs: link %v; responder faults: %v\n", c["link"], c["responder_faults"])
+	}
 	fmt.Fprintf(&b, "- Files: `manifest.json` records the machine, the configuration and the seeds.\n\n")
 	fmt.Fprintf(&b, "## Headlines\n\n| Experiment | Result | Value | How |\n|---|---|---|---|\n")
 	csvOf := map[string]string{}

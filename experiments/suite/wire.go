@@ -28,27 +28,31 @@ var ErrNoServer = errors.New("suite: no wire server command")
 
 // wireServerArgs are the arguments the suite adds to Config.WireServer's, which the
 // server process passes to ServeWire.
-func wireServerArgs(size, iters, depth, rounds int) []string {
-	return []string{strconv.Itoa(size), strconv.Itoa(iters), strconv.Itoa(depth), strconv.Itoa(rounds)}
+func wireServerArgs(size, iters, depth, rounds int, port uint16) []string {
+	return []string{strconv.Itoa(size), strconv.Itoa(iters), strconv.Itoa(depth), strconv.Itoa(rounds), strconv.Itoa(int(port))}
 }
 
 // ServeWire is the server process of the wire experiment: args are what the suite
 // passed (see Config.WireServer). It prints its addresses on stdout, then serves.
 func ServeWire(args []string, print func(cm, udp string)) error {
-	if len(args) != 4 {
-		return fmt.Errorf("suite: wire server: want 4 arguments, got %q", args)
+	if len(args) != 5 {
+		return fmt.Errorf("suite: wire server: want 5 arguments, got %q", args)
 	}
 	var n [4]int
-	for i, a := range args {
+	for i, a := range args[:4] {
 		v, err := strconv.Atoi(a)
 		if err != nil || v < 1 {
 			return fmt.Errorf("suite: wire server: bad argument %q", a)
 		}
 		n[i] = v
 	}
+	port, err := strconv.ParseUint(args[4], 10, 16)
+	if err != nil {
+		return fmt.Errorf("suite: wire server: bad port %q", args[4])
+	}
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Minute)
 	defer cancel()
-	return perf.ServeWireRounds(ctx, wireParams(n[0], n[1], n[2]), n[3], wireKinds, print)
+	return perf.ServeWireRounds(ctx, wireParams(n[0], n[1], n[2]), perf.Wire{Port: uint16(port)}, n[3], wireKinds, print)
 }
 
 // wireKinds are the wire experiment's rounds: the UDP floor, pinned and ODP warm,
@@ -76,14 +80,15 @@ func runWire(x *X) error {
 		"(regions of depth messages), then one pass over fresh regions of iterations messages, pinned and ODP")
 	x.Steps(1)
 	t := x.Table("", "kind", "rep", "bw_mib_s")
-	args := append(append([]string(nil), x.wireServer[1:]...), wireServerArgs(size, iters, depth, rounds)...)
+	x.Param("roce_port", int(x.rocePort))
+	args := append(append([]string(nil), x.wireServer[1:]...), wireServerArgs(size, iters, depth, rounds, x.rocePort)...)
 	cm, udp, wait, err := perf.StartWireServer(x.wireServer[0], args)
 	if err != nil {
 		return err
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Minute)
 	defer cancel()
-	bw, err := perf.WireClient(ctx, cm, udp, wireParams(size, iters, depth), rounds, wireKinds)
+	bw, err := perf.WireClient(ctx, cm, udp, wireParams(size, iters, depth), perf.Wire{Port: x.rocePort}, rounds, wireKinds)
 	if werr := wait(); err == nil && werr != nil {
 		err = fmt.Errorf("wire server: %w", werr)
 	}

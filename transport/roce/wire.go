@@ -101,6 +101,27 @@ func (m LinkModel) DefaultQueue(mtu int) int {
 	return m.BDP() + mtu + maxHeaders
 }
 
+// Describe says what the model is at a path MTU: its rate, delay, queue and
+// receive buffer, as the link has them.
+func (m LinkModel) Describe(mtu int) string {
+	if m.Rate <= 0 && m.Queue <= 0 {
+		if m.Delay <= 0 {
+			return "no link model (unlimited rate, no delay)"
+		}
+		return fmt.Sprintf("unlimited rate, %v one way, no queue bound", m.Delay)
+	}
+	rate := "unlimited rate"
+	if m.Rate > 0 {
+		rate = fmt.Sprintf("%g Gb/s", m.Rate/1e9)
+	}
+	q := m.queue(mtu)
+	b := m.Buffer
+	if b <= 0 {
+		b = q
+	}
+	return fmt.Sprintf("%s, %v one way, a %d-byte transmit queue, a %d-byte receive buffer (BDP %d bytes)", rate, m.Delay, q, b, m.BDP())
+}
+
 func (m LinkModel) queue(mtu int) int {
 	if m.Queue > 0 {
 		return m.Queue

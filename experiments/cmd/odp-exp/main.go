@@ -21,8 +21,10 @@ import (
 	"strings"
 	"time"
 
+	"github.com/odpemu/odpemu/experiments/cmdflag"
 	"github.com/odpemu/odpemu/experiments/progress"
 	"github.com/odpemu/odpemu/experiments/suite"
+	"github.com/odpemu/odpemu/transport/roce"
 	"github.com/spf13/pflag"
 )
 
@@ -57,6 +59,8 @@ func run(args []string, stdout, stderr io.Writer) error {
 	seed := fs.Uint64("seed", 1, "seed of every random choice")
 	list := fs.Bool("list", false, "list the experiments and exit")
 	quiet := fs.Bool("quiet", false, "no progress")
+	link := cmdflag.AddLink(fs)
+	rocePort := fs.Uint16("roce-port", roce.UDPPort, "UDP port of the wire experiment's RoCEv2 endpoints, at 127.0.0.1 and 127.0.0.2 (0: the kernel picks)")
 	replot := fs.String("replot", "", "draw the figures of the run in this directory again, from its CSVs, into --out (runs nothing)")
 	formats := fs.StringSlice("formats", []string{"pdf", "png"}, "with --replot: the figures' formats (pdf, png, svg)")
 	tex := fs.String("tex", "", "with --replot: also write the headlines as LaTeX macros to this file")
@@ -65,6 +69,10 @@ func run(args []string, stdout, stderr io.Writer) error {
 	}
 	if fs.NArg() > 0 {
 		return fmt.Errorf("unexpected argument %q", fs.Arg(0))
+	}
+	linkModel, faults, err := link.Model()
+	if err != nil {
+		return err
 	}
 	if *list {
 		for _, e := range suite.Experiments() {
@@ -96,11 +104,12 @@ func run(args []string, stdout, stderr io.Writer) error {
 		return err
 	}
 	cfg := suite.Config{Scale: scale, Only: *only, Dir: dir, Seed: *seed, Command: append([]string{"odp-exp"}, args...),
-		WireServer: []string{exe, wireServerRole}}
+		WireServer: []string{exe, wireServerRole}, RoCEPort: *rocePort,
+		Link: linkModel, ResponderFaults: faults}
 	if !*quiet {
 		cfg.Progress = &bars{w: stderr}
 	}
-	fmt.Fprintf(stdout, "odp-exp: %s run into %s\n", scale, dir)
+	fmt.Fprintf(stdout, "odp-exp: %s run into %s; link: %v; responder faults: %v\n", scale, dir, linkModel, faults)
 	rep, err := suite.Run(cfg)
 	if rep != nil {
 		fmt.Fprintf(stdout, "\n%-14s %-40s %s\n", "experiment", "result", "value")

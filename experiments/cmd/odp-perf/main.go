@@ -26,6 +26,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/odpemu/odpemu/experiments/cmdflag"
 	"github.com/odpemu/odpemu/experiments/perf"
 	"github.com/odpemu/odpemu/experiments/progress"
 	"github.com/odpemu/odpemu/odp"
@@ -75,27 +76,8 @@ func run(args []string, stdout, stderr io.Writer) error {
 }
 
 // size parses a byte count with an optional K, M or G suffix (powers of two).
-type size int
-
-func (s *size) String() string { return strconv.Itoa(int(*s)) }
-func (s *size) Type() string   { return "bytes" }
-func (s *size) Set(v string) error {
-	mult := 1
-	switch u := strings.ToUpper(v); {
-	case strings.HasSuffix(u, "K"):
-		mult, v = 1<<10, v[:len(v)-1]
-	case strings.HasSuffix(u, "M"):
-		mult, v = 1<<20, v[:len(v)-1]
-	case strings.HasSuffix(u, "G"):
-		mult, v = 1<<30, v[:len(v)-1]
-	}
-	n, err := strconv.Atoi(v)
-	if err != nil || n < 0 || n > (1<<40)/mult {
-		return fmt.Errorf("bad size %q", v)
-	}
-	*s = size(n * mult)
-	return nil
-}
+// size is a byte count flag with K, M and G suffixes.
+type size = cmdflag.Size
 
 // newFlagSet returns a flag set that prints its usage, with --long names and perftest's
 // short forms, to w.
@@ -160,17 +142,19 @@ func bw(test string, args []string, stdout, stderr io.Writer) error {
 	minRNR := fs.Int("min-rnr-timer", -1, "the server QP's min_rnr_timer, IBTA encoding 0..31 (default 12: 0.64 ms)")
 	server := fs.String("server", "", "run as the server of a two-process test: accept the client on this TCP address (host:port, e.g. :18515)")
 	connect := fs.String("connect", "", "run as the client of a two-process test: connect to the server at this TCP address")
-	bind := fs.String("bind", "", "local IP address of this side's RoCEv2 link (server default 127.0.0.1; client default the route to the server)")
+	bind := fs.String("bind", "", "local IP address of this side's RoCEv2 endpoint (server default 127.0.0.1; client default the address its route to the server leaves from, 127.0.0.2 on loopback)")
+	rocePort := fs.Uint16("roce-port", roce.UDPPort, "UDP port of this side's RoCEv2 endpoint (0: the kernel picks one); packets go to the peer's")
 	loss := fs.Float64("loss", 0, "probability that this side (both sides, in one process) drops a packet it sends (0..1)")
 	seed := fs.Uint64("seed", 1, "seed of the injected loss")
 	timeout := fs.Int("timeout", -1, "the QP's local ACK timeout, IBTA encoding 0..31 (4.096 us x 2^t; default 18)")
 	cpuProfile := fs.String("cpuprofile", "", "write a CPU profile of the runs to this file (go tool pprof)")
+	minMemcpy := fs.Float64("min-memcpy-ratio", 0, "fail unless the median BW/memcpy of each size reaches this (a speed guard for CI; in one process)")
 	traceFile := fs.String("trace", "", "write an execution trace of the runs to this file (go tool trace): where the engines wait")
-	lf := addLinkFlags(fs)
+	lf := cmdflag.AddLink(fs)
 	if err := fs.Parse(args); err != nil {
 		return err
 	}
-	link, policy, err := lf.model()
+	link, policy, err := lf.Model()
 	if err != nil {
 		return err
 	}
@@ -192,14 +176,18 @@ func bw(test string, args []string, stdout, stderr io.Writer) error {
 	if err != nil {
 		return err
 	}
+	wire.Port = *rocePort
+	wire.Rejected = func(err error) {
+		fmt.Fprintf(stderr, "odp-perf: turned a connection away: %v; waiting for the next client\n", err)
+	}
 	if fs.NArg() > 0 {
 		return fmt.Errorf("unexpected argument %q", fs.Arg(0))
 	}
 	if *iters < 1 || *depth < 1 || *cqMod < 1 || msg < 1 || *fa < 0 || *reps < 1 {
 		return fmt.Errorf("--iters, --tx-depth, --cq-mod, --reps and --size must be positive")
 	}
-	if *reps > 1 && (*server != "" || *connect != "") {
-		return fmt.Errorf("--reps is for runs in one process")
+	if (*reps > 1 || *minMemcpy != 0) && (*server != "" || *connect != "") {
+		return fmt.Errorf("--reps and --min-memcpy-ratio are for runs in one process")
 	}
 	var rnr, timer *uint8
 	if *rnrRetry >= 0 {
@@ -252,12 +240,12 @@ func bw(test string, args []string, stdout, stderr io.Writer) error {
 	}
 	inProcess := ln == nil && *connect == ""
 	if !*asJSON && ln == nil {
-		fmt.Fprintf(stdout, "# link: %s, responder faults: %v\n", lf, policy)
+		fmt.Fprintf(stdout, "# link: %v, responder faults: %v\n", link, policy)
 		fmt.Fprintf(stdout, " %-10s %-12s %-18s %-21s %-15s", "#bytes", "#iterations", "BW peak[MiB/sec]", "BW average[MiB/sec]", "MsgRate[Mpps]")
 		if inProcess {
 			fmt.Fprintf(stdout, " %-18s %-10s", "memcpy[MiB/sec]", "BW/memcpy")
 		}
-		if *lf.rate > 0 {
+		if link.RateGbps > 0 {
 			fmt.Fprintf(stdout, " %-16s %s", "line[MiB/sec]", "BW/line")
 		}
 		fmt.Fprintln(stdout)
@@ -281,7 +269,10 @@ func bw(test string, args []string, stdout, stderr io.Writer) error {
 			if rounds, err = runRounds(p, *reps, max(int(mrSize)/s, *depth)); err == nil {
 				r = rounds.median()
 				if !*asJSON {
-					printRounds(stdout, rounds, lf)
+					printRounds(stdout, rounds, link)
+				}
+				if _, m, _ := rounds.quartiles(func(x round) float64 { return x.r.AvgMiBps / x.floor }); m < *minMemcpy {
+					err = fmt.Errorf("%d-byte messages: BW/memcpy %.3f is below --min-memcpy-ratio %.3g", s, m, *minMemcpy)
 				}
 			}
 		}
@@ -301,8 +292,8 @@ func bw(test string, args []string, stdout, stderr io.Writer) error {
 		}
 		if !inProcess {
 			fmt.Fprintf(stdout, " %-10d %-12d %-18.2f %-21.2f %-15.6f", r.Bytes, r.Iters, r.PeakMiBps, r.AvgMiBps, r.MsgRateMpps)
-			if *lf.rate > 0 {
-				line := lineRate(*lf.rate, s)
+			if link.RateGbps > 0 {
+				line := lineRate(link.RateGbps, s)
 				fmt.Fprintf(stdout, " %-16.2f %.3f", line, r.AvgMiBps/line)
 			}
 			fmt.Fprintln(stdout)
@@ -445,7 +436,7 @@ func lineRate(gbps float64, size int) float64 {
 
 // printRounds prints the row of a size: the medians of the rounds' figures and
 // ratios, and with several rounds their quartiles on a comment line.
-func printRounds(w io.Writer, rs rounds, lf *linkFlags) {
+func printRounds(w io.Writer, rs rounds, link odp.LinkModel) {
 	r := rs.median()
 	_, bw, _ := rs.quartiles(func(x round) float64 { return x.r.AvgMiBps })
 	_, peak, _ := rs.quartiles(func(x round) float64 { return x.r.PeakMiBps })
@@ -454,8 +445,8 @@ func printRounds(w io.Writer, rs rounds, lf *linkFlags) {
 	m1, m, m3 := rs.quartiles(func(x round) float64 { return x.r.AvgMiBps / x.floor })
 	fmt.Fprintf(w, " %-10d %-12d %-18.2f %-21.2f %-15.6f %-18.2f %-10.3f", r.Bytes, r.Iters, peak, bw, mpps, floor, m)
 	line := 0.0
-	if *lf.rate > 0 {
-		line = lineRate(*lf.rate, r.Bytes)
+	if link.RateGbps > 0 {
+		line = lineRate(link.RateGbps, r.Bytes)
 		fmt.Fprintf(w, " %-16.2f %.3f", line, bw/line)
 	}
 	fmt.Fprintln(w)
@@ -470,72 +461,6 @@ func printRounds(w io.Writer, rs rounds, lf *linkFlags) {
 		}
 		fmt.Fprintln(w)
 	}
-}
-
-// linkFlags are the link model's flags, next to the responder's fault policy.
-type linkFlags struct {
-	rate   *float64
-	delay  *time.Duration
-	queue  *size
-	buffer *size
-	faults *string
-}
-
-func addLinkFlags(fs *pflag.FlagSet) *linkFlags {
-	q, b := size(0), size(0)
-	lf := &linkFlags{
-		rate:   fs.Float64("link-rate", odp.DefaultLinkRate, "line rate of each NIC's link in Gb/s (0: unlimited)"),
-		delay:  fs.Duration("link-delay", odp.DefaultLinkDelay, "one-way delay of each link (0: none)"),
-		queue:  &q,
-		buffer: &b,
-		faults: fs.String("responder-faults", "rnr", "what a responder does on a network page fault: rnr (answer RNR NAK, mlx5) or stall (wait, rxe)"),
-	}
-	fs.Var(lf.queue, "link-queue", "bytes a sender's transmit queue holds at most (K, M suffixes; default one bandwidth-delay product plus an MTU)")
-	fs.Var(lf.buffer, "link-buffer", "bytes the receiving NIC holds that arrived and it has not taken (K, M suffixes; default the queue's size)")
-	return lf
-}
-
-// model returns the link model and fault policy the flags give.
-func (lf *linkFlags) model() (odp.LinkModel, odp.FaultPolicy, error) {
-	m := odp.LinkModel{RateGbps: *lf.rate, Delay: *lf.delay, QueueBytes: int(*lf.queue), BufferBytes: int(*lf.buffer)}
-	switch {
-	case *lf.rate < 0 || *lf.delay < 0:
-		return m, 0, fmt.Errorf("--link-rate and --link-delay must not be negative")
-	case *lf.rate == 0:
-		m.RateGbps = -1
-	}
-	if *lf.delay == 0 {
-		m.Delay = -1
-	}
-	switch *lf.faults {
-	case "rnr":
-		return m, odp.FaultRNR, nil
-	case "stall":
-		return m, odp.FaultStall, nil
-	}
-	return m, 0, fmt.Errorf("--responder-faults %q: want rnr or stall", *lf.faults)
-}
-
-func (lf *linkFlags) String() string {
-	if *lf.rate == 0 && *lf.delay == 0 {
-		return "no model (unlimited rate, no delay)"
-	}
-	rate := "unlimited rate"
-	if *lf.rate > 0 {
-		rate = fmt.Sprintf("%g Gb/s", *lf.rate)
-	}
-	queue := "a queue of one BDP plus an MTU"
-	if *lf.queue > 0 {
-		queue = "a queue of " + perf.HumanBytes(int(*lf.queue))
-	}
-	buffer := "a receive buffer as large"
-	if *lf.buffer > 0 {
-		buffer = "a receive buffer of " + perf.HumanBytes(int(*lf.buffer))
-	}
-	if *lf.rate == 0 && *lf.queue == 0 {
-		return fmt.Sprintf("%s, %v one way, no queue bound", rate, *lf.delay)
-	}
-	return fmt.Sprintf("%s, %v one way, %s, %s", rate, *lf.delay, queue, buffer)
 }
 
 // startProfile starts a CPU profile or an execution trace into path; stop ends it

@@ -40,7 +40,7 @@ func TestBWPrintsPerftestColumns(t *testing.T) {
 	require.NoError(t, err)
 	lines = strings.Split(strings.TrimSpace(out), "\n")
 	require.Len(t, lines, 5, "header, link, columns, the row and the quartiles")
-	assert.Contains(t, lines[1], "no model")
+	assert.Contains(t, lines[1], "no link model")
 	assert.Len(t, strings.Fields(lines[3]), 7, "no line rate without a rate")
 	assert.True(t, strings.HasPrefix(lines[4], "# 3 rounds, quartiles: BW "), lines[4])
 
@@ -94,6 +94,7 @@ func TestBadArguments(t *testing.T) {
 		{"write_bw", "--reps", "0"}, {"write_bw", "--reps", "2", "--server", ":0"}, {"write_bw", "--link-rate", "-1"},
 		{"write_bw", "--server", "127.0.0.1:0", "--loss", "1.5"}, {"write_bw", "--connect", "x", "--bind", "0.0.0.0"},
 		{"write_bw", "--server", "127.0.0.1:0", "--timeout", "40"}, {"wire", "--reps", "0"},
+		{"write_bw", "--min-memcpy-ratio", "0.4", "--server", ":0"}, {"write_bw", "--roce-port", "70000"},
 	} {
 		_, _, err := runArgs(args...)
 		assert.Error(t, err, "%v", args)
@@ -139,4 +140,13 @@ func TestProgressWithoutTerminal(t *testing.T) {
 	out, _, err = runArgs("write_bw", "--odp", "-s", "4K", "-n", "500", "-t", "32", "--mr-size", "64K", "--budget", "1M")
 	require.NoError(t, err)
 	assert.Contains(t, out, "of 128 KiB registered", "4 KiB x depth 32, not x 128")
+}
+
+// The speed guard CI runs: a run below --min-memcpy-ratio fails, naming the ratio.
+func TestMinMemcpyRatio(t *testing.T) {
+	args := []string{"write_bw", "-s", "64K", "-n", "200", "--link-rate", "0"}
+	_, _, err := runArgs(append(args, "--min-memcpy-ratio", "0.0001")...)
+	require.NoError(t, err)
+	_, _, err = runArgs(append(args, "--min-memcpy-ratio", "1000")...)
+	require.ErrorContains(t, err, "BW/memcpy")
 }

@@ -19,6 +19,7 @@ type wireOpts struct {
 	msg                size
 	iters, depth, reps int
 	hot                bool
+	port               uint16
 }
 
 func wireFlagSet(name string, w io.Writer) (*pflag.FlagSet, *wireOpts) {
@@ -28,6 +29,7 @@ func wireFlagSet(name string, w io.Writer) (*pflag.FlagSet, *wireOpts) {
 	fs.IntVarP(&f.iters, "iters", "n", 500, "messages per measurement")
 	fs.IntVarP(&f.depth, "tx-depth", "t", 4, "messages in flight")
 	fs.IntVar(&f.reps, "reps", 5, "rounds of UDP floor, pinned and ODP, side by side")
+	fs.Uint16Var(&f.port, "roce-port", roce.UDPPort, "UDP port of both sides' RoCEv2 endpoints (0: the kernel picks); the server is at 127.0.0.1, the client at 127.0.0.2")
 	fs.BoolVar(&f.hot, "hot-floor", false, "the UDP stream sends every packet from one buffer and receives into one, instead of moving the WRITEs' bytes")
 	return fs, f
 }
@@ -54,7 +56,8 @@ func wire(args []string, stdout, stderr io.Writer) error {
 		return err
 	}
 	common := []string{"--size", strconv.Itoa(int(f.msg)), "--iters", strconv.Itoa(f.iters), "--tx-depth", strconv.Itoa(f.depth),
-		"--reps", strconv.Itoa(f.reps), "--hot-floor=" + strconv.FormatBool(f.hot)}
+		"--reps", strconv.Itoa(f.reps), "--hot-floor=" + strconv.FormatBool(f.hot),
+		"--roce-port", strconv.Itoa(int(f.port))}
 	cm, udp, wait, err := perf.StartWireServer(exe, append([]string{"wire-server"}, common...))
 	if err != nil {
 		return err
@@ -69,7 +72,7 @@ func wire(args []string, stdout, stderr io.Writer) error {
 	}
 	fmt.Fprintf(stdout, "# each round: a plain UDP stream of %d-byte packets (one sendto/recvfrom each, %s; a message acknowledged as RC does), then RoCEv2 pinned, then ODP warm\n",
 		roce.BTHSize+4096+roce.ICRCSize, floor)
-	bw, err := perf.WireClient(ctx, cm, udp, f.params(), f.reps, perf.WireRound)
+	bw, err := perf.WireClient(ctx, cm, udp, f.params(), perf.Wire{Port: f.port}, f.reps, perf.WireRound)
 	if werr := wait(); err == nil && werr != nil {
 		err = fmt.Errorf("wire server: %w", werr)
 	}
@@ -97,5 +100,5 @@ func wireServer(args []string, stdout, stderr io.Writer) error {
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Minute)
 	defer cancel()
-	return perf.ServeWireRounds(ctx, f.params(), f.reps, perf.WireRound, func(cm, udp string) { fmt.Fprintf(stdout, "cm %s udp %s\n", cm, udp) })
+	return perf.ServeWireRounds(ctx, f.params(), perf.Wire{Port: f.port}, f.reps, perf.WireRound, func(cm, udp string) { fmt.Fprintf(stdout, "cm %s udp %s\n", cm, udp) })
 }
