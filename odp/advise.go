@@ -1,6 +1,10 @@
 package odp
 
-import "errors"
+import (
+	"errors"
+
+	"github.com/odpemu/odpemu/pagefault"
+)
 
 // Advice is ibv_advise_mr's advice.
 type Advice int
@@ -108,9 +112,21 @@ func (mr *MR) adviseRange(advice Advice, addr, length uint64) (int, int, error) 
 // mlx5, PREFETCH maps for reading only, PREFETCH_WRITE for writing, and NO_FAULT
 // snapshots the present pages with the write permission the MR allows (granted to
 // pages mapped exclusively, as at registration).
+//
+// A prefetch is advice: under a resident budget it maps no more than the budget
+// holds (the first pages of the range), since pages beyond it would only evict the
+// ones it just mapped; and a range that kept being invalidated while it was mapped
+// (ErrBusy: evictions, the application's discards) ends the prefetch with what it
+// mapped, not with an error.
 func (mr *MR) prefetch(advice Advice, first, count int) error {
 	write := advice == AdvisePrefetchWrite || (advice == AdvisePrefetchNoFault && mr.access.writable())
+	if b := mr.dev.cfg.ResidentBudget; b > 0 {
+		count = min(count, int(b/int64(pagefault.PageSize)))
+	}
 	pages, err := mr.mapRange(first, count, write, advice == AdvisePrefetchNoFault, false)
+	if errors.Is(err, ErrBusy) {
+		err = nil
+	}
 	// Pages before the prefetch itself: whoever sees a background prefetch counted
 	// sees the pages it mapped.
 	mr.stats.pagesPrefetched.Add(uint64(pages))

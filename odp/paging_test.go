@@ -187,3 +187,21 @@ func TestDirectDiscardRacingEviction(t *testing.T) {
 	t.Logf("evictions %d, aborted %d, restores %d", st.Evictions, st.EvictionAborts, st.Restores)
 	require.NotZero(t, st.Evictions)
 }
+
+// A prefetch is advice: of a region eight times the budget, a synchronous prefetch
+// maps what the budget holds and succeeds, and the resident set stays within the
+// budget (the overcommit experiment once failed on "range kept being invalidated").
+func TestPrefetchOverBudgetDoesWhatFits(t *testing.T) {
+	const budget = 4 << 20
+	n := newNode(t, Config{ResidentBudget: budget})
+	buf, mr := n.region(t, 8*budget, rw|AccessOnDemand)
+	for _, advice := range []Advice{AdvisePrefetchWrite, AdvisePrefetch} {
+		require.NoError(t, n.pd.AdviseMR(advice, AdviseFlush, []SGE{{Addr: mr.Addr(), Length: uint32(len(buf)), LKey: mr.LKey()}}))
+		st := mr.Stats()
+		assert.Positive(t, st.PagesPrefetched)
+		assert.LessOrEqual(t, st.ValidPages, budget/ps, "no more pages mapped than the budget holds")
+		require.NoError(t, n.dev.SyncEvents())
+		assert.LessOrEqual(t, residentPages(t, n.dev, buf), budget/ps+budget/ps/20, "resident within the budget (+5%%)")
+	}
+	require.NoError(t, mr.Advise(AdvisePrefetchWrite, mr.Addr(), uint64(len(buf))))
+}
