@@ -119,7 +119,7 @@ func rnrReport(x *X, t *results.Table, losses []float64) error {
 		})
 		all := t.Rows(sel("rnr_retry", 1, "fault_model", m.String()))
 		x.Headline(fmt.Sprintf("cold passes failed with rnr_retry 1, %s faults", m), fmt.Sprintf("%d of %d", len(failed), len(all)),
-			"RNR_RETRY_EXC_ERR needs a retransmission to meet a fault not yet resolved; the emulated responder resolves a QP's fault before it takes that QP's next request")
+			"RNR_RETRY_EXC_ERR: the responder NAKs the retransmissions while the fault is pending, as mlx5 does; rnr_retry 1 is exhausted when two RNR timers are shorter than the fault")
 	}
 	return nil
 }
