@@ -191,10 +191,10 @@ func (s *space) bufferModeLocked() pagefault.RegisterMode {
 func addrOf(b []byte) uintptr { return uintptr(unsafe.Pointer(unsafe.SliceData(b))) }
 
 // ResidentBytes returns how many bytes of b (memory from Alloc) are resident now,
-// counted from the page tables.
-func (d *Device) ResidentBytes(b []byte) int64 {
+// counted from the page tables, or why the page tables could not be read.
+func (d *Device) ResidentBytes(b []byte) (int64, error) {
 	if len(b) == 0 {
-		return 0
+		return 0, nil
 	}
 	start := addrOf(b) &^ (pagefault.PageSize - 1)
 	n := int((addrOf(b) + uintptr(len(b)) - start + pagefault.PageSize - 1) / pagefault.PageSize)
@@ -203,8 +203,8 @@ func (d *Device) ResidentBytes(b []byte) int64 {
 	var resident int64
 	for first := 0; first < n; first += chunk {
 		k := min(chunk, n-first)
-		if d.as.pagemap.Read(start+uintptr(first)*pagefault.PageSize, entries[:k]) != nil {
-			return -1
+		if err := d.as.pagemap.Read(start+uintptr(first)*pagefault.PageSize, entries[:k]); err != nil {
+			return 0, fmt.Errorf("odp: resident bytes: %w", err)
 		}
 		for _, e := range entries[:k] {
 			if e.Present() {
@@ -212,5 +212,5 @@ func (d *Device) ResidentBytes(b []byte) int64 {
 			}
 		}
 	}
-	return resident
+	return resident, nil
 }

@@ -1,7 +1,6 @@
 package pagefault
 
 import (
-	"errors"
 	"fmt"
 	"os"
 	"strings"
@@ -33,16 +32,15 @@ func (r Requirement) Missing() error {
 
 // The facilities that are probed.
 var (
-	ReqUserfaultfd    = Requirement{"userfaultfd(2)", "4.3"}
-	ReqEvents         = Requirement{"UFFD_FEATURE_EVENT_REMOVE|EVENT_UNMAP|EVENT_REMAP", "4.11"}
-	ReqWriteProtect   = Requirement{"UFFDIO_REGISTER_MODE_WP on anonymous memory", "5.7"}
-	ReqPopulateWrite  = Requirement{"MADV_POPULATE_WRITE", "5.14"}
-	ReqMove           = Requirement{"UFFDIO_MOVE (UFFD_FEATURE_MOVE)", "6.8"}
-	ReqPagemapScan    = Requirement{"PAGEMAP_SCAN", "6.7"}
-	ReqEventFork      = Requirement{"UFFD_FEATURE_EVENT_FORK (needs CAP_SYS_PTRACE)", "4.11"}
-	ReqKernelFaults   = Requirement{"kernel-mode userfaultfd faults (CAP_SYS_PTRACE or /dev/userfaultfd)", "5.11"}
-	ReqPFNs           = Requirement{"page frame numbers in /proc/self/pagemap (CAP_SYS_ADMIN)", "4.2"}
-	errProbeMmapFails = errors.New("pagefault: probe: cannot map a scratch page")
+	ReqUserfaultfd   = Requirement{"userfaultfd(2)", "4.3"}
+	ReqEvents        = Requirement{"UFFD_FEATURE_EVENT_REMOVE|EVENT_UNMAP|EVENT_REMAP", "4.11"}
+	ReqWriteProtect  = Requirement{"UFFDIO_REGISTER_MODE_WP on anonymous memory", "5.7"}
+	ReqPopulateWrite = Requirement{"MADV_POPULATE_WRITE", "5.14"}
+	ReqMove          = Requirement{"UFFDIO_MOVE (UFFD_FEATURE_MOVE)", "6.8"}
+	ReqPagemapScan   = Requirement{"PAGEMAP_SCAN", "6.7"}
+	ReqEventFork     = Requirement{"UFFD_FEATURE_EVENT_FORK (needs CAP_SYS_PTRACE)", "4.11"}
+	ReqKernelFaults  = Requirement{"kernel-mode userfaultfd faults (CAP_SYS_PTRACE or /dev/userfaultfd)", "5.11"}
+	ReqPFNs          = Requirement{"page frame numbers in /proc/self/pagemap (CAP_SYS_ADMIN)", "4.2"}
 )
 
 // Kernel is what the running kernel offers, found out once by ProbeKernelBehaviour.

@@ -321,8 +321,5 @@ var probeOnce = sync.OnceValue(func() Probe {
 // ProbeKernel returns the cached kernel probe.
 func ProbeKernel() Probe { return probeOnce() }
 
-// HasFeature reports whether the kernel supports f.
-func HasFeature(f Feature) bool { p := ProbeKernel(); return p.Err == nil && p.Features.Has(f) }
-
 // PageSize is the system page size.
 var PageSize = uintptr(os.Getpagesize())

@@ -654,11 +654,15 @@ func sampleResident(s *side) func() int64 {
 		var most int64
 		t := time.NewTicker(5 * time.Millisecond)
 		defer t.Stop()
+		resident := func() int64 {
+			n, _ := s.dev.ResidentBytes(s.buf) // 0 if pagemap cannot be read: a sample missed
+			return n
+		}
 		for {
-			most = max(most, s.dev.ResidentBytes(s.buf))
+			most = max(most, resident())
 			select {
 			case <-stop:
-				done <- max(most, s.dev.ResidentBytes(s.buf))
+				done <- max(most, resident())
 				return
 			case <-t.C:
 			}
