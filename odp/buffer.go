@@ -48,12 +48,19 @@ func (s *space) noteEvent(m pagefault.Msg) {
 	}
 }
 
+// MaxPagedBuffers is how many buffers from Alloc an address space with paging holds
+// at once: the CPU fault server's table of paged regions.
+const MaxPagedBuffers = pagefault.MaxPagedRegions
+
 // PageSize is the size of the pages that the NIC's translation tables map.
 var PageSize = int(pagefault.PageSize)
 
 // Alloc maps n bytes (rounded up to pages) of anonymous memory in the device's address
 // space, the only memory ODP regions accept; every device sharing the space can
-// register it. Pages are not touched: their first use faults.
+// register it. Pages are not touched: their first use faults. With paging
+// (Config.Paging or a ResidentBudget) at most MaxPagedBuffers buffers of the space
+// are live at once: one more fails with ErrNoMemory, wrapping
+// pagefault.ErrRegionTable.
 func (d *Device) Alloc(n int) ([]byte, error) {
 	if n <= 0 {
 		return nil, wrap(ErrInvalidArgument, "alloc %d bytes", n)
@@ -110,7 +117,7 @@ func (d *Device) addBuffer(mem []byte) ([]*MR, error) {
 	if s.pager != nil {
 		r, err := s.pager.AddRegion(mem)
 		if err != nil {
-			return nil, fmt.Errorf("odp: page buffer: %w", err)
+			return nil, fmt.Errorf("%w: odp: page buffer: %w", ErrNoMemory, err)
 		}
 		b.paged = r
 	}

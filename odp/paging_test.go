@@ -5,6 +5,7 @@ import (
 	"math/rand/v2"
 	"testing"
 
+	"github.com/odpemu/odpemu/pagefault"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 	"golang.org/x/sys/unix"
@@ -204,4 +205,30 @@ func TestPrefetchOverBudgetDoesWhatFits(t *testing.T) {
 		assert.LessOrEqual(t, residentPages(t, n.dev, buf), budget/ps+budget/ps/20, "resident within the budget (+5%%)")
 	}
 	require.NoError(t, mr.Advise(AdvisePrefetchWrite, mr.Addr(), uint64(len(buf))))
+}
+
+// With paging, an address space holds MaxPagedBuffers buffers at once: one more
+// fails with a typed error (and leaves nothing behind), and frees make room again.
+func TestAllocBeyondThePagedBuffers(t *testing.T) {
+	n := newNode(t, Config{Paging: true})
+	var bufs [][]byte
+	var err error
+	for len(bufs) <= MaxPagedBuffers {
+		var b []byte
+		if b, err = n.dev.Alloc(ps); err != nil {
+			break
+		}
+		bufs = append(bufs, b)
+	}
+	require.ErrorIs(t, err, ErrNoMemory)
+	require.ErrorIs(t, err, pagefault.ErrRegionTable)
+	assert.Len(t, bufs, MaxPagedBuffers)
+	require.NoError(t, n.dev.Free(bufs[0]))
+	b, err := n.dev.Alloc(ps)
+	require.NoError(t, err, "a free made room")
+	b[0] = 1
+	bufs[0] = b
+	for _, b := range bufs {
+		require.NoError(t, n.dev.Free(b))
+	}
 }

@@ -219,8 +219,13 @@ type PagedRegion struct {
 	states []uint32 // the words, one per page
 }
 
-// ErrRegionTable is returned when the server's region table is full.
+// ErrRegionTable is returned when the server's region table is full: it holds
+// MaxPagedRegions regions.
 var ErrRegionTable = errors.New("pagefault: paged region table full")
+
+// MaxPagedRegions is how many paged regions a CPU fault server holds (MAX_REGIONS
+// in cpuserver.c; a test checks that they agree).
+const MaxPagedRegions = 256
 
 // AddRegion makes npages pages at base a paged region: page i bounces at
 // bounce + i*PageSize and is stored at storeOff + i*PageSize.

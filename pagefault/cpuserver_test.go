@@ -210,7 +210,7 @@ func TestCPUServerReusesRegionSlots(t *testing.T) {
 		}
 		rs = append(rs, r)
 	}
-	assert.Len(t, rs, 256)
+	assert.Len(t, rs, MaxPagedRegions, "MAX_REGIONS in cpuserver.c")
 	for _, r := range rs {
 		require.NoError(t, r.Remove())
 	}
