@@ -4,7 +4,6 @@ import (
 	"fmt"
 	"os"
 	"strings"
-	"sync"
 	"sync/atomic"
 	"unsafe"
 
@@ -97,31 +96,38 @@ func (k Kernel) Check(reqs ...Requirement) error {
 	return nil
 }
 
-var kernelOnce = sync.OnceValue(probeKernelBehaviour)
+var kernelOnce = probeCache[Kernel]{probe: probeKernelBehaviour}
 
-// ProbeKernelBehaviour returns the cached probe of the running kernel.
-func ProbeKernelBehaviour() Kernel { return kernelOnce() }
+// ProbeKernelBehaviour returns the cached probe of the running kernel (not cached
+// when it failed for want of memory or descriptors: see ProbeKernel).
+func ProbeKernelBehaviour() Kernel { return kernelOnce.get() }
 
-func probeKernelBehaviour() Kernel {
-	k := Kernel{Userfaultfd: ProbeKernel(), THP: thpMode()}
+func probeKernelBehaviour() (k Kernel, again bool) {
+	k = Kernel{Userfaultfd: ProbeKernel(), THP: thpMode()}
+	if k.Userfaultfd.Err != nil && transient(k.Userfaultfd.Err) {
+		return k, true
+	}
 	ps := int(PageSize)
 	b, err := unix.Mmap(-1, 0, 2*ps, unix.PROT_READ|unix.PROT_WRITE, unix.MAP_PRIVATE|unix.MAP_ANONYMOUS)
 	if err != nil {
-		return k
+		return k, true // no scratch page: nothing was learnt
 	}
 	defer func() { _ = unix.Munmap(b) }()     // a probe's own scratch mapping
 	_ = unix.Madvise(b, unix.MADV_NOHUGEPAGE) // EINVAL without THP: nothing to avoid
 	k.PopulateWrite = unix.Madvise(b[ps:], unix.MADV_POPULATE_WRITE) == nil
 	k.ReadFaultZeroPage, k.readFaultErr = readFaultMapsZeroPage(b[:ps])
+	again = transient(k.readFaultErr)
 	k.PagemapScan = pagemapScanWorks(b)
 	if k.Userfaultfd.Err == nil {
-		if u, err := Open(Options{}); err == nil {
+		u, err := Open(Options{})
+		if err == nil {
 			_, werr := u.Register(addrOf(b), uintptr(len(b)), ModeWP)
 			k.WriteProtect = werr == nil
 			_ = u.Close() // a probe's own descriptor; registrations die with it
 		}
+		again = again || transient(err)
 	}
-	return k
+	return k, again
 }
 
 // readFaultMapsZeroPage reads the first byte of the untouched page b and reports

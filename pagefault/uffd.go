@@ -309,17 +309,51 @@ type Probe struct {
 	Err      error   // non-nil when no userfaultfd can be created at all
 }
 
-var probeOnce = sync.OnceValue(func() Probe {
+var probeOnce = probeCache[Probe]{probe: func() (Probe, bool) {
 	u, err := Open(Options{})
 	if err != nil {
-		return Probe{Err: err}
+		return Probe{Err: err}, transient(err)
 	}
 	defer func() { _ = u.Close() }() // a probe's throwaway descriptor
-	return Probe{Mode: u.mode, Source: u.source, Features: u.features, Ioctls: u.ioctls}
-})
+	return Probe{Mode: u.mode, Source: u.source, Features: u.features, Ioctls: u.ioctls}, false
+}}
 
-// ProbeKernel returns the cached kernel probe.
-func ProbeKernel() Probe { return probeOnce() }
+// ProbeKernel returns the cached kernel probe. A probe that failed for want of a
+// resource (memory, descriptors) says nothing of the kernel: it is not cached, and
+// the next call probes again.
+func ProbeKernel() Probe { return probeOnce.get() }
+
+// probeCache caches a probe's result unless the probe says it was transient.
+type probeCache[T any] struct {
+	mu    sync.Mutex
+	done  bool
+	v     T
+	probe func() (T, bool)
+}
+
+func (c *probeCache[T]) get() T {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if !c.done {
+		v, again := c.probe()
+		if again {
+			return v
+		}
+		c.v, c.done = v, true
+	}
+	return c.v
+}
+
+// transient reports whether err is the want of a resource that may be there on
+// the next try, not something the kernel lacks.
+func transient(err error) bool {
+	for _, e := range []error{unix.ENOMEM, unix.EMFILE, unix.ENFILE, unix.EAGAIN, unix.EINTR} {
+		if errors.Is(err, e) {
+			return true
+		}
+	}
+	return false
+}
 
 // PageSize is the system page size.
 var PageSize = uintptr(os.Getpagesize())
