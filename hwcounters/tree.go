@@ -57,7 +57,7 @@ import (
 // Port is the port number shown (emulated NICs have one port).
 const Port = 1
 
-// Source is a device whose counters are shown.
+// Source is a device whose counters are shown; *odp.Device is one.
 type Source interface {
 	// Name is the device's directory name.
 	Name() string

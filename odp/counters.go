@@ -1,15 +1,10 @@
 package odp
 
-import "github.com/odpemu/odpemu/hwcounters"
-
-// MountCounters mounts a read-only tree at dir that shows the device's counters as
-// Linux shows an RDMA device's: <dir>/<name>/ports/1/hw_counters/<counter> and, per
-// MR, <dir>/<name>/mr/<mrn>/<counter> (see package hwcounters), read live. The
-// counters are the fields of Stats under mlx5's and rxe's names (PortCounters lists
-// them). It needs root and /dev/fuse. Unmount the tree before closing the device.
-func (d *Device) MountCounters(dir string) (*hwcounters.Tree, error) {
-	return hwcounters.Mount(dir, counterSource{d})
-}
+// A device shows its counters the way Linux shows an RDMA device's (package
+// hwcounters mounts them: hwcounters.Mount(dir, dev) gives
+// <dir>/<name>/ports/1/hw_counters/<counter> and <dir>/<name>/mr/<mrn>/<counter>). The
+// counters are the fields of Stats and MRStats under mlx5's and rxe's names. odp does
+// not import hwcounters: a program that does not mount counters does not link FUSE.
 
 // PortCounters returns the device's counters by their hw_counters file names.
 func (d *Device) PortCounters() map[string]uint64 { return portCounters(d.Stats()) }
@@ -59,19 +54,15 @@ func mrCounterFiles(s MRStats) map[string]uint64 {
 	})
 }
 
-// counterSource shows a device in a hwcounters tree.
-type counterSource struct{ d *Device }
-
-func (c counterSource) Name() string                    { return c.d.Name() }
-func (c counterSource) PortCounters() map[string]uint64 { return c.d.PortCounters() }
-
-func (c counterSource) MRCounters() map[uint32]map[string]uint64 {
-	c.d.mu.RLock()
-	mrs := make([]*MR, 0, len(c.d.mrs))
-	for _, mr := range c.d.mrs {
+// MRCounters returns the live MRs' counters by MR number (the key's index, as rdma
+// stat mr numbers them) and file name.
+func (d *Device) MRCounters() map[uint32]map[string]uint64 {
+	d.mu.RLock()
+	mrs := make([]*MR, 0, len(d.mrs))
+	for _, mr := range d.mrs {
 		mrs = append(mrs, mr)
 	}
-	c.d.mu.RUnlock()
+	d.mu.RUnlock()
 	out := make(map[uint32]map[string]uint64, len(mrs))
 	for _, mr := range mrs {
 		out[mr.key>>8] = mrCounterFiles(mr.Stats())

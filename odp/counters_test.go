@@ -9,6 +9,7 @@ import (
 	"sync"
 	"testing"
 
+	"github.com/odpemu/odpemu/hwcounters"
 	"github.com/odpemu/odpemu/internal/fusemount"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
@@ -33,7 +34,7 @@ func TestHWCountersMatchStats(t *testing.T) {
 		t.Skipf("skipped: %v", err)
 	}
 	a, b := pair(t, Config{Name: "emu7", FaultAround: 1})
-	tree, err := b.dev.MountCounters(filepath.Join(t.TempDir(), "infiniband"))
+	tree, err := hwcounters.Mount(filepath.Join(t.TempDir(), "infiniband"), b.dev)
 	require.NoError(t, err)
 	t.Cleanup(func() { assert.NoError(t, tree.Unmount()) })
 
