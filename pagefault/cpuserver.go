@@ -275,8 +275,6 @@ func (r *PagedRegion) Remove() error {
 // State returns page i's state.
 func (r *PagedRegion) State(i int) uint32 { return atomic.LoadUint32(&r.states[i]) }
 
-// SetState stores page i's state.
-func (r *PagedRegion) SetState(i int, v uint32) { atomic.StoreUint32(&r.states[i], v) }
 
 // CompareAndSwap changes page i's state from old to new if it is old.
 func (r *PagedRegion) CompareAndSwap(i int, old, new uint32) bool {
