@@ -275,7 +275,6 @@ func (r *PagedRegion) Remove() error {
 // State returns page i's state.
 func (r *PagedRegion) State(i int) uint32 { return atomic.LoadUint32(&r.states[i]) }
 
-
 // CompareAndSwap changes page i's state from old to new if it is old.
 func (r *PagedRegion) CompareAndSwap(i int, old, new uint32) bool {
 	return atomic.CompareAndSwapUint32(&r.states[i], old, new)
