@@ -1,6 +1,8 @@
 // Package odp is odpemu's verbs-like API: devices, protection domains, memory regions
 // registered pinned or on demand (ODP), completion queues and RC queue pairs that post
-// RDMA WRITE, RDMA READ and SEND/RECV between emulated NICs.
+// RDMA WRITE (with and without immediate), RDMA READ, SEND (with and without
+// immediate) and the atomics compare-and-swap and fetch-and-add between emulated
+// NICs, in one process or over RoCEv2/UDP.
 //
 // Pinned registration emulates ib_umem_get: it accounts against RLIMIT_MEMLOCK, pins
 // with mlock (which faults every page in) and records every page's frame in the MR's
