@@ -258,3 +258,58 @@ func TestGoBackBoundedByTheLink(t *testing.T) {
 	t.Logf("go-back: %d packets with the link model (bound %d, link held %d B of %d), %d without", withLink, bound, held, limit, without)
 	assert.Greater(t, without, uint64(bound), "without the link model the requester goes back further")
 }
+
+// A network page fault holds up only the QP whose message met it: another QP of the
+// same devices goes on meanwhile, and two QPs' faults are resolved at once, not one
+// after the other (mlx5 queues page faults per QP on one EQ and resolves them in a
+// work queue).
+func TestFaultsDoNotSerialiseQPs(t *testing.T) {
+	fault := FaultModel{Name: "slow", PerFault: 300 * time.Millisecond}
+	a, b := pair(t, Config{FaultModel: fault, FaultAround: 1})
+	scq2, err := a.dev.CreateCQ(ps)
+	require.NoError(t, err)
+	qa, err := a.pd.CreateQP(QPConfig{SendCQ: scq2, RecvCQ: scq2})
+	require.NoError(t, err)
+	qb, err := b.pd.CreateQP(QPConfig{SendCQ: b.scq, RecvCQ: b.rcq})
+	require.NoError(t, err)
+	if wireUDP() {
+		connectUDP(t, qa, qb, UDPConfig{Addr: addrA}, UDPConfig{Addr: addrB})
+	} else {
+		require.NoError(t, ConnectLoopback(qa, qb))
+	}
+	_, smr := a.region(t, 4*ps, rw)
+	_, cold1 := b.region(t, 4*ps, rw|AccessOnDemand)
+	_, cold2 := b.region(t, 4*ps, rw|AccessOnDemand)
+	_, pinned := b.region(t, 4*ps, rw)
+	for _, q := range []*QP{a.qp, qa} { // RNR NAKs while the fault runs, never exhausted
+		require.NoError(t, q.ModifyAttr(QPAttr{RNRRetry: 7}, AttrRNRRetry))
+	}
+
+	// QP 1 meets a fault; QP 2's WRITE to pinned memory completes first.
+	t0 := time.Now()
+	require.NoError(t, a.qp.PostSend(write(smr, 0, ps, cold1, 0)))
+	require.NoError(t, qa.PostSend(write(smr, 0, ps, pinned, 0)))
+	wc := wait(t, scq2)
+	require.Equal(t, WCSuccess, wc.Status, wc.Detail)
+	var n int
+	n, err = a.scq.Poll(make([]WC, 1))
+	require.NoError(t, err)
+	assert.Zero(t, n, "QP 1 still waits for its fault when QP 2 is done")
+	wc = wait(t, a.scq)
+	require.Equal(t, WCSuccess, wc.Status, wc.Detail)
+	assert.GreaterOrEqual(t, time.Since(t0), fault.PerFault)
+
+	// Both QPs meet a fault: resolved side by side, in well under two faults' time.
+	t0 = time.Now()
+	require.NoError(t, a.qp.PostSend(write(smr, 0, ps, cold2, 0)))
+	require.NoError(t, qa.PostSend(write(smr, 0, ps, cold1, 2*up)))
+	for _, cq := range []*CQ{a.scq, scq2} {
+		wc := wait(t, cq)
+		require.Equal(t, WCSuccess, wc.Status, wc.Detail)
+	}
+	took := time.Since(t0)
+	assert.GreaterOrEqual(t, took, fault.PerFault)
+	assert.Less(t, took, 2*fault.PerFault-fault.PerFault/4, "the two faults ran at once")
+	require.NoError(t, qa.Destroy())
+	require.NoError(t, qb.Destroy())
+}
