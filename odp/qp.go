@@ -339,17 +339,11 @@ var LoopbackLimits = roce.Limits{MTU: 4096, MaxMessage: maxMsg}
 // by reference, and the receiving NIC copies each payload from the sender's memory
 // into its own, once. Between devices that do not share an address space (their
 // DMA gates differ) payloads are copied as they are sent.
-func ConnectLoopback(a, b *QP) error {
-	pa, pb, err := roce.NewPipe(LoopbackLimits, roce.PipeConfig{AB: a.dev.cfg.Link.wire(), BA: b.dev.cfg.Link.wire(),
-		Copy: a.dev.as != b.dev.as})
-	if err != nil {
-		return err
-	}
-	return ConnectPorts(a, b, pa, pb)
-}
+func ConnectLoopback(a, b *QP) error { return ConnectLoopbackLoss(a, b, roce.Loss{}) }
 
 // ConnectLoopbackLoss is ConnectLoopback with faults injected into what each side
-// sends: runs are then single packets, copied as they are sent.
+// sends (none for the zero Loss): runs are then single packets, copied as they are
+// sent.
 func ConnectLoopbackLoss(a, b *QP, loss roce.Loss) error {
 	pa, pb, err := roce.NewPipe(LoopbackLimits, roce.PipeConfig{AB: a.dev.cfg.Link.wire(), BA: b.dev.cfg.Link.wire(),
 		Copy: a.dev.as != b.dev.as, Loss: loss})

@@ -91,10 +91,7 @@ func (p Params) loss() roce.Loss { return roce.Loss{Seed: p.Seed, Drop: p.Loss} 
 // connect connects two sides' QPs in one process, each sending on its device's
 // link, with p's loss.
 func connect(p Params, client, server *odp.QP) error {
-	if p.Loss > 0 {
-		return odp.ConnectLoopbackLoss(client, server, p.loss())
-	}
-	return odp.ConnectLoopback(client, server)
+	return odp.ConnectLoopbackLoss(client, server, p.loss())
 }
 
 func (p *Params) defaults() error {

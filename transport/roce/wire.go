@@ -114,12 +114,8 @@ func (m LinkModel) Describe(mtu int) string {
 	if m.Rate > 0 {
 		rate = fmt.Sprintf("%g Gb/s", m.Rate/1e9)
 	}
-	q := m.queue(mtu)
-	b := m.Buffer
-	if b <= 0 {
-		b = q
-	}
-	return fmt.Sprintf("%s, %v one way, a %d-byte transmit queue, a %d-byte receive buffer (BDP %d bytes)", rate, m.Delay, q, b, m.BDP())
+	return fmt.Sprintf("%s, %v one way, a %d-byte transmit queue, a %d-byte receive buffer (BDP %d bytes)", rate, m.Delay,
+		m.queue(mtu), m.buffer(mtu), m.BDP())
 }
 
 func (m LinkModel) queue(mtu int) int {
@@ -127,6 +123,14 @@ func (m LinkModel) queue(mtu int) int {
 		return m.Queue
 	}
 	return m.DefaultQueue(mtu)
+}
+
+// buffer is the receive buffer: Buffer, or the queue's size.
+func (m LinkModel) buffer(mtu int) int {
+	if m.Buffer > 0 {
+		return m.Buffer
+	}
+	return m.queue(mtu)
 }
 
 // Limit bounds the bytes a link holds (sent and not taken by the receiver): the
@@ -137,11 +141,7 @@ func (m LinkModel) Limit(mtu int) int {
 	if q == 0 {
 		return 0
 	}
-	b := m.Buffer
-	if b <= 0 {
-		b = q
-	}
-	return q + m.BDP()/2 + b
+	return q + m.BDP()/2 + m.buffer(mtu)
 }
 
 // Ethernet framing around every RoCEv2 packet on the wire: preamble and gap (20),
@@ -204,15 +204,13 @@ func NewPipe(lim Limits, cfg PipeConfig) (Port, Port, error) {
 	if !ValidMTU(lim.MTU) || lim.MaxMessage == 0 {
 		return nil, nil, fmt.Errorf("roce: limits %+v: a path MTU of 256..4096 and a largest message", lim)
 	}
-	for _, m := range []LinkModel{cfg.AB, cfg.BA} {
-		if m.Rate < 0 || m.Delay < 0 || m.Queue < 0 || m.Buffer < 0 {
-			return nil, nil, fmt.Errorf("roce: link model %+v", m)
-		}
-	}
 	if cfg.MaxRun <= 0 {
 		cfg.MaxRun = 64
 	}
 	for _, m := range []LinkModel{cfg.AB, cfg.BA} {
+		if m.Rate < 0 || m.Delay < 0 || m.Queue < 0 || m.Buffer < 0 {
+			return nil, nil, fmt.Errorf("roce: link model %+v", m)
+		}
 		if q := m.queue(lim.MTU); q > 0 { // two runs fit the queue, and pipeline
 			cfg.MaxRun = max(1, min(cfg.MaxRun, q/2/WirePacket(lim.MTU)))
 		}
@@ -434,11 +432,7 @@ func (e *pipeEnd) Send(segs []Segment, now time.Time) (int, error) {
 			tail = d.r.tail.Load()
 			continue
 		}
-		d.r.slots[tail%ringSize] = slot{seg: *s, due: d.leave(t, bytes) + d.delay, bytes: bytes}
-		tail++
-		if s.fences() {
-			d.fence.Store(tail)
-		}
+		tail = d.put(tail, s, t, bytes)
 		pending += bytes
 		packets += s.Count
 	}
@@ -539,16 +533,24 @@ func (d *direction) drop() {
 	}
 }
 
-// enqueue puts a run on the link at time t, published at once (the injector's
-// path): it leaves when the link is free and its last bit is out, and arrives the
-// delay after.
-func (d *direction) enqueue(s Segment, t int64, bytes int) {
-	tail := d.r.tail.Load()
-	d.r.slots[tail%ringSize] = slot{seg: s, due: d.leave(t, bytes) + d.delay, bytes: bytes}
+// put writes a run sent at t into the ring's slot tail, not yet published: it
+// leaves when the link is free and its last bit is out, and arrives the delay
+// after. A NAK that asks the receiver to send again fences it (nakArrived). It
+// returns the next slot.
+func (d *direction) put(tail uint64, s *Segment, t int64, bytes int) uint64 {
+	d.r.slots[tail%ringSize] = slot{seg: *s, due: d.leave(t, bytes) + d.delay, bytes: bytes}
 	tail++
 	if s.fences() {
 		d.fence.Store(tail)
 	}
+	return tail
+}
+
+// enqueue puts a run on the link at time t, published at once (the injector's
+// path): it leaves when the link is free and its last bit is out, and arrives the
+// delay after.
+func (d *direction) enqueue(s Segment, t int64, bytes int) {
+	tail := d.put(d.r.tail.Load(), &s, t, bytes)
 	pending, packets := bytes, s.Count
 	d.publish(&tail, &pending, &packets)
 }

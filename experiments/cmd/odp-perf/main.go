@@ -271,7 +271,7 @@ func bw(test string, args []string, stdout, stderr io.Writer) error {
 				if !*asJSON {
 					printRounds(stdout, rounds, link)
 				}
-				if _, m, _ := rounds.quartiles(func(x round) float64 { return x.r.AvgMiBps / x.floor }); m < *minMemcpy {
+				if _, m, _ := rounds.quartiles(round.memcpyRatio); m < *minMemcpy {
 					err = fmt.Errorf("%d-byte messages: BW/memcpy %.3f is below --min-memcpy-ratio %.3g", s, m, *minMemcpy)
 				}
 			}
@@ -391,6 +391,9 @@ type round struct {
 
 type rounds []round
 
+// memcpyRatio is the round's bandwidth over its memcpy floor.
+func (x round) memcpyRatio() float64 { return x.r.AvgMiBps / x.floor }
+
 // runRounds runs p n times, each run followed by its memcpy floor of the same bytes
 // and strides (depth slots).
 func runRounds(p perf.Params, n, depth int) (rounds, error) {
@@ -438,11 +441,11 @@ func lineRate(gbps float64, size int) float64 {
 // ratios, and with several rounds their quartiles on a comment line.
 func printRounds(w io.Writer, rs rounds, link odp.LinkModel) {
 	r := rs.median()
-	_, bw, _ := rs.quartiles(func(x round) float64 { return x.r.AvgMiBps })
+	b1, bw, b3 := rs.quartiles(func(x round) float64 { return x.r.AvgMiBps })
 	_, peak, _ := rs.quartiles(func(x round) float64 { return x.r.PeakMiBps })
-	_, mpps, _ := rs.quartiles(func(x round) float64 { return x.r.MsgRateMpps })
+	p1, mpps, p3 := rs.quartiles(func(x round) float64 { return x.r.MsgRateMpps })
 	_, floor, _ := rs.quartiles(func(x round) float64 { return x.floor })
-	m1, m, m3 := rs.quartiles(func(x round) float64 { return x.r.AvgMiBps / x.floor })
+	m1, m, m3 := rs.quartiles(round.memcpyRatio)
 	fmt.Fprintf(w, " %-10d %-12d %-18.2f %-21.2f %-15.6f %-18.2f %-10.3f", r.Bytes, r.Iters, peak, bw, mpps, floor, m)
 	line := 0.0
 	if link.RateGbps > 0 {
@@ -451,8 +454,6 @@ func printRounds(w io.Writer, rs rounds, link odp.LinkModel) {
 	}
 	fmt.Fprintln(w)
 	if len(rs) > 1 {
-		b1, _, b3 := rs.quartiles(func(x round) float64 { return x.r.AvgMiBps })
-		p1, _, p3 := rs.quartiles(func(x round) float64 { return x.r.MsgRateMpps })
 		fmt.Fprintf(w, "# %d rounds, quartiles: BW %.2f..%.2f MiB/s, %.3f..%.3f Mpps, BW/memcpy %.3f..%.3f (median %.3f)",
 			len(rs), b1, b3, p1, p3, m1, m3, m)
 		if line > 0 {
