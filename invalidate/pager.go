@@ -23,6 +23,13 @@ import (
 // faults after it; the CPU fault server then takes the page back from the bounce page
 // or restores it from the store, without waiting for Go. See ODP_PAGE_* in
 // pagefault/cpuserver.h for the page states.
+//
+// Under a budget the pager is one of two reclaimers. It reclaims in the background
+// (kswapd's role) and directly from the NIC's fault path; the CPU fault server
+// reclaims directly before it installs past the budget (pagefault.CPUServer.SetBudget),
+// since the application's threads it serves may hold every P. They share the resident
+// estimate (kept by the server), the reference bits and the store, whose writes and
+// punches both order under the server's store lock.
 type Pager struct {
 	uffd     *pagefault.FD
 	srv      *pagefault.CPUServer
@@ -36,15 +43,10 @@ type Pager struct {
 	regions []*Region    // sorted by base
 	nextOff int64
 
-	reclaimMu sync.Mutex // one reclaimer at a time; protects hand, scratch and Region.ref
-	scratch   []byte     // one page: an evicted page's content on its way to the store
-	hand      struct{ region, page int }
-	sweep     int64 // present pages seen in the current sweep
-
-	resident  atomic.Int64 // estimate of present pages in paged regions
-	installed atomic.Int64 // pages the CPU fault server installed so far (faults and install requests)
-	sweepFrom int64        // installed when the current sweep began; reclaimMu
-	lastCPU   atomic.Uint64
+	reclaimMu   sync.Mutex // one reclaimer at a time; protects hand, scratch and Region.ref
+	scratch     []byte     // one page: an evicted page's content on its way to the store
+	hand        struct{ region, page int }
+	allEligible bool // no Eligible function: every page may be evicted
 
 	evictions, writtenBack, migrations, aborts, restores atomic.Uint64
 	directReclaims, directMaxChunks                      atomic.Uint64
@@ -73,12 +75,11 @@ func NewPager(uffd *pagefault.FD, srv *pagefault.CPUServer, reg *Registry, pm *p
 		budget: cfg.Budget / int64(pagefault.PageSize), scratch: make([]byte, pagefault.PageSize)}
 	if p.eligible == nil {
 		p.eligible = func(uintptr, uintptr) bool { return true }
+		p.allEligible = true
 	}
 	// A pager is made on a running server (its owner stops it only after the pager).
 	_ = srv.SetStore(store.Fd())
-	if st, err := srv.Stats(); err == nil {
-		p.lastCPU.Store(st.Pages)
-	}
+	_ = srv.SetBudget(p.budget) // the server's direct reclaim bounds CPU faults too
 	if p.budget > 0 {
 		p.stop, p.done = make(chan struct{}), make(chan struct{})
 		go p.background()
@@ -123,7 +124,6 @@ type Region struct {
 	stash    []byte // bounce pages, registered on the userfaultfd
 	pr       *pagefault.PagedRegion
 	storeOff int64
-	ref      []atomic.Bool // CLOCK reference bits: set by Touch, cleared by the hand
 }
 
 // AddRegion makes mem (page aligned, from mmap) a paged region.
@@ -139,11 +139,14 @@ func (p *Pager) AddRegion(mem []byte) (*Region, error) {
 	}
 	p.rmu.Lock()
 	defer p.rmu.Unlock()
-	r := &Region{p: p, base: addrOf(mem), npages: len(mem) / ps, stash: stash, storeOff: p.nextOff, ref: make([]atomic.Bool, len(mem)/ps)}
+	r := &Region{p: p, base: addrOf(mem), npages: len(mem) / ps, stash: stash, storeOff: p.nextOff}
 	if r.pr, err = p.srv.AddRegion(r.base, r.npages, addrOf(stash), r.storeOff); err != nil {
 		_ = p.uffd.Unregister(addrOf(stash), uintptr(len(stash))) // registered just above
 		_ = unix.Munmap(stash)                                    // our own fresh mapping
 		return nil, err
+	}
+	if p.allEligible {
+		_ = r.pr.SetEvictable(0, r.npages, true) // a region of the running server
 	}
 	p.nextOff += int64(len(mem))
 	i := sort.Search(len(p.regions), func(i int) bool { return p.regions[i].base > r.base })
@@ -169,6 +172,13 @@ func (r *Region) Remove() error {
 	}
 	p.hand.region, p.hand.page = 0, 0
 	p.rmu.Unlock()
+	// Its pages leave the estimate (they are unmapped next, or were already).
+	var present int64
+	_ = p.pm.PresentRuns(r.base, r.page(r.npages), func(lo, hi uintptr) error {
+		present += int64((hi - lo) / pagefault.PageSize)
+		return nil
+	})
+	_ = p.srv.AddResident(-present)
 	uerr := p.uffd.Unregister(addrOf(r.stash), uintptr(len(r.stash)))
 	rerr := r.pr.Remove()
 	merr := unix.Munmap(r.stash)
@@ -201,9 +211,10 @@ func (r *Region) bounce(i int) uintptr {
 func (r *Region) storeAt(i int) int64 { return r.storeOff + int64(i)*int64(pagefault.PageSize) }
 
 // punchLocked drops the store's copies that the fault server no longer needs, as far
-// as their pages are not STORED again. The evictor is the store's only writer, and
-// reclaimMu makes it one at a time: with reclaimMu held no page can become STORED
-// under the check. Called with reclaimMu held.
+// as their pages are not STORED again. Two evictors write the store: this pager, one
+// at a time under reclaimMu, and the server's direct reclaim, under the server's store
+// lock, which PunchUnlessStored takes: no page becomes STORED between the check and
+// the punch. Called with reclaimMu held.
 func (p *Pager) punchLocked() {
 	var offs [256]int64
 	for {
@@ -215,9 +226,7 @@ func (p *Pager) punchLocked() {
 		for _, off := range offs[:n] {
 			for _, r := range p.regions {
 				if off >= r.storeOff && off < r.storeOff+int64(r.npages)*int64(pagefault.PageSize) {
-					if i := int((off - r.storeOff) / int64(pagefault.PageSize)); r.pr.State(i) != pagefault.PageStored {
-						p.store.Punch(off, int64(pagefault.PageSize))
-					}
+					r.pr.PunchUnlessStored(int((off-r.storeOff)/int64(pagefault.PageSize)), off)
 					break
 				}
 			}
@@ -231,8 +240,7 @@ func (p *Pager) punchLocked() {
 func (p *Pager) installedLocked(addr uintptr, npages int) {
 	for k := 0; k < npages; k++ {
 		r, i := p.lookup(addr + uintptr(k)*pagefault.PageSize)
-		if r != nil && r.pr.CompareAndSwap(i, pagefault.PageStored, pagefault.PageNone) {
-			p.store.Punch(r.storeAt(i), int64(pagefault.PageSize))
+		if r != nil && r.pr.Unstore(i, r.storeAt(i)) {
 			p.restores.Add(1)
 		}
 	}
@@ -246,9 +254,20 @@ func (p *Pager) Touch(addr uintptr, n int) {
 		return
 	}
 	for k := i; k < min(i+n, r.npages); k++ {
-		if !r.ref[k].Load() {
-			r.ref[k].Store(true)
-		}
+		r.pr.Touch(k)
+	}
+}
+
+// Unhold ends the holds that installs for the NIC put on n pages from the page
+// holding addr (see pagefault.PagedRegion.Unhold): the NIC's fault has mapped them,
+// or given up. The pages must lie in one region.
+func (p *Pager) Unhold(addr uintptr, n int) {
+	r, i := p.lookup(addr)
+	if r == nil {
+		return
+	}
+	for k := i; k < min(i+n, r.npages); k++ {
+		r.pr.Unhold(k)
 	}
 }
 
@@ -258,34 +277,25 @@ func (p *Pager) Over(slack int) bool {
 	if p.budget == 0 {
 		return false
 	}
-	p.refresh()
-	return p.resident.Load() > p.budget+int64(slack)
+	return p.resident() > p.budget+int64(slack)
 }
 
-// refresh adds the pages the fault server installed since the last look (faults,
-// restores, install requests) to the estimate.
-func (p *Pager) refresh() {
-	st, err := p.srv.Stats()
+// resident is the estimate of present pages in paged regions, which the fault server
+// keeps: it counts its own installs and evictions, and the pager's through AddResident.
+func (p *Pager) resident() int64 {
+	n, err := p.srv.Resident()
 	if err != nil {
-		return // stopped: nothing is installed any more
+		return 0 // stopped: nothing is installed any more
 	}
-	cpu := st.Pages
-	if last := p.lastCPU.Swap(cpu); cpu > last {
-		p.resident.Add(int64(cpu - last))
-		p.installed.Add(int64(cpu - last))
-	}
+	return n
 }
 
 // recountLocked replaces the estimate with the kernel's count of present pages in the
 // paged regions (PAGEMAP_SCAN walks page tables and returns runs, so it costs what
-// the present pages cost, not the regions' size). Installs the server counts from
-// here on are added by refresh; one counted twice only overestimates. Called with
+// the present pages cost, not the regions' size). An install the server counts during
+// the scan may be lost or counted twice; the next recount corrects it. Called with
 // reclaimMu held; if the scan fails the estimate stays as it was.
 func (p *Pager) recountLocked() {
-	st, err := p.srv.Stats()
-	if err != nil {
-		return
-	}
 	p.rmu.RLock()
 	defer p.rmu.RUnlock()
 	var n int64
@@ -298,8 +308,7 @@ func (p *Pager) recountLocked() {
 			return
 		}
 	}
-	p.lastCPU.Store(st.Pages)
-	p.resident.Store(n)
+	_ = p.srv.SetResident(n)
 }
 
 // MaxDirectChunks bounds the chunks of 256 pages one direct reclaim scans. A fault
@@ -346,7 +355,7 @@ func (p *Pager) reclaimLocked(limit int) int {
 			p.directMaxChunks.Store(uint64(scanned)) // reclaimMu makes this the only writer
 		}
 	}()
-	for p.resident.Load() > target && (limit == 0 || scanned < limit) {
+	for p.resident() > target && (limit == 0 || scanned < limit) {
 		scanned++
 		p.rmu.RLock()
 		if len(p.regions) == 0 {
@@ -364,13 +373,10 @@ func (p *Pager) reclaimLocked(limit int) int {
 		}
 		sweepEnds := p.hand.region >= len(p.regions) // regions change under rmu (AddRegion)
 		p.rmu.RUnlock()
-		got, present := p.evictChunk(r, first, entries[:n], true)
+		got, _ := p.evictChunk(r, first, entries[:n], true)
 		evicted += got
-		p.sweep += int64(present)
-		p.refresh() // what the fault server installed meanwhile (CPU faults, restores)
 		if sweepEnds {
 			p.recountLocked() // a sweep ended: start the next from the kernel's count
-			p.sweep, p.sweepFrom = 0, p.installed.Load()
 		}
 		if got == 0 {
 			if idle++; idle > 4*p.totalChunks(chunk) {
@@ -409,7 +415,7 @@ func (p *Pager) evictChunk(r *Region, first int, entries []pagefault.PagemapEntr
 			continue
 		}
 		present++
-		if clock && r.ref[i].Swap(false) {
+		if clock && r.pr.TakeReference(i) {
 			continue // second chance
 		}
 		if r.pr.State(i) == pagefault.PageNone {
@@ -431,7 +437,7 @@ func (p *Pager) evictChunk(r *Region, first int, entries []pagefault.PagemapEntr
 		return 0, present
 	}
 	done := p.change(r, lo, hi, ReasonEvict, victims, p.evictLocked)
-	p.resident.Add(-int64(done))
+	_ = p.srv.AddResident(-int64(done))
 	return done, present - done
 }
 
@@ -476,8 +482,10 @@ func (p *Pager) evictLocked(r *Region, i int) bool {
 	// server, which may itself be waiting for that lock (punching a restored page
 	// out of the store). A copy in user mode faults without holding any lock.
 	copy(p.scratch, r.stash[i*int(ps):(i+1)*int(ps)])
-	werr := p.store.WriteAt(p.scratch, r.storeAt(i))
-	if werr == nil && r.pr.CompareAndSwap(i, pagefault.PageEvicting, pagefault.PageStored) {
+	// Written under the server's store lock, and only while the claim holds: a fault
+	// may have taken the page back, and the server's direct reclaim evicted it again
+	// (its own copy in the store, which this one must not overwrite).
+	if stored, _ := r.pr.StoreEvicted(i, r.storeAt(i), p.scratch); stored {
 		p.evictions.Add(1)
 		p.writtenBack.Add(uint64(ps))
 		return true
@@ -590,6 +598,22 @@ func (p *Pager) dropBounces(r *Region, idx []int) {
 	}
 }
 
+// SetEvictable says whether the fault server's direct reclaim may evict the paged
+// pages of [start, end) (see pagefault.PagedRegion.SetEvictable); unpaged memory is
+// skipped. The pager's own reclaim asks its Eligible function instead.
+func (p *Pager) SetEvictable(start, end uintptr, on bool) {
+	p.rmu.RLock()
+	defer p.rmu.RUnlock()
+	for _, r := range p.regions {
+		lo, hi := max(start, r.base), min(end, r.page(r.npages))
+		if lo < hi {
+			first := int((lo - r.base) / pagefault.PageSize)
+			last := int((hi - r.base + pagefault.PageSize - 1) / pagefault.PageSize)
+			_ = r.pr.SetEvictable(first, last-first, on) // in range; stopped: nothing evicts
+		}
+	}
+}
+
 // Exclusive runs fn with reclaim held off. Lock order: the reclaim lock comes before
 // the registry, so fn may call Registry.Invalidate.
 func (p *Pager) Exclusive(fn func() error) error {
@@ -684,6 +708,7 @@ func (p *Pager) Restore(start, end uintptr) error {
 			}
 			if c, _ := again(func() (uintptr, error) { return p.uffd.Copy(r.page(i), addrOf(buf), pagefault.PageSize, false) }); c > 0 {
 				got++
+				_ = p.srv.AddResident(1)
 			}
 			p.installedLocked(r.page(i), 1)
 		}
@@ -700,9 +725,7 @@ func (p *Pager) Restore(start, end uintptr) error {
 func (p *Pager) DiscardedLocked(start, end uintptr) {
 	_, _ = p.each(start, end, func(r *Region, first, n int) int { // unpaged memory has nothing stored
 		for i := first; i < first+n; i++ {
-			if r.pr.CompareAndSwap(i, pagefault.PageStored, pagefault.PageNone) {
-				p.store.Punch(r.storeAt(i), int64(pagefault.PageSize))
-			}
+			r.pr.Unstore(i, r.storeAt(i))
 		}
 		return 0
 	})
@@ -733,7 +756,7 @@ func (p *Pager) each(start, end uintptr, fn func(r *Region, first, n int) int) (
 
 // PagerStats count what a pager did.
 type PagerStats struct {
-	Evictions   uint64 // pages written to the store
+	Evictions   uint64 // pages written to the store (by the pager and by the server)
 	WrittenBack uint64 // bytes written to the store
 	Migrations  uint64 // pages moved to new frames
 	Aborts      uint64 // evictions abandoned because the page was faulted meanwhile
@@ -742,11 +765,21 @@ type PagerStats struct {
 	// DirectReclaims counts reclaims run from fault paths; DirectMaxChunks is the most
 	// chunks one of them scanned (at most MaxDirectChunks).
 	DirectReclaims, DirectMaxChunks uint64
+	// ServerEvictions counts the evictions (of Evictions) that the CPU fault server
+	// made before it installed pages past the budget; Overshoot the pages it installed
+	// past the budget all the same, finding nothing to evict in time.
+	ServerEvictions, Overshoot uint64
 }
 
 // Stats returns the counters.
 func (p *Pager) Stats() PagerStats {
-	return PagerStats{Evictions: p.evictions.Load(), WrittenBack: p.writtenBack.Load(), Migrations: p.migrations.Load(),
-		Aborts: p.aborts.Load(), Restores: p.restores.Load(), Resident: p.resident.Load(),
+	st := PagerStats{Evictions: p.evictions.Load(), WrittenBack: p.writtenBack.Load(), Migrations: p.migrations.Load(),
+		Aborts: p.aborts.Load(), Restores: p.restores.Load(), Resident: p.resident(),
 		DirectReclaims: p.directReclaims.Load(), DirectMaxChunks: p.directMaxChunks.Load()}
+	if cs, err := p.srv.Stats(); err == nil {
+		st.ServerEvictions, st.Overshoot = cs.Evicted, cs.Overshoot
+		st.Evictions += cs.Evicted
+		st.WrittenBack += cs.Evicted * uint64(pagefault.PageSize)
+	}
+	return st
 }

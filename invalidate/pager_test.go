@@ -24,6 +24,7 @@ type pagerEnv struct {
 	reg   *Registry
 	res   *pagefault.Resolver
 	store *Store
+	pump  *Pump
 }
 
 func newPagerEnv(t *testing.T, npages int, budget int64) *pagerEnv {
@@ -53,6 +54,7 @@ func newPagerEnv(t *testing.T, npages int, budget int64) *pagerEnv {
 	require.NoError(t, err)
 	pump, err := StartPump(e.srv, e.reg, false) // the stash's REMOVE events must be read
 	require.NoError(t, err)
+	e.pump = pump
 	e.res, err = pagefault.NewResolver(e.u, e.pm, nil)
 	require.NoError(t, err)
 	t.Cleanup(func() {
@@ -194,6 +196,8 @@ func TestReclaimKeepsBudget(t *testing.T) {
 	const npages, budget = 2048, 512
 	e := newPagerEnv(t, npages, int64(budget*ps))
 	e.pager.Close() // no background reclaim: this test calls Reclaim itself
+	// Nor the server's direct reclaim, which would keep these faults within budget.
+	require.NoError(t, e.srv.SetBudget(0))
 	for p := 0; p < npages; p++ {
 		e.mem[p*ps] = byte(p)
 	}
@@ -288,7 +292,10 @@ func TestRestoredCopiesArePunchedByTheEvictor(t *testing.T) {
 func TestDirectReclaimIsBounded(t *testing.T) {
 	const npages, budget = 64 * 256, 512
 	e := newPagerEnv(t, npages, budget*int64(ps))
-	e.pager.Close() // no background reclaim: this test runs both kinds itself
+	// No background reclaim: this test runs both kinds itself. Nor the server's
+	// direct reclaim: the pages must go over the budget.
+	e.pager.Close()
+	require.NoError(t, e.srv.SetBudget(0))
 	for p := 0; p < npages; p++ {
 		e.mem[p*ps] = 1
 	}
@@ -302,4 +309,48 @@ func TestDirectReclaimIsBounded(t *testing.T) {
 	assert.Greater(t, e.present(t), budget, "one bounded pass cannot evict everything")
 	e.pager.Reclaim()
 	assert.LessOrEqual(t, e.present(t), budget)
+}
+
+// The CPU fault server's direct reclaim keeps the application's own faults within the
+// budget, with no Go reclaimer running: before each install that would go past it,
+// the server evicts a batch to the store and tells the NIC with an EventEvict. Every
+// page reads back, and the estimate is the kernel's count.
+func TestServerReclaimBoundsCPUFaults(t *testing.T) {
+	const npages, budget = 2048, 256
+	e := newPagerEnv(t, npages, budget*int64(ps))
+	e.pager.Close() // no background reclaim
+	rec := &recorder{}
+	sub := e.reg.Insert(addrOf(e.mem), addrOf(e.mem)+uintptr(len(e.mem)), rec)
+	defer sub.Remove()
+	peak := 0
+	for p := 0; p < npages; p++ {
+		e.mem[p*ps] = byte(p + 1)
+		if p%64 == 63 {
+			peak = max(peak, e.present(t))
+		}
+	}
+	for p := 0; p < npages; p++ {
+		require.EqualValues(t, byte(p+1), e.mem[p*ps], "page %d", p)
+		if p%64 == 63 {
+			peak = max(peak, e.present(t))
+		}
+	}
+	st := e.pager.Stats()
+	t.Logf("peak %d pages present of a %d-page budget; server evictions %d, overshoot %d", peak, budget, st.ServerEvictions, st.Overshoot)
+	assert.LessOrEqual(t, peak, budget)
+	assert.Zero(t, st.Overshoot)
+	assert.GreaterOrEqual(t, st.ServerEvictions, uint64(2*npages-budget))
+	assert.EqualValues(t, e.present(t), st.Resident, "estimate vs pagemap")
+	// Every page the server evicted was invalidated for the NIC, by an EventEvict.
+	require.NoError(t, e.pump.Sync())
+	var invalidated uint64
+	rec.mu.Lock()
+	for k, r := range rec.got {
+		if rec.why[k] == ReasonEvict {
+			invalidated += uint64((r.End - r.Start) / pz)
+		}
+	}
+	rec.mu.Unlock()
+	assert.EqualValues(t, st.ServerEvictions, invalidated)
+	assert.NotZero(t, e.pump.Stats().Evicts)
 }

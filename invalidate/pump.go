@@ -27,6 +27,7 @@ type PumpStats struct {
 	Unmaps  uint64
 	Remaps  uint64
 	Forks   uint64
+	Evicts  uint64        // the fault server's own evictions (pagefault.EventEvict)
 	Ignored uint64        // events dropped because invalidation is disabled
 	Latency time.Duration // sum, from the server reading an event to its invalidation done
 	MaxLat  time.Duration
@@ -153,6 +154,11 @@ func (p *Pump) apply(msgs []pagefault.Msg) {
 			// The MR keeps its virtual range: the pages left it.
 			r, why = Range{uintptr(m.From), uintptr(m.From + m.Len)}, ReasonRemap
 			st.Remaps++
+		case pagefault.EventEvict:
+			// The server evicted the pages before it queued the event; no DMA has
+			// trusted their translations since (the gate), and none may now.
+			r, why = Range{uintptr(m.Start), uintptr(m.End)}, ReasonEvict
+			st.Evicts++
 		case pagefault.EventFork:
 			// The kernel write-protected every private page for COW: the NIC's
 			// translations must go, so that its next write faults onto the copy.
@@ -188,6 +194,7 @@ func (p *Pump) apply(msgs []pagefault.Msg) {
 	s.Unmaps += st.Unmaps
 	s.Remaps += st.Remaps
 	s.Forks += st.Forks
+	s.Evicts += st.Evicts
 	s.Ignored += st.Ignored
 	s.Latency += st.Latency
 	s.MaxLat = max(s.MaxLat, st.MaxLat)

@@ -36,14 +36,9 @@ func NewFileStore(path string) (*Store, error) {
 	return &Store{f: f}, nil
 }
 
-// Fd is the store's descriptor (for the CPU fault server).
+// Fd is the store's descriptor (for the CPU fault server, which writes evicted pages
+// to it, the pager's as well as its own, under its store lock).
 func (s *Store) Fd() int { return int(s.f.Fd()) }
-
-// WriteAt writes b at off.
-func (s *Store) WriteAt(b []byte, off int64) error {
-	_, err := s.f.WriteAt(b, off)
-	return err
-}
 
 // ReadAt reads len(b) bytes at off; holes read as zeros.
 func (s *Store) ReadAt(b []byte, off int64) error {

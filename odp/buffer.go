@@ -122,6 +122,7 @@ func (d *Device) addBuffer(mem []byte) ([]*MR, error) {
 		b.paged = r
 	}
 	s.buffers = insertSorted(s.buffers, b)
+	s.syncEvictableLocked()
 	return append([]*MR(nil), s.implicitMRs...), nil
 }
 

@@ -98,6 +98,9 @@ func TestHWCountersMatchStats(t *testing.T) {
 	}
 	close(stop)
 	wg.Wait()
+	// Quiescent once the pump has applied the REMOVE events of the last discards too
+	// (each is one more invalidation, applied after Discard returned).
+	require.NoError(t, b.dev.SyncEvents())
 
 	got := map[string]uint64{}
 	for name := range want {

@@ -43,7 +43,9 @@
 // while a table lock is taken. Leaf locks, under which nothing else is taken: pagefault.CPUServer's,
 // invalidate.Pump's, the work queues' (internal/fifo). No lock is held across a DMA
 // copy, and no goroutine holds a lock while it waits for the C fault server except
-// through ioctls that return EAGAIN. Functions named ...Locked say which lock they need.
+// through ioctls that return EAGAIN, and through the server's own mutexes (region
+// slots, evictable flags, the store), which only C code holds, for a bounded time.
+// Functions named ...Locked say which lock they need.
 //
 // A connected QP's engine (engine.go) is one goroutine that owns the QP's RC state
 // machines, its send queue from the processing cursor on and the runs on its
@@ -98,10 +100,14 @@ type Config struct {
 	// counts its DMAs through them. Do not munmap registered memory with it set: the
 	// NIC would write into whatever the process maps at that address next.
 	NoInvalidate bool
-	// ResidentBudget bounds, in bytes, the resident pages of ODP memory: beyond it the
-	// device evicts pages (CLOCK over the NIC's access bits) to its backing store, and
-	// faults bring them back with their content. Pinned registrations are limited to
-	// the budget too. 0: no budget.
+	// ResidentBudget bounds, in bytes, the resident pages of ODP memory, whoever
+	// touches them: the NIC's faults reclaim first (CLOCK over the NIC's access bits),
+	// the application's CPU faults are served by a fault server that evicts a batch to
+	// the backing store before it installs past the budget, and a background reclaimer
+	// keeps room. Faults bring evicted pages back with their content. The bound holds
+	// for memory an ODP MR registers and no pinned MR locks; the server installs past
+	// it only when it finds nothing evictable in time (Stats.Overshoot). Pinned
+	// registrations are limited to the budget too. 0: no budget.
 	ResidentBudget int64
 	// Paging enables the backing store, Evict and Migrate without a budget.
 	Paging bool

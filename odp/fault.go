@@ -63,6 +63,8 @@ func (mr *MR) faultWindow(lo, hi int, write, presentOnly bool) (int, error) {
 	case d.as.pager != nil:
 		// Paged memory has one installer, the CPU fault server's thread: an
 		// eviction cannot overtake the content it chose. Then only translate.
+		// The server's direct reclaim leaves the pages alone until they are mapped.
+		defer d.as.pager.Unhold(addr, hi-lo)
 		if err = d.as.server.Install(addr, hi-lo); err == nil {
 			err = d.as.resolver.Translate(addr, entries, write)
 		}

@@ -61,6 +61,7 @@ func (pd *PD) RegImplicitMR(access Access) (*MR, error) {
 		}
 	}
 	s.implicitMRs = append(s.implicitMRs, mr)
+	s.syncEvictableLocked()
 	bufs := append([]buffer(nil), s.buffers...)
 	s.mu.Unlock()
 	d.mrs[key>>8] = mr

@@ -27,6 +27,37 @@ func (s *space) evictable(start, end uintptr) bool {
 	return true
 }
 
+// syncEvictableLocked tells the fault server's direct reclaim which pages of the
+// paged buffers it may evict: those evictable would accept (registered for faults by
+// an ODP MR, explicit or implicit; not mlocked by a pinned one). Called with s.mu held,
+// after a range became registered for faults and before one stops being so (the
+// server then no longer evicts there when it returns).
+func (s *space) syncEvictableLocked() {
+	if s.pager == nil {
+		return
+	}
+	for _, b := range s.buffers {
+		if b.paged == nil {
+			continue
+		}
+		whole := interval.Range{Start: b.start, End: b.end}
+		on := []interval.Range{whole}
+		if len(s.implicitMRs) == 0 {
+			on = interval.Uncovered(whole, interval.Uncovered(whole, s.odpRegs))
+		}
+		var evictable []interval.Range
+		for _, r := range on {
+			evictable = append(evictable, interval.Uncovered(r, s.locked)...)
+		}
+		for _, r := range interval.Uncovered(whole, evictable) {
+			s.pager.SetEvictable(r.Start, r.End, false)
+		}
+		for _, r := range evictable {
+			s.pager.SetEvictable(r.Start, r.End, true)
+		}
+	}
+}
+
 // SyncEvents returns once every userfaultfd event raised before the call (by a
 // madvise, munmap or mremap that has returned) has been applied to the NIC's tables.
 func (d *Device) SyncEvents() error { return d.as.pump.Sync() }

@@ -195,6 +195,7 @@ func (mr *MR) Dereg() error {
 		s.mu.Lock()
 		s.locked = removeRange(s.locked, mr.span(end))
 		s.unlockUncoveredLocked(mr.span(end))
+		s.syncEvictableLocked()
 		s.mu.Unlock()
 		d.mu.Lock()
 		d.pinned -= int64(end - mr.base)
@@ -214,6 +215,7 @@ func (mr *MR) Dereg() error {
 	} else {
 		s.odpRegs = removeRange(s.odpRegs, mr.span(end)) // not evictable from here on
 	}
+	s.syncEvictableLocked()
 	var gone []interval.Range
 	for _, b := range s.buffers {
 		if lo, hi := max(b.start, mr.base), min(b.end, end); lo < hi {

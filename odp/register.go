@@ -36,6 +36,7 @@ func (mr *MR) registerODP(end uintptr, npages int) error {
 		return fmt.Errorf("odp: register ODP range: %w", err)
 	}
 	s.odpRegs = append(s.odpRegs, mr.span(end))
+	s.syncEvictableLocked()
 	s.mu.Unlock()
 	key, ok := d.keys.alloc()
 	if !ok {
@@ -212,6 +213,7 @@ func (mr *MR) registerPinned(end uintptr, npages int) error {
 		d.keyed.Store(key>>8, mr)
 		d.as.mu.Lock()
 		d.as.locked = append(d.as.locked, mr.span(end))
+		d.as.syncEvictableLocked()
 		d.as.mu.Unlock()
 	}
 	d.mu.Unlock()
@@ -250,6 +252,7 @@ func (mr *MR) unregister(end uintptr) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	s.odpRegs = removeRange(s.odpRegs, mr.span(end))
+	s.syncEvictableLocked()
 	for _, r := range s.uncoveredLocked(mr.span(end)) {
 		s.downgradeLocked(r)
 	}

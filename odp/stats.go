@@ -72,6 +72,10 @@ type Stats struct {
 	Migrations       uint64 // pages moved to new frames
 	Restores         uint64 // evicted pages brought back (CPU and NIC faults)
 	ResidentPages    int64  // the pager's estimate of resident ODP pages
+	// ServerEvictions counts the evictions (of Evictions) that the CPU fault server
+	// made before installing past the resident budget; Overshoot the pages it had to
+	// install past it all the same, finding nothing to evict in time.
+	ServerEvictions, Overshoot uint64
 }
 
 // FaultPhases split the time of network page faults, summed over faults, as a NIC's
@@ -121,6 +125,7 @@ func (d *Device) Stats() Stats {
 		st.Evictions, st.BytesWrittenBack, st.EvictionAborts = pg.Evictions, pg.WrittenBack, pg.Aborts
 		restored, _ := d.as.server.Restored() // zero after Close
 		st.Migrations, st.Restores, st.ResidentPages = pg.Migrations, pg.Restores+restored, pg.Resident
+		st.ServerEvictions, st.Overshoot = pg.ServerEvictions, pg.Overshoot
 	}
 	return st
 }

@@ -128,6 +128,11 @@ const (
 	EventRemap     Event = 0x14
 	EventRemove    Event = 0x15
 	EventUnmap     Event = 0x16
+
+	// EventEvict is not the kernel's: the CPU fault server queues it when it evicted
+	// [Start, End) of a paged region itself (direct reclaim, CPUServer.SetBudget).
+	// The NIC must drop its translations of the range, as for a REMOVE.
+	EventEvict Event = 0xe0
 )
 
 // Pagefault flags (UFFD_PAGEFAULT_FLAG_*).

@@ -42,6 +42,14 @@ struct uffdio_move {
 
 #define MAX_REGIONS 256
 #define PUNCH_RING 8192
+// Direct reclaim evicts at most this many pages at once (an eighth of the budget, at
+// least one): the scratch area holds as many pages.
+#define EVICT_BATCH 64
+// How long direct reclaim waits for DMA in flight to drain before it gives up: a
+// DMA is one copy of at most 256 KiB (tens of microseconds), unless the goroutine
+// doing it has no P to run on, which waiting longer would not change.
+#define EVICT_DRAIN_NS 50000
+#define EVICT_POLL_NS 10000
 
 // A paged region: memory whose pages the emulator may evict to a store or migrate.
 // state[i] is one of ODP_PAGE_*; bounce + i*ps is page i's private bounce page in a
@@ -50,6 +58,8 @@ struct uffdio_move {
 typedef struct region {
 	uint64_t base, npages, bounce;
 	uint32_t *state;
+	uint32_t *ref;       // reference bits (CLOCK): set by installs and the NIC's accesses
+	uint32_t *evictable; // 1: the server may evict page i (set by Go: odp_fs_set_evictable)
 	uint64_t store_off;
 	int used;
 } region;
@@ -104,6 +114,21 @@ struct odp_fs {
 	uint64_t punch_head, punch_tail; // producer: server thread; consumer: Go
 	uint64_t punch_dropped;          // offsets lost to a full ring (punched with the region)
 
+	// Direct reclaim (see make_room): the resident estimate of paged regions and the
+	// budget, in pages (budget 0: none); both read and written atomically, by Go too.
+	int64_t resident, budget;
+	uint64_t hand_slot, hand_page; // where the next victim search starts
+	uint64_t reclaim_idle;         // installs to let pass before reclaim tries again
+	int pagemap;                   // /proc/self/pagemap, -1 if it cannot be opened
+	char *scratch;                 // EVICT_BATCH pages registered on uffd: evicted pages
+	                               // move here on their way to the store; NULL if unusable
+	char *scratch_map;             // the scratch mapping, unmapped by odp_fs_stop
+	// store_mu orders the store's writes with its punches: the server thread's evictions
+	// (write, then STORED) against Go's punches (state check or STORED->NONE, then
+	// punch). Only threads running C code hold it (Go takes it inside a cgo call), so
+	// the server never waits for a goroutine here.
+	pthread_mutex_t store_mu;
+
 	// Ring of recent faults served, for torn-DMA checks and audits: entry seq%RING
 	// holds fault seq; gate->fault_seq mirrors ring_seq for a check without cgo.
 	uint64_t ring_seq;
@@ -117,6 +142,7 @@ static uint64_t now_ns(void) {
 }
 
 static void add(uint64_t *p, uint64_t v) { __atomic_fetch_add(p, v, __ATOMIC_RELAXED); }
+static int64_t resident_add(odp_fs *fs, int64_t d) { return __atomic_add_fetch(&fs->resident, d, __ATOMIC_SEQ_CST); }
 
 // queue_punch asks the evictor to punch the store page at off.
 static void queue_punch(odp_fs *fs, uint64_t off) {
@@ -279,7 +305,10 @@ static int restore(odp_fs *fs, region *r, uint64_t i, uint64_t page) {
 			return 0;
 		struct uffdio_copy c = {.dst = page, .src = (uint64_t)fs->bounce_buf, .len = (uint64_t)fs->ps,
 		                        .mode = UFFDIO_COPY_MODE_DONTWAKE};
-		if (ioctl(fs->uffd, UFFDIO_COPY, &c) == 0 || errno == EEXIST) {
+		int copied = ioctl(fs->uffd, UFFDIO_COPY, &c) == 0;
+		if (copied || errno == EEXIST) {
+			if (copied)
+				resident_add(fs, 1); // (one taken back from its bounce page was never subtracted)
 			uint32_t want = ODP_PAGE_STORED;
 			if (__atomic_compare_exchange_n(st, &want, ODP_PAGE_NONE, 0, __ATOMIC_ACQ_REL, __ATOMIC_ACQUIRE))
 				queue_punch(fs, (uint64_t)(off_t)(r->store_off + i * (uint64_t)fs->ps));
@@ -299,6 +328,197 @@ static void zap_passed(region *r, uint64_t idx) {
 		__atomic_compare_exchange_n(&r->state[idx], &want, ODP_PAGE_NONE, 0, __ATOMIC_ACQ_REL, __ATOMIC_ACQUIRE);
 }
 
+static long futex(int32_t *addr, int op, int32_t val, const struct timespec *ts);
+static void gate_open(odp_fs *fs);
+
+typedef struct victim { region *r; uint64_t i; } victim;
+
+// pick_victims fills v with up to max pages to evict: present (pagemap), evictable,
+// in state NONE, not referenced, and not skip. It walks the regions from the hand on,
+// CLOCK order: a referenced page loses its bit and gets a second chance, so it looks
+// at each page at most twice per call. It returns how many it found. Called with rmu
+// held.
+static int pick_victims(odp_fs *fs, victim *v, int max, uint64_t skip) {
+	uint64_t total = 0;
+	for (int k = 0; k < MAX_REGIONS; k++)
+		if (__atomic_load_n(&fs->regions[k].used, __ATOMIC_ACQUIRE))
+			total += fs->regions[k].npages;
+	uint64_t pm[EVICT_BATCH];
+	uint64_t ps = (uint64_t)fs->ps;
+	int n = 0;
+	for (uint64_t scanned = 0; n < max && scanned < 2 * total;) {
+		region *r = &fs->regions[fs->hand_slot % MAX_REGIONS];
+		if (!__atomic_load_n(&r->used, __ATOMIC_ACQUIRE) || fs->hand_page >= r->npages) {
+			fs->hand_slot = (fs->hand_slot + 1) % MAX_REGIONS;
+			fs->hand_page = 0;
+			continue;
+		}
+		uint64_t first = fs->hand_page, cnt = r->npages - first;
+		if (cnt > EVICT_BATCH)
+			cnt = EVICT_BATCH;
+		fs->hand_page = first + cnt;
+		scanned += cnt;
+		off_t at = (off_t)((r->base / ps + first) * sizeof pm[0]);
+		if (pread(fs->pagemap, pm, cnt * sizeof pm[0], at) != (ssize_t)(cnt * sizeof pm[0]))
+			continue;
+		for (uint64_t j = 0; j < cnt && n < max; j++) {
+			uint64_t i = first + j;
+			if (!(pm[j] >> 63) || r->base + i * ps == skip || !__atomic_load_n(&r->evictable[i], __ATOMIC_ACQUIRE) ||
+			    __atomic_load_n(&r->state[i], __ATOMIC_ACQUIRE) != ODP_PAGE_NONE)
+				continue;
+			uint32_t ref = __atomic_load_n(&r->ref[i], __ATOMIC_ACQUIRE);
+			if (ref == ODP_REF_HELD)
+				continue; // installed for the NIC, which has not touched it yet
+			if (ref == ODP_REF_SET && __atomic_compare_exchange_n(&r->ref[i], &ref, 0, 0, __ATOMIC_ACQ_REL, __ATOMIC_ACQUIRE))
+				continue; // second chance
+			v[n++] = (victim){r, i};
+			if (n == max)
+				fs->hand_page = i + 1; // the next search starts after the last victim
+		}
+	}
+	return n;
+}
+
+// evict_drain closes the gate and waits, at most EVICT_DRAIN_NS, until no DMA is in
+// flight. It returns 0 then, or -1 (the gate still closed: the caller opens it): a DMA
+// in flight may itself wait for the fault being served (see gate_drain).
+static int evict_drain(odp_fs *fs) {
+	odp_gate *g = fs->gate;
+	__atomic_store_n(&g->closed, 1, __ATOMIC_SEQ_CST);
+	uint64_t t0 = now_ns();
+	for (;;) {
+		int32_t v = __atomic_load_n(&g->inflight, __ATOMIC_SEQ_CST);
+		if (v == 0)
+			return 0;
+		if (now_ns() - t0 >= EVICT_DRAIN_NS)
+			return -1;
+		struct timespec ts = {0, EVICT_POLL_NS};
+		futex(&g->inflight, FUTEX_WAIT_PRIVATE, v, &ts);
+	}
+}
+
+// drop_scratch frees the scratch pages. A page of a range registered on the
+// userfaultfd cannot be dropped by the thread that reads it (MADV_DONTNEED would wait
+// for its own REMOVE event), so the scratch area leaves the userfaultfd for the
+// madvise and joins it again; if it cannot, direct reclaim stops.
+static void drop_scratch(odp_fs *fs) {
+	size_t len = (size_t)fs->ps * EVICT_BATCH;
+	struct uffdio_range rg = {.start = (uint64_t)fs->scratch, .len = len};
+	struct uffdio_register reg = {.range = rg, .mode = UFFDIO_REGISTER_MODE_MISSING};
+	if (ioctl(fs->uffd, UFFDIO_UNREGISTER, &rg) != 0 || madvise(fs->scratch, len, MADV_DONTNEED) != 0 ||
+	    ioctl(fs->uffd, UFFDIO_REGISTER, &reg) != 0)
+		fs->scratch = NULL; // leaked: nothing else may map it (odp_fs_stop unmaps it)
+}
+
+// evict moves up to want (at most EVICT_BATCH) victims to the store with no DMA in
+// flight, and queues an ODP_EVENT_EVICT for each run of evicted pages before it opens
+// the gate, so that no DMA trusts a translation of them before the NIC dropped it.
+// Each page leaves the application's mapping atomically (UFFDIO_MOVE into the scratch
+// area): a write either lands before the move and is stored, or faults after it and
+// is served from the store. It returns how many pages it evicted, or -EAGAIN when the
+// kernel refused a move because an event waits to be read, -EBUSY when DMA in flight
+// did not drain, or -ENOENT when it found no victim. Called with rmu held.
+static int evict(odp_fs *fs, int want, uint64_t skip) {
+	if (!fs->scratch || fs->pagemap < 0 || fs->store_fd < 0)
+		return -ENOENT;
+	if (want > EVICT_BATCH)
+		want = EVICT_BATCH;
+	victim v[EVICT_BATCH];
+	int n = pick_victims(fs, v, want, skip);
+	if (n == 0)
+		return -ENOENT;
+	if (evict_drain(fs) != 0) {
+		gate_open(fs);
+		return -EBUSY;
+	}
+	uint64_t ps = (uint64_t)fs->ps;
+	int done = 0, again = 0;
+	victim got[EVICT_BATCH];
+	for (int k = 0; k < n && !again; k++) {
+		region *r = v[k].r;
+		uint64_t i = v[k].i, page = r->base + i * ps;
+		off_t off = (off_t)(r->store_off + i * ps);
+		uint32_t s = ODP_PAGE_NONE;
+		if (!__atomic_compare_exchange_n(&r->state[i], &s, ODP_PAGE_DIRECT, 0, __ATOMIC_ACQ_REL, __ATOMIC_ACQUIRE))
+			continue; // claimed meanwhile (Go's evictor)
+		char *slot = fs->scratch + (size_t)done * ps;
+		pthread_mutex_lock(&fs->store_mu);
+		// Room in the store first: once the page has moved out, the write must not fail.
+		struct uffdio_move m = {.dst = (uint64_t)slot, .src = page, .len = ps};
+		int ok = fallocate(fs->store_fd, 0, off, (off_t)ps) == 0;
+		if (ok && ioctl(fs->uffd, UFFDIO_MOVE, &m) != 0) {
+			again = errno == EAGAIN;
+			ok = 0;
+		}
+		if (ok && pwrite(fs->store_fd, slot, ps, off) != (ssize_t)ps) {
+			// Put it back (the kernel refuses only while an event waits, and none can
+			// be read meanwhile: then the content is lost, and said so).
+			struct uffdio_move b = {.dst = page, .src = (uint64_t)slot, .len = ps};
+			if (ioctl(fs->uffd, UFFDIO_MOVE, &b) != 0)
+				add(&fs->st.errors, 1);
+			ok = 0;
+		}
+		// Nobody else changes a DIRECT page: only this thread reads events and serves
+		// faults, and the Go evictor claims only NONE pages.
+		__atomic_store_n(&r->state[i], ok ? ODP_PAGE_STORED : ODP_PAGE_NONE, __ATOMIC_RELEASE);
+		pthread_mutex_unlock(&fs->store_mu);
+		if (ok)
+			got[done++] = v[k];
+	}
+	uint64_t t = now_ns();
+	for (int k = 0; k < done;) {
+		int j = k + 1;
+		while (j < done && got[j].r == got[k].r && got[j].i == got[j - 1].i + 1)
+			j++;
+		struct uffd_msg m = {.event = ODP_EVENT_EVICT};
+		m.arg.remove.start = got[k].r->base + got[k].i * ps;
+		m.arg.remove.end = got[j - 1].r->base + (got[j - 1].i + 1) * ps;
+		queue_event(fs, &m, t);
+		k = j;
+	}
+	gate_open(fs);
+	if (done > 0) {
+		resident_add(fs, -done);
+		add(&fs->st.evicted, (uint64_t)done);
+		drop_scratch(fs);
+	}
+	return again && done == 0 ? -EAGAIN : done;
+}
+
+// make_room evicts before n pages are installed, so that the resident estimate stays
+// within the budget: a batch at a time, an eighth of the budget (1 to EVICT_BATCH
+// pages), which leaves room for the next faults (a low watermark). It returns EAGAIN
+// when the kernel refused moves while an event waits to be read (the caller retries
+// once it is read); otherwise 0, having counted as overshoot the pages it found no
+// room for. Called with rmu held.
+static int make_room(odp_fs *fs, uint64_t n, uint64_t skip) {
+	int64_t budget = __atomic_load_n(&fs->budget, __ATOMIC_ACQUIRE);
+	if (budget <= 0 || __atomic_load_n(&fs->resident, __ATOMIC_ACQUIRE) + (int64_t)n <= budget)
+		return 0;
+	if (fs->reclaim_idle > 0) {
+		// The last reclaim found nothing to evict, or DMA did not drain: a batch of
+		// installs goes past the budget before the next try.
+		fs->reclaim_idle -= n < fs->reclaim_idle ? n : fs->reclaim_idle;
+		add(&fs->st.overshoot, n);
+		return 0;
+	}
+	add(&fs->st.reclaims, 1);
+	int batch = budget / 8 < 1 ? 1 : budget / 8 > EVICT_BATCH ? EVICT_BATCH : (int)(budget / 8);
+	for (int tries = 0; __atomic_load_n(&fs->resident, __ATOMIC_ACQUIRE) + (int64_t)n > budget; tries++) {
+		int got = evict(fs, batch, skip);
+		if (got == -EAGAIN)
+			return EAGAIN;
+		if (got == 0 && tries < 4)
+			continue; // victims claimed by Go's evictor meanwhile: look further
+		if (got <= 0) {
+			fs->reclaim_idle = EVICT_BATCH;
+			add(&fs->st.overshoot, n);
+			return 0;
+		}
+	}
+	return 0;
+}
+
 // resolve returns 0 when the fault is served, EAGAIN when it must be retried. Counters
 // are updated before the faulting thread is woken, so they are exact once it runs.
 static int resolve(odp_fs *fs, uint64_t addr, uint64_t flags, uint64_t t0) {
@@ -306,12 +526,15 @@ static int resolve(odp_fs *fs, uint64_t addr, uint64_t flags, uint64_t t0) {
 	uint64_t idx = 0;
 	region *r = find(fs, page, &idx);
 	if (r) {
-		int got = restore(fs, r, idx, page);
+		int got = make_room(fs, fs->around, page);
+		if (got != EAGAIN)
+			got = restore(fs, r, idx, page);
 		if (got == EAGAIN) {
 			add(&fs->st.retries, 1);
 			return EAGAIN;
 		}
 		if (got == 1) {
+			__atomic_store_n(&r->ref[idx], ODP_REF_SET, __ATOMIC_RELEASE);
 			record(fs, page, page + (uint64_t)fs->ps);
 			add(&fs->st.pages, 1);
 			add(&fs->st.faults, 1);
@@ -341,6 +564,10 @@ static int resolve(odp_fs *fs, uint64_t addr, uint64_t flags, uint64_t t0) {
 	}
 	uint64_t end = page + (uint64_t)fs->ps;
 	add(&fs->st.pages, 1);
+	if (r) {
+		resident_add(fs, 1);
+		__atomic_store_n(&r->ref[idx], ODP_REF_SET, __ATOMIC_RELEASE); // the access bit of a fresh page
+	}
 	zap_passed(r, idx);
 	uint64_t around = fs->around;
 	for (uint64_t k = 1; r && k < around; k++) // never zero-fill over evicted content
@@ -354,6 +581,8 @@ static int resolve(odp_fs *fs, uint64_t addr, uint64_t flags, uint64_t t0) {
 		ioctl(fs->uffd, UFFDIO_COPY, &a);
 		if (a.copy > 0) {
 			add(&fs->st.pages, (uint64_t)a.copy / (uint64_t)fs->ps);
+			if (r)
+				resident_add(fs, a.copy / fs->ps);
 			end += (uint64_t)a.copy;
 		}
 	}
@@ -366,6 +595,26 @@ static int resolve(odp_fs *fs, uint64_t addr, uint64_t flags, uint64_t t0) {
 	return 0;
 }
 
+// count_present returns how many pages of [lo, hi) are present (pagemap), 0 if it
+// cannot tell.
+static int64_t count_present(odp_fs *fs, uint64_t lo, uint64_t hi) {
+	uint64_t pm[EVICT_BATCH];
+	uint64_t ps = (uint64_t)fs->ps;
+	int64_t n = 0;
+	for (uint64_t a = lo; fs->pagemap >= 0 && a < hi;) {
+		uint64_t cnt = (hi - a) / ps;
+		if (cnt > EVICT_BATCH)
+			cnt = EVICT_BATCH;
+		if (cnt == 0 ||
+		    pread(fs->pagemap, pm, cnt * sizeof pm[0], (off_t)(a / ps * sizeof pm[0])) != (ssize_t)(cnt * sizeof pm[0]))
+			return n;
+		for (uint64_t j = 0; j < cnt; j++)
+			n += (int64_t)(pm[j] >> 63);
+		a += cnt * ps;
+	}
+	return n;
+}
+
 // forget drops the stored copies of [start, end) in every region: after MADV_DONTNEED
 // a page reads as zeros, not as what was evicted; after munmap (gone) the address is
 // never touched again, whatever is mapped there later. Runs when the event is read.
@@ -376,6 +625,8 @@ static void forget(odp_fs *fs, uint64_t start, uint64_t end, int gone) {
 			continue;
 		uint64_t rend = r->base + r->npages * (uint64_t)fs->ps;
 		uint64_t lo = start > r->base ? start : r->base, hi = end < rend ? end : rend;
+		if (!gone && lo < hi)
+			resident_add(fs, -count_present(fs, lo, hi)); // zapped once this read returns
 		for (uint64_t a = lo; a < hi; a += (uint64_t)fs->ps) {
 			uint64_t i = (a - r->base) / (uint64_t)fs->ps;
 			uint32_t *st = &r->state[i];
@@ -504,10 +755,13 @@ static int install_one(odp_fs *fs, uint64_t page) {
 	region *r = find(fs, page, &idx);
 	uint32_t *claim = NULL;
 	if (r) {
-		int got = restore(fs, r, idx, page);
+		int got = make_room(fs, 1, page);
+		if (got != EAGAIN)
+			got = restore(fs, r, idx, page);
 		if (got == EAGAIN)
 			return EAGAIN;
 		if (got == 1) {
+			__atomic_store_n(&r->ref[idx], ODP_REF_HELD, __ATOMIC_RELEASE);
 			add(&fs->st.pages, 1);
 			return 0;
 		}
@@ -526,7 +780,11 @@ static int install_one(odp_fs *fs, uint64_t page) {
 	struct uffdio_copy c = {.dst = page, .src = (uint64_t)fs->zero, .len = (uint64_t)fs->ps};
 	int e = 0;
 	if (ioctl(fs->uffd, UFFDIO_COPY, &c) == 0) {
-		add(&fs->st.pages, 1); // counted like a fault's install: the pager's estimate
+		add(&fs->st.pages, 1);
+		if (r) {
+			resident_add(fs, 1);
+			__atomic_store_n(&r->ref[idx], ODP_REF_HELD, __ATOMIC_RELEASE);
+		}
 		zap_passed(r, idx);
 	} else if (errno == EAGAIN) {
 		e = EAGAIN;
@@ -738,6 +996,20 @@ static void *loop(void *arg) {
 	return NULL;
 }
 
+// release_reclaim closes and unmaps what direct reclaim used. The scratch area leaves
+// the userfaultfd first: munmap of a registered range would wait for its UNMAP event
+// to be read, and the server thread is gone.
+static void release_reclaim(odp_fs *fs) {
+	if (fs->scratch_map) {
+		struct uffdio_range rg = {.start = (uint64_t)fs->scratch_map, .len = (uint64_t)fs->ps * EVICT_BATCH};
+		ioctl(fs->uffd, UFFDIO_UNREGISTER, &rg);
+		munmap(fs->scratch_map, (size_t)fs->ps * EVICT_BATCH);
+	}
+	if (fs->pagemap >= 0)
+		close(fs->pagemap);
+	pthread_mutex_destroy(&fs->store_mu);
+}
+
 odp_fs *odp_fs_start(int uffd, unsigned around, odp_gate *gate, int *err) {
 	odp_fs *fs = calloc(1, sizeof *fs);
 	if (fs == NULL) {
@@ -752,6 +1024,7 @@ odp_fs *odp_fs_start(int uffd, unsigned around, odp_gate *gate, int *err) {
 	fs->around = around ? around : 1;
 	fs->ps = sysconf(_SC_PAGESIZE);
 	fs->store_fd = -1;
+	fs->pagemap = -1;
 	fs->zero = MAP_FAILED;
 	fs->stopfd = eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK);
 	fs->evfd = eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK);
@@ -762,6 +1035,22 @@ odp_fs *odp_fs_start(int uffd, unsigned around, odp_gate *gate, int *err) {
 	pthread_mutex_init(&fs->qmu, NULL);
 	pthread_mutex_init(&fs->imu, NULL);
 	pthread_mutex_init(&fs->rmu, NULL);
+	pthread_mutex_init(&fs->store_mu, NULL);
+	// Direct reclaim needs the pagemap (to find present pages) and a scratch area on
+	// the userfaultfd (UFFDIO_MOVE moves only into registered ranges); without them
+	// the server installs past the budget and counts it.
+	fs->pagemap = open("/proc/self/pagemap", O_RDONLY | O_CLOEXEC);
+	void *sc = mmap(NULL, (size_t)fs->ps * EVICT_BATCH, PROT_READ | PROT_WRITE,
+	                MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
+	if (sc != MAP_FAILED) {
+		madvise(sc, (size_t)fs->ps * EVICT_BATCH, MADV_NOHUGEPAGE); // like the buffers it takes pages from
+		struct uffdio_register reg = {.range = {.start = (uint64_t)sc, .len = (uint64_t)fs->ps * EVICT_BATCH},
+		                              .mode = UFFDIO_REGISTER_MODE_MISSING};
+		if (ioctl(uffd, UFFDIO_REGISTER, &reg) == 0)
+			fs->scratch = fs->scratch_map = sc;
+		else
+			munmap(sc, (size_t)fs->ps * EVICT_BATCH);
+	}
 	if (fs->zero == MAP_FAILED) {
 		*err = fs->bounce_buf ? errno : ENOMEM;
 		goto fail;
@@ -779,6 +1068,7 @@ fail:
 	if (fs->ifd >= 0) close(fs->ifd);
 	if (fs->zero != MAP_FAILED) munmap(fs->zero, (size_t)fs->ps * fs->around);
 	free(fs->bounce_buf);
+	release_reclaim(fs);
 	pthread_mutex_destroy(&fs->qmu);
 	pthread_mutex_destroy(&fs->imu);
 	pthread_mutex_destroy(&fs->rmu);
@@ -797,6 +1087,7 @@ void odp_fs_stop(odp_fs *fs) {
 	close(fs->stopfd);
 	close(fs->evfd);
 	munmap(fs->zero, (size_t)fs->ps * fs->around);
+	release_reclaim(fs);
 	pthread_mutex_destroy(&fs->qmu);
 	pthread_mutex_destroy(&fs->rmu);
 	pthread_mutex_destroy(&fs->imu);
@@ -820,7 +1111,7 @@ int odp_fs_set_store(odp_fs *fs, int fd) {
 	return 0;
 }
 
-uint32_t *odp_region_alloc(uint64_t npages) { return calloc((size_t)npages ? (size_t)npages : 1, sizeof(uint32_t)); }
+uint32_t *odp_region_alloc(uint64_t npages) { return calloc(3 * ((size_t)npages ? (size_t)npages : 1), sizeof(uint32_t)); }
 
 void odp_region_free(uint32_t *state) { free(state); }
 
@@ -831,6 +1122,8 @@ int odp_fs_add_region(odp_fs *fs, uint64_t base, uint64_t npages, uint64_t bounc
 		if (r->used)
 			continue;
 		r->state = state;
+		r->ref = state + npages;
+		r->evictable = state + 2 * npages;
 		r->base = base;
 		r->npages = npages;
 		r->bounce = bounce;
@@ -848,7 +1141,7 @@ void odp_fs_remove_region(odp_fs *fs, int slot, uint32_t *state) {
 	region *r = &fs->regions[slot];
 	if (r->used && r->state == state) {
 		__atomic_store_n(&r->used, 0, __ATOMIC_RELEASE);
-		r->state = NULL;
+		r->state = r->ref = r->evictable = NULL;
 	}
 	pthread_mutex_unlock(&fs->rmu);
 }
@@ -870,4 +1163,59 @@ int64_t odp_fs_settled_events(odp_fs *fs) {
 	if (__atomic_load_n(&fs->reading, __ATOMIC_SEQ_CST))
 		return -1;
 	return (int64_t)__atomic_load_n(&fs->gate->events, __ATOMIC_SEQ_CST);
+}
+
+void odp_fs_set_evictable(odp_fs *fs, int slot, uint32_t *state, uint64_t first, uint64_t n, int on) {
+	pthread_mutex_lock(&fs->rmu); // held by the server thread while it evicts
+	region *r = &fs->regions[slot];
+	if (r->used && r->state == state && first <= r->npages && n <= r->npages - first) {
+		for (uint64_t i = first; i < first + n; i++)
+			__atomic_store_n(&r->evictable[i], (uint32_t)(on != 0), __ATOMIC_RELEASE);
+		if (on)
+			fs->reclaim_idle = 0; // there may be victims now
+	}
+	pthread_mutex_unlock(&fs->rmu);
+}
+
+void odp_fs_set_budget(odp_fs *fs, int64_t pages) { __atomic_store_n(&fs->budget, pages, __ATOMIC_RELEASE); }
+
+int64_t odp_fs_resident(odp_fs *fs) { return __atomic_load_n(&fs->resident, __ATOMIC_ACQUIRE); }
+
+void odp_fs_add_resident(odp_fs *fs, int64_t delta) { resident_add(fs, delta); }
+
+void odp_fs_set_resident(odp_fs *fs, int64_t pages) { __atomic_store_n(&fs->resident, pages, __ATOMIC_RELEASE); }
+
+static void punch(odp_fs *fs, uint64_t off) {
+	if (fs->store_fd >= 0) // a failure only leaves the space allocated
+		fallocate(fs->store_fd, FALLOC_FL_PUNCH_HOLE | FALLOC_FL_KEEP_SIZE, (off_t)off, (off_t)fs->ps);
+}
+
+int odp_fs_unstore(odp_fs *fs, uint32_t *word, uint64_t off) {
+	pthread_mutex_lock(&fs->store_mu);
+	uint32_t want = ODP_PAGE_STORED;
+	int ok = __atomic_compare_exchange_n(word, &want, ODP_PAGE_NONE, 0, __ATOMIC_ACQ_REL, __ATOMIC_ACQUIRE);
+	if (ok)
+		punch(fs, off);
+	pthread_mutex_unlock(&fs->store_mu);
+	return ok;
+}
+
+void odp_fs_punch_unless_stored(odp_fs *fs, uint32_t *word, uint64_t off) {
+	pthread_mutex_lock(&fs->store_mu);
+	if (__atomic_load_n(word, __ATOMIC_ACQUIRE) != ODP_PAGE_STORED)
+		punch(fs, off);
+	pthread_mutex_unlock(&fs->store_mu);
+}
+
+int odp_fs_store_evicted(odp_fs *fs, uint32_t *word, uint64_t off, const void *buf) {
+	pthread_mutex_lock(&fs->store_mu);
+	int r = 0;
+	if (__atomic_load_n(word, __ATOMIC_ACQUIRE) == ODP_PAGE_EVICTING) {
+		r = fs->store_fd >= 0 && pwrite(fs->store_fd, buf, (size_t)fs->ps, (off_t)off) == fs->ps ? 1 : -1;
+		uint32_t want = ODP_PAGE_EVICTING;
+		if (r == 1 && !__atomic_compare_exchange_n(word, &want, ODP_PAGE_STORED, 0, __ATOMIC_ACQ_REL, __ATOMIC_ACQUIRE))
+			r = 0; // a fault took it back during the write: the copy is not needed
+	}
+	pthread_mutex_unlock(&fs->store_mu);
+	return r;
 }

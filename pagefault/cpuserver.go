@@ -49,6 +49,11 @@ type CPUServerStats struct {
 	// (a DMA may wait for one), and events such a read returned all the same.
 	Drains, FaultReads, Undrained uint64
 	DrainTime, MaxDrainTime       time.Duration
+
+	// Direct reclaim (SetBudget): installs that found the budget exhausted, pages the
+	// server evicted, and pages it installed past the budget because it found nothing
+	// to evict in time (nothing evictable, or DMA in flight did not drain).
+	Reclaims, Evicted, Overshoot uint64
 }
 
 // StartCPUServer starts a server on u. around is the number of pages installed per
@@ -112,6 +117,7 @@ func (s *CPUServer) Stats() (CPUServerStats, error) {
 		MaxServiceTime: time.Duration(st.max_service_ns),
 		Drains:         uint64(st.drains), FaultReads: uint64(st.fault_reads), Undrained: uint64(st.undrained),
 		DrainTime: time.Duration(st.drain_ns), MaxDrainTime: time.Duration(st.max_drain_ns),
+		Reclaims: uint64(st.reclaims), Evicted: uint64(st.evicted), Overshoot: uint64(st.overshoot),
 	}, err
 }
 
@@ -201,6 +207,7 @@ const (
 	PageDiscarded  = C.ODP_PAGE_DISCARDED  // discarded while evicting: reads as zero
 	PageRemapped   = C.ODP_PAGE_REMAPPED   // mremapped while evicting: the server moves it on
 	PageRemoving   = C.ODP_PAGE_REMOVING   // discarded in place, its zap maybe pending: never evicted
+	PageDirect     = C.ODP_PAGE_DIRECT     // being evicted by the server thread itself (direct reclaim)
 )
 
 // SetStore gives the server the store file that stored pages are read from.
@@ -216,7 +223,8 @@ type PagedRegion struct {
 	s      *CPUServer
 	slot   C.int
 	words  *C.uint32_t
-	states []uint32 // the words, one per page
+	states []uint32 // the state words, one per page
+	refs   []uint32 // the reference bits (CLOCK), one word per page
 }
 
 // ErrRegionTable is returned when the server's region table is full: it holds
@@ -247,7 +255,8 @@ func (s *CPUServer) AddRegion(base uintptr, npages int, bounce uintptr, storeOff
 		}
 		return nil, err
 	}
-	r := &PagedRegion{s: s, slot: slot, words: words, states: unsafe.Slice((*uint32)(unsafe.Pointer(words)), npages)}
+	all := unsafe.Slice((*uint32)(unsafe.Pointer(words)), 3*npages) // states, reference bits, evictable flags
+	r := &PagedRegion{s: s, slot: slot, words: words, states: all[:npages:npages], refs: all[npages : 2*npages : 2*npages]}
 	// The words are freed once no Go value can reach them; the region is unlinked
 	// from the server first, in case its owner never removed it.
 	runtime.AddCleanup(r, func(a regionRef) { a.release() }, regionRef{s, slot, words})
@@ -275,16 +284,121 @@ func (r *PagedRegion) Remove() error {
 // State returns page i's state.
 func (r *PagedRegion) State(i int) uint32 { return atomic.LoadUint32(&r.states[i]) }
 
+// Touch sets page i's reference bit, as an access does: both reclaimers (the Go
+// pager's and the server's) pass a referenced page over once, clearing the bit. It
+// also ends the hold an install for the NIC put on the page (ODP_REF_HELD: the
+// server's direct reclaim does not evict it before the NIC touched it).
+func (r *PagedRegion) Touch(i int) {
+	if atomic.LoadUint32(&r.refs[i]) != C.ODP_REF_SET {
+		atomic.StoreUint32(&r.refs[i], C.ODP_REF_SET)
+	}
+}
+
+// Unhold ends the hold an install for the NIC put on page i (if it is still held),
+// leaving its reference bit set: the NIC's fault mapped the page (or gave up).
+func (r *PagedRegion) Unhold(i int) {
+	atomic.CompareAndSwapUint32(&r.refs[i], C.ODP_REF_HELD, C.ODP_REF_SET)
+}
+
+// TakeReference clears page i's reference bit (or hold) and reports whether it was
+// set.
+func (r *PagedRegion) TakeReference(i int) bool { return atomic.SwapUint32(&r.refs[i], 0) != 0 }
+
 // CompareAndSwap changes page i's state from old to new if it is old.
 func (r *PagedRegion) CompareAndSwap(i int, old, new uint32) bool {
 	return atomic.CompareAndSwapUint32(&r.states[i], old, new)
 }
 
+// SetEvictable says whether the server's direct reclaim may evict pages
+// [first, first+n): only pages of a range registered for missing faults (a later
+// access must fault) and not mlocked. Pages start not evictable. When it returns, no
+// eviction that decided otherwise is still running.
+func (r *PagedRegion) SetEvictable(first, n int, on bool) error {
+	if first < 0 || n < 0 || first+n > len(r.states) {
+		return fmt.Errorf("pagefault: pages [%d, +%d) of a %d-page region: %w", first, n, len(r.states), unix.EINVAL)
+	}
+	v := C.int(0)
+	if on {
+		v = 1
+	}
+	return r.s.live(func(fs *C.odp_fs) {
+		C.odp_fs_set_evictable(fs, r.slot, r.words, C.uint64_t(first), C.uint64_t(n), v)
+	})
+}
+
+// Unstore changes page i from STORED to NONE and punches its copy at off out of the
+// store, under the store lock that the server's evictions take: it reports whether it
+// did. After the server stopped it only changes the state.
+func (r *PagedRegion) Unstore(i int, off int64) bool {
+	ok := false
+	if r.s.live(func(fs *C.odp_fs) { ok = C.odp_fs_unstore(fs, &r.wordsSlice()[i], C.uint64_t(off)) != 0 }) != nil {
+		ok = r.CompareAndSwap(i, PageStored, PageNone)
+	}
+	return ok
+}
+
+// StoreEvicted writes page i's content (buf, one page) to the store at off and makes
+// the page STORED, if it is still EVICTING, all under the store lock that the
+// server's own evictions take: a claim a fault took back (and the server may have
+// claimed again) is never overwritten. It returns true if it stored the page, false
+// if the claim was lost, and an error if the write failed or the server stopped.
+func (r *PagedRegion) StoreEvicted(i int, off int64, buf []byte) (bool, error) {
+	if len(buf) != int(PageSize) {
+		return false, fmt.Errorf("pagefault: store %d bytes as a page: %w", len(buf), unix.EINVAL)
+	}
+	var ret C.int
+	if err := r.s.live(func(fs *C.odp_fs) {
+		ret = C.odp_fs_store_evicted(fs, &r.wordsSlice()[i], C.uint64_t(off), unsafe.Pointer(&buf[0]))
+	}); err != nil {
+		return false, err
+	}
+	if ret < 0 {
+		return false, fmt.Errorf("pagefault: write evicted page to the store: %w", unix.EIO)
+	}
+	return ret == 1, nil
+}
+
+// PunchUnlessStored punches page i's copy at off out of the store unless the page is
+// STORED, under the store lock (no eviction writes the copy in between). It does
+// nothing once the server stopped.
+func (r *PagedRegion) PunchUnlessStored(i int, off int64) {
+	_ = r.s.live(func(fs *C.odp_fs) { C.odp_fs_punch_unless_stored(fs, &r.wordsSlice()[i], C.uint64_t(off)) })
+}
+
+func (r *PagedRegion) wordsSlice() []C.uint32_t {
+	return unsafe.Slice(r.words, len(r.states))
+}
+
+// SetBudget bounds the pages of paged regions the server lets be resident: before an
+// install would go past it, the server evicts pages itself (direct reclaim), without
+// waiting for Go. 0 (the default) sets no bound.
+func (s *CPUServer) SetBudget(pages int64) error {
+	return s.live(func(fs *C.odp_fs) { C.odp_fs_set_budget(fs, C.int64_t(pages)) })
+}
+
+// Resident returns the estimate of pages present in paged regions: the server counts
+// what it installs and evicts; the owner of a region adds what it installs or evicts
+// itself (AddResident) and replaces it with the kernel's count (SetResident).
+func (s *CPUServer) Resident() (int64, error) {
+	var n int64
+	err := s.live(func(fs *C.odp_fs) { n = int64(C.odp_fs_resident(fs)) })
+	return n, err
+}
+
+// AddResident adds delta to the resident estimate.
+func (s *CPUServer) AddResident(delta int64) error {
+	return s.live(func(fs *C.odp_fs) { C.odp_fs_add_resident(fs, C.int64_t(delta)) })
+}
+
+// SetResident replaces the resident estimate.
+func (s *CPUServer) SetResident(pages int64) error {
+	return s.live(func(fs *C.odp_fs) { C.odp_fs_set_resident(fs, C.int64_t(pages)) })
+}
+
 // PopPunches moves up to len(out) store offsets whose copy the server no longer needs
-// into out and returns how many. The server never punches the store itself: its only
-// writer, the evictor, does, and only offsets whose page is not STORED again (a punch
-// racing a new eviction of the same page would delete the new copy). One caller at a
-// time.
+// into out and returns how many. The server never punches the store itself: the
+// caller does, with PunchUnlessStored (a punch racing a new eviction of the same page
+// would delete the new copy). One caller at a time.
 func (s *CPUServer) PopPunches(out []int64) (int, error) {
 	if len(out) == 0 {
 		return 0, s.live(func(*C.odp_fs) {})

@@ -24,6 +24,10 @@ typedef struct odp_fs_stats {
 	uint64_t max_drain_ns;
 	uint64_t fault_reads;  // reads of waiting faults while DMA was still in flight
 	uint64_t undrained;    // events that such a read returned all the same (see doc.go)
+	uint64_t reclaims;     // direct reclaims: installs that found the budget exhausted
+	uint64_t evicted;      // pages the server evicted to the store (direct reclaim)
+	uint64_t overshoot;    // pages installed past the budget: no victim could be evicted
+	                       // in time (none evictable, or DMA in flight did not drain)
 } odp_fs_stats;
 
 // The DMA gate: the kernel's order between the application's mapping changes and the
@@ -63,6 +67,9 @@ enum {
 	ODP_PAGE_REMOVING = 8,  // a REMOVE (madvise DONTNEED) was read while it was NONE:
 	                        // its zap may still be pending, so its content (if still
 	                        // present) is discarded content that must never be evicted
+	ODP_PAGE_DIRECT = 9,    // the server thread is moving it to the store itself
+	                        // (direct reclaim): a claim of its own, distinct from the
+	                        // Go evictor's EVICTING, so neither settles the other's
 };
 
 // odp_fs_start starts a server on uffd with gate as its DMA gate. around is the number
@@ -90,8 +97,19 @@ int odp_fs_faulted_since(odp_fs *fs, uint64_t since, uint64_t lo, uint64_t hi);
 // odp_fs_set_store sets the file descriptor of the store that STORED pages are read
 // from. Call before adding regions.
 int odp_fs_set_store(odp_fs *fs, int fd);
-// odp_region_alloc allocates the zeroed state words (ODP_PAGE_*) of a region of npages
-// pages; odp_region_free frees them. The caller owns them: it frees them only once the
+// Reference words of a paged region's pages (CLOCK's access bits).
+enum {
+	ODP_REF_CLEAR = 0, // not accessed since the hand passed
+	ODP_REF_SET = 1,   // accessed (an install, a CPU fault, the NIC's DMA): a second chance
+	ODP_REF_HELD = 2,  // installed for the NIC's fault, which has not mapped it yet:
+	                   // the server's direct reclaim leaves it alone until then (Go
+	                   // turns it SET once mapped); the Go pager's CLOCK clears it
+	                   // like a set bit
+};
+
+// odp_region_alloc allocates the zeroed words of a region of npages pages: its state
+// words (ODP_PAGE_*), then its reference words (ODP_REF_*), then its evictable flags
+// (odp_fs_set_evictable), npages each; odp_region_free frees them. The caller owns them: it frees them only once the
 // region is removed (or the server stopped) and no caller can read them any more.
 uint32_t *odp_region_alloc(uint64_t npages);
 void odp_region_free(uint32_t *state);
@@ -119,6 +137,40 @@ enum {
 // faults would: restored if evicted, zero-filled otherwise) and to write 1 to done_fd
 // when it has. The thread is then the only installer of paged memory.
 int odp_fs_install(odp_fs *fs, uint64_t start, uint64_t npages, int done_fd);
+// An event the server itself queues (not a kernel code): it evicted [start, end) of
+// a paged region (arg.remove's layout); the NIC's translations of it must go before a
+// DMA trusts them, as for a REMOVE.
+#define ODP_EVENT_EVICT 0xe0
+
+// Direct reclaim. With a budget (pages; 0: none), the server evicts pages of paged
+// regions to the store before an install would take the resident estimate past it:
+// the application's own CPU faults are bounded as the NIC's are, without waiting for
+// Go (which may have no P to run on while application threads are blocked in faults).
+void odp_fs_set_budget(odp_fs *fs, int64_t pages);
+// The resident estimate: pages present in paged regions. The server adds its installs
+// and subtracts its evictions; Go adds what it installs or evicts itself, and replaces
+// it with the kernel's count (odp_fs_set_resident).
+int64_t odp_fs_resident(odp_fs *fs);
+void odp_fs_add_resident(odp_fs *fs, int64_t delta);
+void odp_fs_set_resident(odp_fs *fs, int64_t pages);
+// odp_fs_set_evictable says whether pages [first, first+n) of the region in slot
+// (if it still has these state words) may be evicted by the server: only pages whose
+// range is registered for missing faults (or a later access would not fault) and not
+// mlocked. A region's pages start not evictable. Once it returns, no eviction that
+// decided otherwise is still running.
+void odp_fs_set_evictable(odp_fs *fs, int slot, uint32_t *state, uint64_t first, uint64_t n, int on);
+// odp_fs_unstore changes *word from STORED to NONE and punches the store at off if it
+// did, under the store lock; it returns 1 if it did.
+int odp_fs_unstore(odp_fs *fs, uint32_t *word, uint64_t off);
+// odp_fs_store_evicted writes the page at buf to the store at off and changes *word
+// from EVICTING to STORED, under the store lock, if *word is still EVICTING (the Go
+// evictor's claim); it returns 1 if it did, 0 if the claim was lost (a fault took the
+// page back), -1 if the write failed.
+int odp_fs_store_evicted(odp_fs *fs, uint32_t *word, uint64_t off, const void *buf);
+// odp_fs_punch_unless_stored punches the store at off unless *word is STORED, under
+// the store lock (so that no eviction writes the page's copy in between).
+void odp_fs_punch_unless_stored(odp_fs *fs, uint32_t *word, uint64_t off);
+
 // odp_fs_now_ns reads CLOCK_MONOTONIC, the clock of the event times.
 uint64_t odp_fs_now_ns(void);
 

@@ -31,8 +31,9 @@
 //  3. No goroutine hands a registered page to a system call that holds a kernel lock
 //     while it reads or writes user memory (write(2) holds the file's inode lock while
 //     it copies): if the page were missing, the syscall would fault with the lock held,
-//     and the server thread may need the same lock (it punches restored pages out of
-//     the store file). Such data is first copied, in user mode, to memory of our own.
+//     and the server thread may need the same lock (it writes evicted pages to the
+//     store file and reads them back). Such data is first copied, in user mode, to
+//     memory of our own.
 //
 // # Paged regions: the page states
 //
@@ -59,21 +60,32 @@
 //	REMOVING     a REMOVE was read while the page was NONE: the kernel zaps it only
 //	             after the read, so what is in place may be discarded content; E
 //	             never claims it
+//	DIRECT       S claimed the page for its own direct reclaim (below) and is moving
+//	             it to the store; a claim distinct from EVICTING, so that E's final
+//	             CAS can never settle it
 //
 // The transitions, by actor and mechanism:
 //
 //	actor  from        to          how
 //	E      NONE        EVICTING    CAS, after UFFDIO_ZEROPAGE answered EEXIST (the page
 //	                               is present and ours, not someone's new mapping)
-//	E      EVICTING    STORED      UFFDIO_MOVE page->bounce, copy bounce to a buffer,
-//	                               write it to the store, then CAS
+//	E      EVICTING    STORED      UFFDIO_MOVE page->bounce, copy bounce to a buffer;
+//	                               under the store lock, if still EVICTING, write it
+//	                               to the store, then CAS
 //	E      EVICTING    NONE        CAS, when the move moved nothing (page was missing)
 //	E      RECLAIMED   EVICTING    CAS (putBack re-claims), then UFFDIO_MOVE
 //	                               bounce->page, then CAS EVICTING->NONE
 //	E      DISCARDED   NONE        MADV_DONTNEED on the bounce page, then CAS
 //	S      EVICTING    RECLAIMED   CAS on a fault or install, then UFFDIO_MOVE
 //	                               bounce->page; on success CAS RECLAIMED->NONE
-//	S      STORED      NONE        pread store, UFFDIO_COPY page, CAS, punch the store
+//	S      STORED      NONE        pread store, UFFDIO_COPY page, CAS; the offset is
+//	                               queued for E to punch (under the store lock, unless
+//	                               the page is STORED again by then)
+//	S      NONE        DIRECT      CAS, for direct reclaim: a present, evictable page
+//	S      DIRECT      STORED      under the store lock: allocate the store's page,
+//	                               UFFDIO_MOVE page->scratch, write it, store STORED
+//	S      DIRECT      NONE        when the move or the write failed (the page is put
+//	                               back first)
 //	S      NONE        INSTALLING  CAS before a zero-fill for an install request;
 //	                               back to NONE after the UFFDIO_COPY
 //	S      STORED      NONE        on REMOVE (the content is discarded): CAS, punch
@@ -91,6 +103,23 @@
 //	S      EVICTING,   REMAPPED    on REMAP: CAS; queued UFFDIO_MOVE bounce->new
 //	       RECLAIMED               address (a hole if E had not moved it), then
 //	                               CAS REMAPPED->GONE
+//
+// Direct reclaim. With a budget (CPUServer.SetBudget), S evicts before an install
+// would take the resident estimate past it, as the kernel's reclaim runs in the
+// faulting thread when a memory cgroup is at its limit: application threads blocked
+// in faults may hold every P, so a Go reclaimer could not be relied on to run. S
+// picks present, evictable pages (PagedRegion.SetEvictable: registered for missing
+// faults, not mlocked) from its own hand, closes the DMA gate and waits for DMA in
+// flight (at most 50 microseconds: a DMA may wait for the fault being served), moves a
+// batch of pages out (UFFDIO_MOVE into a scratch area registered on the userfaultfd),
+// writes them to the store, queues an EventEvict per run and counts it in
+// Gate.Events, and only then opens the gate: the NIC drops its translations before
+// any DMA trusts them, as for a REMOVE. S cannot MADV_DONTNEED a registered range
+// (it would wait for its own event), so the scratch area leaves the userfaultfd for
+// that madvise and joins it again. When it finds nothing to evict in time it installs
+// past the budget and counts the pages (Overshoot). The store lock is a C mutex that
+// only threads running C code hold (Go takes it inside one cgo call), so S never
+// waits for a goroutine there.
 //
 // Rules that follow: S never waits for E; E waits for S only through ioctls that
 // return EAGAIN (retried) while an event is pending. A page in DISCARDED, REMAPPED or

@@ -271,7 +271,7 @@ func DecodeMsg(b []byte) (Msg, error) {
 		m.UFD = le.Uint32(a)
 	case EventRemap:
 		m.From, m.To, m.Len = le.Uint64(a), le.Uint64(a[8:]), le.Uint64(a[16:])
-	case EventRemove, EventUnmap:
+	case EventRemove, EventUnmap, EventEvict:
 		m.Start, m.End = le.Uint64(a), le.Uint64(a[8:])
 	default:
 		return m, fmt.Errorf("pagefault: unknown uffd event %#x", b[msgOffEvent])
