@@ -1,10 +1,12 @@
 package pagefault
 
 import (
+	"encoding/binary"
 	"testing"
 	"unsafe"
 
 	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
 )
 
 func TestABIMatchesHeader(t *testing.T) {
@@ -80,4 +82,17 @@ func TestPagemapScanABI(t *testing.T) {
 	assert.EqualValues(t, 96, unsafe.Sizeof(pmScanArg{}))
 	assert.EqualValues(t, 24, unsafe.Sizeof(PageRegion{}))
 	assert.EqualValues(t, uintptr(0xc0606610), ioctlPagemapScan)
+}
+
+// The fault server queues its own evictions under the code Go decodes as EventEvict,
+// with the layout of a REMOVE.
+func TestEventEvictMatchesServer(t *testing.T) {
+	assert.EqualValues(t, eventEvictC, EventEvict)
+	b := make([]byte, MsgSize)
+	b[msgOffEvent] = byte(EventEvict)
+	binary.NativeEndian.PutUint64(b[msgOffArg:], 0x1000)
+	binary.NativeEndian.PutUint64(b[msgOffArg+8:], 0x3000)
+	m, err := DecodeMsg(b)
+	require.NoError(t, err)
+	assert.Equal(t, Msg{Event: EventEvict, Start: 0x1000, End: 0x3000}, m)
 }

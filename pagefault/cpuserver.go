@@ -369,6 +369,10 @@ func (r *PagedRegion) wordsSlice() []C.uint32_t {
 	return unsafe.Slice(r.words, len(r.states))
 }
 
+// eventEvictC is the code the server queues its own evictions under (a test checks
+// that it is EventEvict).
+const eventEvictC = C.ODP_EVENT_EVICT
+
 // SetBudget bounds the pages of paged regions the server lets be resident: before an
 // install would go past it, the server evicts pages itself (direct reclaim), without
 // waiting for Go. 0 (the default) sets no bound.
