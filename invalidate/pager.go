@@ -248,26 +248,21 @@ func (p *Pager) installedLocked(addr uintptr, npages int) {
 
 // Touch marks n pages from the page holding addr referenced, for CLOCK: the NIC's
 // access bits. The pages must lie in one region.
-func (p *Pager) Touch(addr uintptr, n int) {
-	r, i := p.lookup(addr)
-	if r == nil {
-		return
-	}
-	for k := i; k < min(i+n, r.npages); k++ {
-		r.pr.Touch(k)
-	}
-}
+func (p *Pager) Touch(addr uintptr, n int) { p.pages(addr, n, (*pagefault.PagedRegion).Touch) }
 
 // Unhold ends the holds that installs for the NIC put on n pages from the page
 // holding addr (see pagefault.PagedRegion.Unhold): the NIC's fault has mapped them,
 // or given up. The pages must lie in one region.
-func (p *Pager) Unhold(addr uintptr, n int) {
+func (p *Pager) Unhold(addr uintptr, n int) { p.pages(addr, n, (*pagefault.PagedRegion).Unhold) }
+
+// pages runs fn on the paged region's pages among n pages from the page holding addr.
+func (p *Pager) pages(addr uintptr, n int, fn func(*pagefault.PagedRegion, int)) {
 	r, i := p.lookup(addr)
 	if r == nil {
 		return
 	}
 	for k := i; k < min(i+n, r.npages); k++ {
-		r.pr.Unhold(k)
+		fn(r.pr, k)
 	}
 }
 
