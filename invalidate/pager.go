@@ -461,8 +461,8 @@ func (p *Pager) change(r *Region, lo, hi uintptr, why Reason, pages []int, op fu
 // makes it REMAPPED (the server moves the bounce content to the new address).
 func (p *Pager) evictLocked(r *Region, i int) bool {
 	ps := pagefault.PageSize
-	if !p.ours(r, i) || !r.pr.CompareAndSwap(i, pagefault.PageNone, pagefault.PageEvicting) {
-		return false // gone, or claimed by an install in progress: skip it
+	if !p.claim(r, i) {
+		return false // gone, missing, or claimed by an install in progress: skip it
 	}
 	moved, err := again(func() (uintptr, error) { return p.uffd.Move(r.bounce(i), r.page(i), ps, false) })
 	if moved == 0 || err != nil {
@@ -549,19 +549,26 @@ func again(op func() (uintptr, error)) (uintptr, error) {
 	}
 }
 
-// ours reports whether page i is still present memory registered on our userfaultfd:
-// UFFDIO_MOVE needs only its destination registered, so without this check a page of
-// an address the application unmapped and the process mapped again (its own heap,
-// say) could be moved away. UFFDIO_ZEROPAGE answers EEXIST exactly for a present page
-// of a range registered on this userfaultfd, ENOENT when the range is not.
-func (p *Pager) ours(r *Region, i int) bool {
-	if r.pr.State(i) != pagefault.PageNone {
+// claim takes page i for this evictor (NONE -> EVICTING) if it is present memory
+// registered on our userfaultfd, and reports whether it did. UFFDIO_MOVE needs only
+// its destination registered, so without the check a page of an address the
+// application unmapped and the process mapped again (its own heap, say) could be
+// moved away; UFFDIO_ZEROPAGE answers EEXIST exactly for a present page of a range
+// registered on this userfaultfd, ENOENT when the range is not. It claims first and
+// probes after: probing first, the server's direct reclaim could move the page out to
+// the store in between, and the probe would map the zero page over its content.
+// A claimed page that turns out missing held zero (a missing NONE page is zero), and
+// the zero page the probe mapped is its content: nothing to evict. Called with
+// reclaimMu held.
+func (p *Pager) claim(r *Region, i int) bool {
+	if !r.pr.CompareAndSwap(i, pagefault.PageNone, pagefault.PageEvicting) {
 		return false // gone (unmapped), or busy
 	}
-	_, err := p.uffd.Zeropage(r.page(i), pagefault.PageSize, true)
-	// nil: it was missing after all, and a missing page of state NONE is zero, so
-	// the zero page now mapped there is its content. Nothing to evict either way.
-	return errors.Is(err, pagefault.ErrExist)
+	if _, err := p.uffd.Zeropage(r.page(i), pagefault.PageSize, true); errors.Is(err, pagefault.ErrExist) {
+		return true
+	}
+	p.settleEmpty(r, i)
+	return false
 }
 
 // dropBounces frees the bounce pages of the settled pages among idx (sorted), one
@@ -656,7 +663,7 @@ func (p *Pager) Migrate(start, end uintptr) (int, error) {
 // invalidation of the page's range.
 func (p *Pager) migrateLocked(r *Region, i int) bool {
 	ps := pagefault.PageSize
-	if !p.ours(r, i) || !r.pr.CompareAndSwap(i, pagefault.PageNone, pagefault.PageEvicting) {
+	if !p.claim(r, i) {
 		return false
 	}
 	if moved, err := again(func() (uintptr, error) { return p.uffd.Move(r.bounce(i), r.page(i), ps, false) }); moved == 0 || err != nil {

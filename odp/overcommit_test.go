@@ -53,10 +53,11 @@ func TestOvercommitCPUReadBack(t *testing.T) {
 }
 
 // The application's own CPU faults stay within the resident budget, as the kernel's
-// reclaim keeps them within a memory cgroup's limit: it writes an ODP region four
+// reclaim keeps them within a memory cgroup's limit: it writes an ODP region eight
 // times the budget and reads it back, and the process's peak resident set (VmHWM,
 // reset before the loop) grows by at most the budget plus 5%, plus a margin for the
-// runtime's own memory. No background reclaim could keep up with this (it runs at
+// runtime's own memory (not asserted under the race detector, whose runtime grows
+// more); the region's present pages, sampled from the page tables, never exceed it. No background reclaim could keep up with this (it runs at
 // about a millisecond's pace); the fault server reclaims before it installs. The
 // pager's estimate then equals the kernel's count without a reclaim pass.
 func TestResidentBudgetBoundsCPUFaults(t *testing.T) {
@@ -72,20 +73,38 @@ func TestResidentBudgetBoundsCPUFaults(t *testing.T) {
 				t.Skipf("cannot reset the peak resident set (clear_refs 5): %v", err)
 			}
 			base := procStatusKiB(t, "VmRSS") << 10
+			sampled := 0 // the region's present pages, from the page tables, every 2048 pages
 			for p := 0; p < size/ps; p++ {
 				binary.LittleEndian.PutUint64(buf[p*ps:], uint64(p)+1)
 				buf[p*ps+ps-1] = byte(p)
+				if p%2048 == 2047 {
+					sampled = max(sampled, residentPages(t, d.dev, buf))
+				}
 			}
 			for p := 0; p < size/ps; p++ {
-				require.Equal(t, uint64(p)+1, binary.LittleEndian.Uint64(buf[p*ps:]), "page %d", p)
-				require.Equal(t, byte(p), buf[p*ps+ps-1], "page %d", p)
+				// Checked without allocating: the Go heap's growth counts in VmHWM.
+				if binary.LittleEndian.Uint64(buf[p*ps:]) != uint64(p)+1 || buf[p*ps+ps-1] != byte(p) {
+					require.Equal(t, uint64(p)+1, binary.LittleEndian.Uint64(buf[p*ps:]), "page %d", p)
+					require.Equal(t, byte(p), buf[p*ps+ps-1], "page %d", p)
+				}
+				if p%2048 == 2047 {
+					sampled = max(sampled, residentPages(t, d.dev, buf))
+				}
 			}
 			peak := procStatusKiB(t, "VmHWM") << 10
 			st := d.dev.Stats()
 			kernel := residentPages(t, d.dev, buf)
-			t.Logf("budget %d MiB: VmRSS before %d MiB, peak %d MiB (grew %.1f MiB); resident now %d pages, estimate %d; evictions %d (by the fault server %d), overshoot %d pages, restores %d",
-				budget>>20, base>>20, peak>>20, float64(peak-base)/(1<<20), kernel, st.ResidentPages, st.Evictions, st.ServerEvictions, st.Overshoot, st.Restores)
-			assert.LessOrEqual(t, peak-base, int64(budget)*105/100+runtimeMargin, "peak resident set over the budget")
+			t.Logf("budget %d MiB (%d pages): VmRSS before %d MiB, peak %d MiB (grew %.1f MiB); the region's present pages at most %d sampled, %d now, estimate %d; evictions %d (by the fault server %d), overshoot %d pages, restores %d",
+				budget>>20, budget/ps, base>>20, peak>>20, float64(peak-base)/(1<<20), sampled, kernel, st.ResidentPages, st.Evictions, st.ServerEvictions, st.Overshoot, st.Restores)
+			assert.LessOrEqual(t, sampled, budget/ps, "the region's present pages, sampled")
+			if raceDetector {
+				// The race detector's runtime grows with the load on the machine
+				// (up to 24-26 MiB here under a parallel stress run): the sampled
+				// bound above is the check.
+				t.Logf("race detector on: peak resident set not asserted")
+			} else {
+				assert.LessOrEqual(t, peak-base, int64(budget)*105/100+runtimeMargin, "peak resident set over the budget")
+			}
 			assert.LessOrEqual(t, kernel, budget/ps)
 			assert.InDelta(t, kernel, st.ResidentPages, float64(budget/ps)/100, "estimate vs pagemap")
 		})

@@ -67,8 +67,10 @@
 // The transitions, by actor and mechanism:
 //
 //	actor  from        to          how
-//	E      NONE        EVICTING    CAS, after UFFDIO_ZEROPAGE answered EEXIST (the page
-//	                               is present and ours, not someone's new mapping)
+//	E      NONE        EVICTING    CAS, then UFFDIO_ZEROPAGE must answer EEXIST (the page
+//	                               is present and ours, not someone's new mapping;
+//	                               else back to NONE). Claimed first, probed after:
+//	                               S's direct reclaim may store a NONE page meanwhile
 //	E      EVICTING    STORED      UFFDIO_MOVE page->bounce, copy bounce to a buffer;
 //	                               under the store lock, if still EVICTING, write it
 //	                               to the store, then CAS
