@@ -43,7 +43,7 @@ type Pager struct {
 	regions []*Region    // sorted by base
 	nextOff int64
 
-	reclaimMu   sync.Mutex // one reclaimer at a time; protects hand, scratch and Region.ref
+	reclaimMu   sync.Mutex // one reclaimer at a time (of the pager's); protects hand and scratch
 	scratch     []byte     // one page: an evicted page's content on its way to the store
 	hand        struct{ region, page int }
 	allEligible bool // no Eligible function: every page may be evicted
@@ -173,11 +173,7 @@ func (r *Region) Remove() error {
 	p.hand.region, p.hand.page = 0, 0
 	p.rmu.Unlock()
 	// Its pages leave the estimate (they are unmapped next, or were already).
-	var present int64
-	_ = p.pm.PresentRuns(r.base, r.page(r.npages), func(lo, hi uintptr) error {
-		present += int64((hi - lo) / pagefault.PageSize)
-		return nil
-	})
+	present, _ := r.present()
 	_ = p.srv.AddResident(-present)
 	uerr := p.uffd.Unregister(addrOf(r.stash), uintptr(len(r.stash)))
 	rerr := r.pr.Remove()
@@ -295,15 +291,23 @@ func (p *Pager) recountLocked() {
 	defer p.rmu.RUnlock()
 	var n int64
 	for _, r := range p.regions {
-		err := p.pm.PresentRuns(r.base, r.page(r.npages), func(lo, hi uintptr) error {
-			n += int64((hi - lo) / pagefault.PageSize)
-			return nil
-		})
+		k, err := r.present()
 		if err != nil {
 			return
 		}
+		n += k
 	}
 	_ = p.srv.SetResident(n)
+}
+
+// present counts the region's present pages from the page tables.
+func (r *Region) present() (int64, error) {
+	var n int64
+	err := r.p.pm.PresentRuns(r.base, r.page(r.npages), func(lo, hi uintptr) error {
+		n += int64((hi - lo) / pagefault.PageSize)
+		return nil
+	})
+	return n, err
 }
 
 // MaxDirectChunks bounds the chunks of 256 pages one direct reclaim scans. A fault
@@ -368,7 +372,7 @@ func (p *Pager) reclaimLocked(limit int) int {
 		}
 		sweepEnds := p.hand.region >= len(p.regions) // regions change under rmu (AddRegion)
 		p.rmu.RUnlock()
-		got, _ := p.evictChunk(r, first, entries[:n], true)
+		got := p.evictChunk(r, first, entries[:n], true)
 		evicted += got
 		if sweepEnds {
 			p.recountLocked() // a sweep ended: start the next from the kernel's count
@@ -395,21 +399,19 @@ func (p *Pager) totalChunks(chunk int) int {
 }
 
 // evictChunk evicts the present, unreferenced pages among pages [first, first+n) of r
-// (all present pages when clock is false) and returns how many it evicted and how
-// many were present. Called with reclaimMu held.
-func (p *Pager) evictChunk(r *Region, first int, entries []pagefault.PagemapEntry, clock bool) (int, int) {
+// (all present pages when clock is false) and returns how many it evicted. Called
+// with reclaimMu held.
+func (p *Pager) evictChunk(r *Region, first int, entries []pagefault.PagemapEntry, clock bool) int {
 	lo, hi := r.page(first), r.page(first+len(entries))
 	if !p.eligible(lo, hi) || p.pm.Read(lo, entries) != nil {
-		return 0, 0
+		return 0
 	}
 	var victims []int
-	present := 0
 	for k, e := range entries {
 		i := first + k
 		if !e.Present() {
 			continue
 		}
-		present++
 		if clock && r.pr.TakeReference(i) {
 			continue // second chance
 		}
@@ -429,11 +431,11 @@ func (p *Pager) evictChunk(r *Region, first int, entries []pagefault.PagemapEntr
 		p.dropBounces(r, stale)
 	}
 	if len(victims) == 0 {
-		return 0, present
+		return 0
 	}
 	done := p.change(r, lo, hi, ReasonEvict, victims, p.evictLocked)
 	_ = p.srv.AddResident(-int64(done))
-	return done, present - done
+	return done
 }
 
 // change applies op to pages of r inside one invalidation of [lo, hi) (the NIC's
@@ -632,8 +634,7 @@ func (p *Pager) Evict(start, end uintptr) (int, error) {
 	defer p.reclaimMu.Unlock()
 	p.punchLocked()
 	return p.each(start, end, func(r *Region, first, n int) int {
-		got, _ := p.evictChunk(r, first, make([]pagefault.PagemapEntry, n), false)
-		return got
+		return p.evictChunk(r, first, make([]pagefault.PagemapEntry, n), false)
 	})
 }
 
