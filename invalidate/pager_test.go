@@ -29,6 +29,13 @@ type pagerEnv struct {
 
 func newPagerEnv(t *testing.T, npages int, budget int64) *pagerEnv {
 	t.Helper()
+	return newPagerEnvAround(t, npages, budget, 1)
+}
+
+// newPagerEnvAround is newPagerEnv with a CPU fault server that zero-fills around
+// pages after each missing page it fills.
+func newPagerEnvAround(t *testing.T, npages int, budget int64, around int) *pagerEnv {
+	t.Helper()
 	if err := pagefault.ProbeKernelBehaviour().Check(pagefault.ReqMove); err != nil {
 		t.Skipf("skipped: the pager moves pages out with %v", err)
 	}
@@ -37,12 +44,12 @@ func newPagerEnv(t *testing.T, npages int, budget int64) *pagerEnv {
 	e.mem, err = unix.Mmap(-1, 0, npages*ps, unix.PROT_READ|unix.PROT_WRITE, unix.MAP_PRIVATE|unix.MAP_ANONYMOUS)
 	require.NoError(t, err)
 	_ = unix.Madvise(e.mem, unix.MADV_NOHUGEPAGE) // 4 KiB pages whatever the THP setting
-	e.own = &owned{live: []Range{{addrOf(e.mem), addrOf(e.mem) + uintptr(len(e.mem))}}}
+	e.own = &owned{live: []Range{{Start: addrOf(e.mem), End: addrOf(e.mem) + uintptr(len(e.mem))}}}
 	e.u, err = pagefault.Open(pagefault.Options{Features: pagefault.FeatureEventRemove | pagefault.FeatureEventUnmap | pagefault.FeatureEventRemap})
 	require.NoError(t, err)
 	_, err = e.u.Register(addrOf(e.mem), uintptr(len(e.mem)), pagefault.ModeMissing)
 	require.NoError(t, err)
-	e.srv, err = pagefault.StartCPUServer(e.u, 1)
+	e.srv, err = pagefault.StartCPUServer(e.u, around)
 	require.NoError(t, err)
 	e.pm, err = pagefault.OpenPagemap()
 	require.NoError(t, err)
@@ -235,7 +242,7 @@ func TestEvictedPageFollowsMremap(t *testing.T) {
 	defer func() { require.NoError(t, unix.Munmap(hole)) }()
 	_, _, errno := unix.Syscall6(unix.SYS_MREMAP, addrOf(e.mem)+2*pz, pz, pz, unix.MREMAP_MAYMOVE|unix.MREMAP_FIXED, addrOf(hole), 0)
 	require.Zero(t, errno)
-	e.own.drop(Range{addrOf(e.mem) + 2*pz, addrOf(e.mem) + 3*pz})
+	e.own.drop(Range{Start: addrOf(e.mem) + 2*pz, End: addrOf(e.mem) + 3*pz})
 	assert.EqualValues(t, 77, hole[5], "the evicted page's content followed it")
 }
 
@@ -354,3 +361,65 @@ func TestServerReclaimBoundsCPUFaults(t *testing.T) {
 	assert.EqualValues(t, st.ServerEvictions, invalidated)
 	assert.NotZero(t, e.pump.Stats().Evicts)
 }
+
+// The server's fault-around zero-fills the missing pages after a faulting one, up to
+// the first present page, while the evictor moves pages out and back. A page present
+// when the server looked, and moved out while the copy filled the pages before it,
+// would get the zero page over the content the evictor stores. Each round the CPU
+// discards the first half of a window and faults it in, over and over, while the
+// evictor evicts the second half and reads it back; then the second half must hold
+// what was written.
+func TestFaultAroundNeverFillsOverEvictedContent(t *testing.T) {
+	for _, procs := range []int{1, 2} {
+		t.Run(fmt.Sprintf("GOMAXPROCS=%d", procs), func(t *testing.T) {
+			defer runtime.GOMAXPROCS(runtime.GOMAXPROCS(procs))
+			const window, half, windows, passes = 16, 8, 8, 20
+			e := newPagerEnvAround(t, window*windows, 0, window)
+			rounds := 100
+			if testing.Short() {
+				rounds = 20
+			}
+			evicted, faults := 0, 0
+			for round := 1; round <= rounds; round++ {
+				base := round % windows * window * ps
+				for p := half; p < window; p++ {
+					binary.LittleEndian.PutUint64(e.mem[base+p*ps:], uint64(round)<<16|uint64(p))
+				}
+				var pass atomic.Int32
+				done := make(chan int, 1)
+				go func() {
+					n := 0
+					for ; pass.Load() < passes; pass.Add(1) {
+						got, err := e.pager.Evict(addrOf(e.mem)+uintptr(base+half*ps), addrOf(e.mem)+uintptr(base+window*ps))
+						if err != nil {
+							break
+						}
+						n += got
+						var sum byte
+						for p := half; p < window; p++ { // back in place, present and NONE
+							sum += e.mem[base+p*ps]
+						}
+						sink.Add(uint32(sum))
+					}
+					done <- n
+				}()
+				for pass.Load() < passes {
+					require.NoError(t, unix.Madvise(e.mem[base:base+half*ps], unix.MADV_DONTNEED))
+					require.Zero(t, e.mem[base], "round %d: a discarded page reads as zero", round)
+					faults++
+					runtime.Gosched()
+				}
+				evicted += <-done
+				for p := half; p < window; p++ {
+					require.Equal(t, uint64(round)<<16|uint64(p), binary.LittleEndian.Uint64(e.mem[base+p*ps:]),
+						"round %d: page %d of the window lost its content", round, p)
+				}
+			}
+			st := e.pager.Stats()
+			t.Logf("%d rounds: %d evictions, %d aborted; %d faults on discarded pages", rounds, evicted, st.Aborts, faults)
+			assert.NotZero(t, evicted)
+		})
+	}
+}
+
+var sink atomic.Uint32 // keeps reads meant to fault from being optimised away

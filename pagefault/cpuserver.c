@@ -301,8 +301,14 @@ static int restore(odp_fs *fs, region *r, uint64_t i, uint64_t page) {
 	}
 	if (s == ODP_PAGE_STORED && fs->store_fd >= 0) {
 		ssize_t n = pread(fs->store_fd, fs->bounce_buf, (size_t)fs->ps, (off_t)(r->store_off + i * (uint64_t)fs->ps));
-		if (n != fs->ps)
+		if (n != fs->ps) {
+			// The store lost it (it never should: its room was allocated before the
+			// page moved out). Counted, and the page reads as zero from now on.
+			add(&fs->st.errors, 1);
+			uint32_t want = ODP_PAGE_STORED;
+			__atomic_compare_exchange_n(st, &want, ODP_PAGE_NONE, 0, __ATOMIC_ACQ_REL, __ATOMIC_ACQUIRE);
 			return 0;
+		}
 		struct uffdio_copy c = {.dst = page, .src = (uint64_t)fs->bounce_buf, .len = (uint64_t)fs->ps,
 		                        .mode = UFFDIO_COPY_MODE_DONTWAKE};
 		int copied = ioctl(fs->uffd, UFFDIO_COPY, &c) == 0;
@@ -326,6 +332,27 @@ static void zap_passed(region *r, uint64_t idx) {
 	uint32_t want = ODP_PAGE_REMOVING;
 	if (r)
 		__atomic_compare_exchange_n(&r->state[idx], &want, ODP_PAGE_NONE, 0, __ATOMIC_ACQ_REL, __ATOMIC_ACQUIRE);
+}
+
+// claim_fill takes page idx of r for a zero fill (NONE -> INSTALLING) and returns its
+// state word, which the caller sets back to NONE after the copy; or NULL with *busy
+// set when an evictor claimed the page meanwhile (its content may be on its way out:
+// the caller asks restore again), or NULL with *busy clear when the page reads as
+// zero whatever happens (DISCARDED, REMOVING, GONE, REMAPPED: no eviction starts on
+// it). Without the claim an evictor could move a present page out between restore's
+// look and the copy, and store its content under the zero page mapped over it.
+static uint32_t *claim_fill(region *r, uint64_t idx, int *busy) {
+	uint32_t want = ODP_PAGE_NONE;
+	*busy = 0;
+	if (__atomic_compare_exchange_n(&r->state[idx], &want, ODP_PAGE_INSTALLING, 0, __ATOMIC_ACQ_REL, __ATOMIC_ACQUIRE))
+		return &r->state[idx];
+	*busy = want != ODP_PAGE_DISCARDED && want != ODP_PAGE_REMOVING && want != ODP_PAGE_GONE && want != ODP_PAGE_REMAPPED;
+	return NULL;
+}
+
+static void release_fill(uint32_t *claim) {
+	if (claim)
+		__atomic_store_n(claim, ODP_PAGE_NONE, __ATOMIC_RELEASE);
 }
 
 static long futex(int32_t *addr, int op, int32_t val, const struct timespec *ts);
@@ -525,10 +552,25 @@ static int resolve(odp_fs *fs, uint64_t addr, uint64_t flags, uint64_t t0) {
 	uint64_t page = addr & ~((uint64_t)fs->ps - 1);
 	uint64_t idx = 0;
 	region *r = find(fs, page, &idx);
+	uint32_t *claim = NULL;
 	if (r) {
 		int got = make_room(fs, fs->around, page);
-		if (got != EAGAIN)
+		// Restore what was evicted, or claim the page for the zero fill; an evictor
+		// that claimed it in between has begun moving content out: restore again.
+		// If it still holds the page, the thread is woken without a fill: it faults
+		// again if the page is missing, and meanwhile the evictor settles it.
+		for (int tries = 0, busy = 0; got != EAGAIN; tries++) {
 			got = restore(fs, r, idx, page);
+			if (got != 0 || (claim = claim_fill(r, idx, &busy)) != NULL || !busy)
+				break;
+			if (tries == 3) {
+				add(&fs->st.retries, 1);
+				record(fs, page, page + (uint64_t)fs->ps);
+				account(fs, t0);
+				wake(fs, page);
+				return 0;
+			}
+		}
 		if (got == EAGAIN) {
 			add(&fs->st.retries, 1);
 			return EAGAIN;
@@ -549,6 +591,7 @@ static int resolve(odp_fs *fs, uint64_t addr, uint64_t flags, uint64_t t0) {
 	                        .mode = UFFDIO_COPY_MODE_DONTWAKE};
 	if (ioctl(fs->uffd, UFFDIO_COPY, &c) != 0) {
 		int e = errno;
+		release_fill(claim);
 		if (e == EAGAIN) {
 			add(&fs->st.retries, 1);
 			return EAGAIN;
@@ -568,17 +611,24 @@ static int resolve(odp_fs *fs, uint64_t addr, uint64_t flags, uint64_t t0) {
 		resident_add(fs, 1);
 		__atomic_store_n(&r->ref[idx], ODP_REF_SET, __ATOMIC_RELEASE); // the access bit of a fresh page
 	}
+	release_fill(claim);
 	zap_passed(r, idx);
+	// Forward fault-around over the pages that follow in state NONE, each claimed like
+	// the faulting page: never a zero fill over content that is being evicted. Best
+	// effort: the copy stops at the first present page and fails as a whole past the
+	// end of the registered range.
 	uint64_t around = fs->around;
-	for (uint64_t k = 1; r && k < around; k++) // never zero-fill over evicted content
-		if (idx + k >= r->npages || __atomic_load_n(&r->state[idx + k], __ATOMIC_ACQUIRE) != ODP_PAGE_NONE)
+	for (uint64_t k = 1; r && k < around; k++) {
+		int busy;
+		if (idx + k >= r->npages || !claim_fill(r, idx + k, &busy))
 			around = k;
+	}
 	if (around > 1) {
-		// Forward fault-around, best effort: stops at the first present page and fails
-		// as a whole past the end of the registered range.
 		struct uffdio_copy a = {.dst = page + (uint64_t)fs->ps, .src = (uint64_t)fs->zero,
 		                        .len = (uint64_t)fs->ps * (around - 1), .mode = UFFDIO_COPY_MODE_DONTWAKE};
 		ioctl(fs->uffd, UFFDIO_COPY, &a);
+		for (uint64_t k = 1; r && k < around; k++)
+			release_fill(&r->state[idx + k]);
 		if (a.copy > 0) {
 			add(&fs->st.pages, (uint64_t)a.copy / (uint64_t)fs->ps);
 			if (r)
@@ -765,17 +815,16 @@ static int install_one(odp_fs *fs, uint64_t page) {
 			add(&fs->st.pages, 1);
 			return 0;
 		}
-		// The page may be present (a request covers present pages too): claim it so
-		// that the evictor cannot move it out between this decision and the copy.
-		uint32_t want = ODP_PAGE_NONE;
-		if (__atomic_compare_exchange_n(&r->state[idx], &want, ODP_PAGE_INSTALLING, 0, __ATOMIC_ACQ_REL, __ATOMIC_ACQUIRE))
-			claim = &r->state[idx];
-		else if (want == ODP_PAGE_GONE || want == ODP_PAGE_REMAPPED)
-			return ENOENT; // not mapped here any more
-		else if (want != ODP_PAGE_DISCARDED && want != ODP_PAGE_REMOVING)
-			return EAGAIN; // evicting meanwhile: again
-		// DISCARDED, REMOVING: reads as zero; no eviction starts on it, so no claim
-		// is needed.
+		// The page may be present (a request covers present pages too): claimed, the
+		// evictor cannot move it out between this decision and the copy.
+		int busy;
+		if ((claim = claim_fill(r, idx, &busy)) == NULL) {
+			if (busy)
+				return EAGAIN; // evicting meanwhile: again
+			uint32_t s = __atomic_load_n(&r->state[idx], __ATOMIC_ACQUIRE);
+			if (s == ODP_PAGE_GONE || s == ODP_PAGE_REMAPPED)
+				return ENOENT; // not mapped here any more
+		}
 	}
 	struct uffdio_copy c = {.dst = page, .src = (uint64_t)fs->zero, .len = (uint64_t)fs->ps};
 	int e = 0;
@@ -791,8 +840,7 @@ static int install_one(odp_fs *fs, uint64_t page) {
 	} else if (errno != EEXIST) {
 		e = ENOENT; // not registered or unmapped
 	}
-	if (claim)
-		__atomic_store_n(claim, ODP_PAGE_NONE, __ATOMIC_RELEASE);
+	release_fill(claim);
 	return e;
 }
 

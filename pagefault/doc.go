@@ -51,7 +51,8 @@
 //	EVICTING     E claimed the page and is moving it out (to the bounce, then store)
 //	STORED       content in the store only; the page is missing
 //	RECLAIMED    S took an EVICTING page back; content in place or still in bounce
-//	INSTALLING   S is zero-filling the page for an install request: E must not start
+//	INSTALLING   S is zero-filling the page (a fault, its fault-around, or an install
+//	             request): E must not start
 //	DISCARDED    a REMOVE (madvise DONTNEED) hit an EVICTING/RECLAIMED page: it reads
 //	             as zero; its bounce page may hold stale content that E drops
 //	REMAPPED     a REMAP (mremap) hit an EVICTING/RECLAIMED page: its bounce content
@@ -88,8 +89,15 @@
 //	                               UFFDIO_MOVE page->scratch, write it, store STORED
 //	S      DIRECT      NONE        when the move or the write failed (the page is put
 //	                               back first)
-//	S      NONE        INSTALLING  CAS before a zero-fill for an install request;
-//	                               back to NONE after the UFFDIO_COPY
+//	S      NONE        INSTALLING  CAS before every zero-fill (the faulting page, each
+//	                               page of its fault-around, an install request);
+//	                               back to NONE after the UFFDIO_COPY. A page found
+//	                               NONE and filled unclaimed could be moved out by E
+//	                               in between: E would store its content under the
+//	                               zero page. A CAS that finds E's claim instead makes
+//	                               S restore the page after all
+//	S      STORED      NONE        CAS when the store cannot give the content back
+//	                               (counted as an error; the page reads as zero)
 //	S      STORED      NONE        on REMOVE (the content is discarded): CAS, punch
 //	S      NONE        REMOVING    on REMOVE: CAS (the zap follows the read; an evictor
 //	                               that claimed the page first could store content the
