@@ -46,7 +46,7 @@ func TestRegistryClipsAndSkipsDisjoint(t *testing.T) {
 	sa := g.Insert(100, 200, a)
 	g.Insert(300, 400, b)
 	changed := false
-	n, err := g.Invalidate(Range{150, 350}, ReasonExplicit, func() error {
+	n, err := g.Invalidate(Range{Start: 150, End: 350}, ReasonExplicit, func() error {
 		changed = true
 		assert.Equal(t, 1, a.open, "change runs between start and end")
 		return nil
@@ -55,13 +55,13 @@ func TestRegistryClipsAndSkipsDisjoint(t *testing.T) {
 	assert.True(t, changed)
 	assert.Equal(t, 2, n, "both overlap [150, 350)")
 	assert.Zero(t, a.open)
-	assert.Equal(t, []Range{{150, 200}}, a.ranges())
-	assert.Equal(t, []Range{{300, 350}}, b.ranges())
-	n, _ = g.Invalidate(Range{200, 300}, ReasonExplicit, nil)
+	assert.Equal(t, []Range{{Start: 150, End: 200}}, a.ranges())
+	assert.Equal(t, []Range{{Start: 300, End: 350}}, b.ranges())
+	n, _ = g.Invalidate(Range{Start: 200, End: 300}, ReasonExplicit, nil)
 	assert.Equal(t, 0, n, "touching, not overlapping")
 	sa.Remove()
 	sa.Remove()
-	n, _ = g.Invalidate(Range{0, 1000}, ReasonRemove, nil)
+	n, _ = g.Invalidate(Range{Start: 0, End: 1000}, ReasonRemove, nil)
 	assert.Equal(t, 1, n)
 	assert.Len(t, a.ranges(), 1, "removed subscriber not called")
 	assert.EqualValues(t, 2, g.Count(ReasonExplicit))
@@ -81,10 +81,10 @@ func (o *owned) drop(r Range) {
 	var next []Range
 	for _, l := range o.live {
 		if l.Start < r.Start {
-			next = append(next, Range{l.Start, min(l.End, r.Start)})
+			next = append(next, Range{Start: l.Start, End: min(l.End, r.Start)})
 		}
 		if l.End > r.End {
-			next = append(next, Range{max(l.Start, r.End), l.End})
+			next = append(next, Range{Start: max(l.Start, r.End), End: l.End})
 		}
 	}
 	o.live = next
@@ -104,7 +104,7 @@ func pumped(t *testing.T, npages int, reg *Registry, disabled bool) ([]byte, *pa
 	b, err := unix.Mmap(-1, 0, npages*ps, unix.PROT_READ|unix.PROT_WRITE, unix.MAP_PRIVATE|unix.MAP_ANONYMOUS)
 	require.NoError(t, err)
 	_ = unix.Madvise(b, unix.MADV_NOHUGEPAGE) // 4 KiB pages whatever the THP setting
-	own := &owned{live: []Range{{addrOf(b), addrOf(b) + uintptr(len(b))}}}
+	own := &owned{live: []Range{{Start: addrOf(b), End: addrOf(b) + uintptr(len(b))}}}
 	u, err := pagefault.Open(pagefault.Options{Features: pagefault.FeatureEventRemove | pagefault.FeatureEventUnmap | pagefault.FeatureEventRemap})
 	require.NoError(t, err)
 	_, err = u.Register(addrOf(b), uintptr(len(b)), pagefault.ModeMissing)
@@ -134,14 +134,14 @@ func TestPumpTurnsEventsIntoInvalidations(t *testing.T) {
 
 	require.NoError(t, unix.Madvise(b[ps:3*ps], unix.MADV_DONTNEED))
 	require.NoError(t, p.Sync())
-	assert.Equal(t, []Range{{base + pz, base + 3*pz}}, rec.ranges())
+	assert.Equal(t, []Range{{Start: base + pz, End: base + 3*pz}}, rec.ranges())
 
 	// Unmap the last 4 pages: the pages are gone, the registration with them.
 	_, _, e := unix.Syscall(unix.SYS_MUNMAP, base+28*pz, 4*pz, 0) // unix.Munmap wants whole mappings
 	require.Zero(t, e)
-	own.drop(Range{base + 28*pz, base + 32*pz})
+	own.drop(Range{Start: base + 28*pz, End: base + 32*pz})
 	require.NoError(t, p.Sync())
-	assert.Equal(t, Range{base + 28*pz, base + 32*pz}, rec.ranges()[1])
+	assert.Equal(t, Range{Start: base + 28*pz, End: base + 32*pz}, rec.ranges()[1])
 
 	_ = s
 	st := p.Stats()
@@ -165,12 +165,12 @@ func TestPumpRemap(t *testing.T) {
 	to, _, e := unix.Syscall6(unix.SYS_MREMAP, base, 2*pz, 2*pz, unix.MREMAP_MAYMOVE|unix.MREMAP_FIXED, addrOf(hole), 0)
 	require.Zero(t, e)
 	require.Equal(t, addrOf(hole), to)
-	own.drop(Range{base, base + 2*pz})
+	own.drop(Range{Start: base, End: base + 2*pz})
 	defer func() { require.NoError(t, unix.Munmap(hole)) }()
 	require.NoError(t, p.Sync())
 	// REMAP, then UNMAP of the old range (its VMA still carried the context).
 	for _, r := range rec.ranges() {
-		assert.Equal(t, Range{base, base + 2*pz}, r)
+		assert.Equal(t, Range{Start: base, End: base + 2*pz}, r)
 	}
 	assert.Contains(t, rec.why, ReasonRemap)
 	assert.EqualValues(t, 1, p.Stats().Remaps)
@@ -195,7 +195,7 @@ func TestRegistryDisabled(t *testing.T) {
 	g.Insert(0, 100, rec)
 	g.SetDisabled(true)
 	ran := false
-	n, err := g.Invalidate(Range{0, 100}, ReasonEvict, func() error { ran = true; return nil })
+	n, err := g.Invalidate(Range{Start: 0, End: 100}, ReasonEvict, func() error { ran = true; return nil })
 	require.NoError(t, err)
 	assert.True(t, ran, "the change still happens")
 	assert.Zero(t, n)

@@ -443,7 +443,7 @@ func (p *Pager) evictChunk(r *Region, first int, entries []pagefault.PagemapEntr
 // and returns for how many pages op reported success.
 func (p *Pager) change(r *Region, lo, hi uintptr, why Reason, pages []int, op func(*Region, int) bool) int {
 	done := 0
-	_, _ = p.reg.Invalidate(Range{lo, hi}, why, func() error { // the change reports nothing
+	_, _ = p.reg.Invalidate(Range{Start: lo, End: hi}, why, func() error { // the change reports nothing
 		for _, i := range pages {
 			if op(r, i) {
 				done++

@@ -145,24 +145,24 @@ func (p *Pump) apply(msgs []pagefault.Msg) {
 		var why Reason
 		switch m.Event {
 		case pagefault.EventRemove:
-			r, why = Range{uintptr(m.Start), uintptr(m.End)}, ReasonRemove
+			r, why = Range{Start: uintptr(m.Start), End: uintptr(m.End)}, ReasonRemove
 			st.Removes++
 		case pagefault.EventUnmap:
-			r, why = Range{uintptr(m.Start), uintptr(m.End)}, ReasonUnmap
+			r, why = Range{Start: uintptr(m.Start), End: uintptr(m.End)}, ReasonUnmap
 			st.Unmaps++
 		case pagefault.EventRemap:
 			// The MR keeps its virtual range: the pages left it.
-			r, why = Range{uintptr(m.From), uintptr(m.From + m.Len)}, ReasonRemap
+			r, why = Range{Start: uintptr(m.From), End: uintptr(m.From + m.Len)}, ReasonRemap
 			st.Remaps++
 		case pagefault.EventEvict:
 			// The server evicted the pages before it queued the event; no DMA has
 			// trusted their translations since (the gate), and none may now.
-			r, why = Range{uintptr(m.Start), uintptr(m.End)}, ReasonEvict
+			r, why = Range{Start: uintptr(m.Start), End: uintptr(m.End)}, ReasonEvict
 			st.Evicts++
 		case pagefault.EventFork:
 			// The kernel write-protected every private page for COW: the NIC's
 			// translations must go, so that its next write faults onto the copy.
-			r, why = Range{0, ^uintptr(0)}, ReasonFork
+			r, why = Range{Start: 0, End: ^uintptr(0)}, ReasonFork
 			st.Forks++
 		default:
 			continue

@@ -28,6 +28,7 @@ package invalidate
 
 import (
 	"fmt"
+	"github.com/odpemu/odpemu/internal/interval"
 	"sync"
 	"sync/atomic"
 )
@@ -58,8 +59,9 @@ func (r Reason) String() string {
 	return reasonNames[r]
 }
 
-// Range is the half-open address range [Start, End).
-type Range struct{ Start, End uintptr }
+// Range is the half-open address range [Start, End): the one range type of odpemu's
+// packages, with its overlap and intersection.
+type Range = interval.Range
 
 // Subscriber is told about invalidations overlapping its interval.
 // InvalidateStart must return only when no DMA can use the old translations of r any
@@ -98,7 +100,7 @@ func NewRegistry() *Registry { return &Registry{subs: map[*Subscription]struct{}
 func (g *Registry) Insert(start, end uintptr, s Subscriber) *Subscription {
 	g.mu.Lock()
 	defer g.mu.Unlock()
-	sub := &Subscription{reg: g, r: Range{start, end}, sub: s, alive: true}
+	sub := &Subscription{reg: g, r: Range{Start: start, End: end}, sub: s, alive: true}
 	g.subs[sub] = struct{}{}
 	return sub
 }
@@ -143,8 +145,8 @@ func (g *Registry) InvalidateAll(rs []Range, why Reason, change func() error) (i
 	var hits []hit
 	for _, r := range rs {
 		for s := range g.subs {
-			if s.alive && s.r.Start < r.End && r.Start < s.r.End {
-				h := hit{s, Range{max(r.Start, s.r.Start), min(r.End, s.r.End)}}
+			if s.alive && s.r.Overlaps(r) {
+				h := hit{s, s.r.Intersect(r)}
 				h.s.sub.InvalidateStart(h.r, why)
 				hits = append(hits, h)
 			}

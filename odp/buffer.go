@@ -11,25 +11,25 @@ import (
 )
 
 type buffer struct {
-	start, end uintptr
-	mem        []byte
-	paged      *invalidate.Region // nil unless paging
-	holes      []interval.Range   // parts the application unmapped itself
-	owner      *Device            // whose Close unmaps it (nil: the space's last device)
+	interval.Range // the buffer's addresses
+	mem            []byte
+	paged          *invalidate.Region // nil unless paging
+	holes          []interval.Range   // parts the application unmapped itself
+	owner          *Device            // whose Close unmaps it (nil: the space's last device)
 }
 
 // unmap unmaps the parts of b the device still owns: an address the application
 // unmapped may hold someone else's memory now (the Go heap's, say).
 func (b *buffer) unmap(u *pagefault.FD) {
 	base := unsafe.Pointer(unsafe.SliceData(b.mem))
-	for _, r := range interval.Uncovered(interval.Range{Start: b.start, End: b.end}, b.holes) {
+	for _, r := range interval.Uncovered(b.Range, b.holes) {
 		if u != nil {
 			// Our own unmapping needs no UNMAP event; a part that is already gone
 			// fails harmlessly.
 			_ = u.Unregister(r.Start, r.End-r.Start)
 		}
 		// The parts are ours and mapped: munmap of them cannot fail.
-		_ = unix.MunmapPtr(unsafe.Add(base, r.Start-b.start), r.End-r.Start)
+		_ = unix.MunmapPtr(unsafe.Add(base, r.Start-b.Start), r.End-r.Start)
 	}
 }
 
@@ -42,8 +42,8 @@ func (s *space) noteEvent(m pagefault.Msg) {
 	defer s.mu.Unlock()
 	for i := range s.buffers {
 		b := &s.buffers[i]
-		if lo, hi := max(b.start, uintptr(m.Start)), min(b.end, uintptr(m.End)); lo < hi {
-			b.holes = append(b.holes, interval.Range{Start: lo, End: hi})
+		if h := b.Intersect(interval.Range{Start: uintptr(m.Start), End: uintptr(m.End)}); !h.Empty() {
+			b.holes = append(b.holes, h)
 		}
 	}
 }
@@ -107,11 +107,11 @@ func (d *Device) addBuffer(mem []byte) ([]*MR, error) {
 	s := d.as
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	b := buffer{start: addrOf(mem), end: addrOf(mem) + uintptr(len(mem)), mem: mem, owner: d}
+	b := buffer{Range: interval.Range{Start: addrOf(mem), End: addrOf(mem) + uintptr(len(mem))}, mem: mem, owner: d}
 	// Registered for events from the start (write-protect mode, nothing protected:
 	// faults are the kernel's as usual), so that what the application unmaps or
 	// moves away is known, registered as an MR or not, and Free never unmaps it.
-	if _, err := s.uffd.Register(b.start, b.end-b.start, s.bufferModeLocked()); err != nil {
+	if _, err := s.uffd.Register(b.Start, b.End-b.Start, s.bufferModeLocked()); err != nil {
 		return nil, fmt.Errorf("odp: register buffer for events: %w", err)
 	}
 	if s.pager != nil {
@@ -151,7 +151,7 @@ func (d *Device) Free(buf []byte) error {
 		return wrap(ErrInvalidArgument, "%#x is not a buffer from Alloc", start)
 	}
 	b := s.buffers[i]
-	if s.coveredLocked(interval.Range{Start: b.start, End: b.end}) {
+	if s.coveredLocked(b.Range) {
 		s.mu.Unlock()
 		return wrap(ErrBusy, "buffer %#x is registered as an MR", start)
 	}
@@ -167,7 +167,7 @@ func (d *Device) Free(buf []byte) error {
 // pages leave the pager and its parts still mapped are unmapped, unregistered first
 // if the userfaultfd lives on. Called holding no lock.
 func (s *space) retire(b buffer, uffdOpen bool) error {
-	if _, err := s.registry.Invalidate(invalidate.Range{Start: b.start, End: b.end}, invalidate.ReasonUnmap, nil); err != nil {
+	if _, err := s.registry.Invalidate(b.Range, invalidate.ReasonUnmap, nil); err != nil {
 		return err
 	}
 	var err error

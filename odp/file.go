@@ -16,11 +16,11 @@ import (
 
 // fileMap is a MAP_SHARED mapping of a file made by MapFile.
 type fileMap struct {
-	p          unsafe.Pointer
-	start, end uintptr
-	dev, ino   uint64 // the file, as stat(2) names it
-	off        int64  // the file offset mapped at start
-	owner      *Device
+	p              unsafe.Pointer
+	interval.Range        // the mapping's addresses
+	dev, ino       uint64 // the file, as stat(2) names it
+	off            int64  // the file offset mapped at start
+	owner          *Device
 }
 
 // MapFile maps length bytes of f from offset off (a multiple of the page size) with
@@ -57,7 +57,7 @@ func (d *Device) MapFile(f *os.File, off int64, length int, writable bool) ([]by
 	if err != nil {
 		return nil, wrap(ErrBadAddress, "mmap %s: %v", f.Name(), err)
 	}
-	fm := fileMap{p: p, start: uintptr(p), end: uintptr(p) + size, dev: st.Dev, ino: st.Ino, off: off, owner: d}
+	fm := fileMap{p: p, Range: interval.Range{Start: uintptr(p), End: uintptr(p) + size}, dev: st.Dev, ino: st.Ino, off: off, owner: d}
 	d.mu.RLock()
 	defer d.mu.RUnlock()
 	if d.closed {
@@ -85,7 +85,7 @@ func (s *space) freeFile(start uintptr) (ok bool, err error) {
 		return false, nil
 	}
 	fm := s.files[i]
-	if s.coveredLocked(interval.Range{Start: fm.start, End: fm.end}) {
+	if s.coveredLocked(fm.Range) {
 		s.mu.Unlock()
 		return true, wrap(ErrBusy, "file mapping %#x is registered as an MR", start)
 	}
@@ -95,7 +95,7 @@ func (s *space) freeFile(start uintptr) (ok bool, err error) {
 }
 
 func (fm fileMap) unmap() error {
-	if err := unix.MunmapPtr(fm.p, fm.end-fm.start); err != nil {
+	if err := unix.MunmapPtr(fm.p, fm.End-fm.Start); err != nil {
 		return fmt.Errorf("odp: munmap file mapping: %w", err)
 	}
 	return nil
@@ -122,14 +122,14 @@ func (d *Device) FileChanged(dev, ino uint64, off, n int64, change func() error)
 		if fm.dev != dev || fm.ino != ino {
 			continue
 		}
-		mapEnd := fm.off + int64(fm.end-fm.start)
+		mapEnd := fm.off + int64(fm.End-fm.Start)
 		lo, hi := max(off, fm.off), min(end, mapEnd)
 		if lo >= hi {
 			continue
 		}
 		ps := int64(pagefault.PageSize)
 		lo, hi = lo&^(ps-1), (hi+ps-1)&^(ps-1)
-		rs = append(rs, invalidate.Range{Start: fm.start + uintptr(lo-fm.off), End: fm.start + uintptr(hi-fm.off)})
+		rs = append(rs, invalidate.Range{Start: fm.Start + uintptr(lo-fm.off), End: fm.Start + uintptr(hi-fm.off)})
 	}
 	s.mu.RUnlock()
 	if len(rs) == 0 {

@@ -50,12 +50,12 @@ func (pd *PD) RegImplicitMR(access Access) (*MR, error) {
 	if len(s.implicitMRs) == 0 {
 		// Every buffer takes faults from now on (new ones are registered so by Alloc).
 		for _, b := range s.buffers {
-			for _, r := range interval.Uncovered(interval.Range{Start: b.start, End: b.end}, b.holes) {
+			for _, r := range interval.Uncovered(b.Range, b.holes) {
 				if _, err := s.uffd.Register(r.Start, r.End-r.Start, pagefault.ModeMissing|pagefault.ModeWP); err != nil {
 					s.mu.Unlock()
 					d.keys.release(key)
 					d.mu.Unlock()
-					return nil, fmt.Errorf("odp: register buffer %#x for implicit ODP: %w", b.start, err)
+					return nil, fmt.Errorf("odp: register buffer %#x for implicit ODP: %w", b.Start, err)
 				}
 			}
 		}
@@ -73,7 +73,7 @@ func (pd *PD) RegImplicitMR(access Access) (*MR, error) {
 	if !d.cfg.NoSnapshot {
 		t1 := time.Now()
 		for _, b := range bufs {
-			mr.snapshot(b.start, b.end)
+			mr.snapshot(b.Start, b.End)
 		}
 		mr.reg.Snapshot = time.Since(t1)
 	}
@@ -95,7 +95,7 @@ func (mr *MR) bufferPages(p int) (lo, hi int, ok bool) {
 	if !ok {
 		return 0, 0, false
 	}
-	return int(b.start / pagefault.PageSize), int(b.end / pagefault.PageSize), true
+	return int(b.Start / pagefault.PageSize), int(b.End / pagefault.PageSize), true
 }
 
 // slice returns the MR's bytes [off, off+n): for an implicit MR, the memory at that

@@ -20,7 +20,7 @@ func (s *space) evictable(start, end uintptr) bool {
 		return false
 	}
 	for _, l := range s.locked {
-		if l.Start < end && start < l.End {
+		if l.Overlaps(r) {
 			return false
 		}
 	}
@@ -40,7 +40,7 @@ func (s *space) syncEvictableLocked() {
 		if b.paged == nil {
 			continue
 		}
-		whole := interval.Range{Start: b.start, End: b.end}
+		whole := b.Range
 		on := []interval.Range{whole}
 		if len(s.implicitMRs) == 0 {
 			on = interval.Uncovered(whole, interval.Uncovered(whole, s.odpRegs))

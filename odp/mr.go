@@ -218,8 +218,8 @@ func (mr *MR) Dereg() error {
 	s.syncEvictableLocked()
 	var gone []interval.Range
 	for _, b := range s.buffers {
-		if lo, hi := max(b.start, mr.base), min(b.end, end); lo < hi {
-			gone = append(gone, s.uncoveredLocked(interval.Range{Start: lo, End: hi})...)
+		if h := b.Intersect(interval.Range{Start: mr.base, End: end}); !h.Empty() {
+			gone = append(gone, s.uncoveredLocked(h)...)
 		}
 	}
 	s.mu.Unlock()

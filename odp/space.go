@@ -219,24 +219,21 @@ func (s *space) release(d *Device) error {
 }
 
 // bounded is what the space's sorted lists hold (buffers, file mappings): a range
-// [start, end) of the address space.
-type bounded interface{ bounds() (start, end uintptr) }
-
-func (b buffer) bounds() (uintptr, uintptr)   { return b.start, b.end }
-func (fm fileMap) bounds() (uintptr, uintptr) { return fm.start, fm.end }
+// of the address space (an embedded interval.Range).
+type bounded interface{ Span() interval.Range }
 
 // insertSorted inserts x into xs, which is sorted by start, and returns the list.
 func insertSorted[T bounded](xs []T, x T) []T {
-	s, _ := x.bounds()
-	i := sort.Search(len(xs), func(i int) bool { st, _ := xs[i].bounds(); return st > s })
+	s := x.Span().Start
+	i := sort.Search(len(xs), func(i int) bool { return xs[i].Span().Start > s })
 	return slices.Insert(xs, i, x)
 }
 
 // holding returns the item of xs (sorted by start) that holds [start, start+n).
 func holding[T bounded](xs []T, start, n uintptr) (T, bool) {
-	i := sort.Search(len(xs), func(i int) bool { st, _ := xs[i].bounds(); return st > start }) - 1
+	i := sort.Search(len(xs), func(i int) bool { return xs[i].Span().Start > start }) - 1
 	if i >= 0 {
-		if _, end := xs[i].bounds(); start+n <= end && start+n >= start {
+		if end := xs[i].Span().End; start+n <= end && start+n >= start {
 			return xs[i], true
 		}
 	}
@@ -247,9 +244,9 @@ func holding[T bounded](xs []T, start, n uintptr) (T, bool) {
 // startingAt returns the index of the item of xs (sorted by start) that starts at
 // start, or -1.
 func startingAt[T bounded](xs []T, start uintptr) int {
-	i := sort.Search(len(xs), func(i int) bool { st, _ := xs[i].bounds(); return st >= start })
+	i := sort.Search(len(xs), func(i int) bool { return xs[i].Span().Start >= start })
 	if i < len(xs) {
-		if st, _ := xs[i].bounds(); st == start {
+		if xs[i].Span().Start == start {
 			return i
 		}
 	}
@@ -263,9 +260,8 @@ func startingAt[T bounded](xs []T, start uintptr) int {
 // space.mu held.
 func splitOwnedLocked[T bounded](s *space, d *Device, last bool, items []T, owner func(*T) **Device) (mine, kept []T) {
 	for _, it := range items {
-		start, end := it.bounds()
 		o := owner(&it)
-		if last || (*o == d && !s.coveredLocked(interval.Range{Start: start, End: end})) {
+		if last || (*o == d && !s.coveredLocked(it.Span())) {
 			mine = append(mine, it)
 			continue
 		}
@@ -282,7 +278,7 @@ func splitOwnedLocked[T bounded](s *space, d *Device, last bool, items []T, owne
 func (s *space) coveredLocked(r interval.Range) bool {
 	for _, rs := range [][]interval.Range{s.odpRegs, s.locked, s.fileRegs} {
 		for _, x := range rs {
-			if x.Start < r.End && r.Start < x.End {
+			if x.Overlaps(r) {
 				return true
 			}
 		}

@@ -11,11 +11,22 @@ type Range struct{ Start, End uintptr }
 // Empty reports whether r holds no address.
 func (r Range) Empty() bool { return r.End <= r.Start }
 
+// Span returns r: types that embed a Range show it through Span.
+func (r Range) Span() Range { return r }
+
+// Overlaps reports whether r and o share an address.
+func (r Range) Overlaps(o Range) bool {
+	return o.Start < r.End && r.Start < o.End && !r.Empty() && !o.Empty()
+}
+
+// Intersect returns the addresses r and o share (Empty if none).
+func (r Range) Intersect(o Range) Range { return Range{max(r.Start, o.Start), min(r.End, o.End)} }
+
 // Uncovered returns the parts of r that no range in others covers, in address order.
 func Uncovered(r Range, others []Range) []Range {
 	var cov []Range
 	for _, o := range others {
-		if o.Start < r.End && r.Start < o.End {
+		if r.Overlaps(o) {
 			cov = append(cov, o)
 		}
 	}

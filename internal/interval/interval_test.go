@@ -27,3 +27,30 @@ func TestUncovered(t *testing.T) {
 	}
 	assert.True(t, Range{5, 5}.Empty())
 }
+
+func TestOverlapsAndIntersect(t *testing.T) {
+	r := Range{100, 200}
+	tests := []struct {
+		o       Range
+		overlap bool
+		common  Range
+	}{
+		{Range{0, 100}, false, Range{}},   // touching below: half-open
+		{Range{200, 300}, false, Range{}}, // touching above
+		{Range{99, 101}, true, Range{100, 101}},
+		{Range{199, 250}, true, Range{199, 200}},
+		{Range{120, 130}, true, Range{120, 130}},
+		{Range{0, 1000}, true, Range{100, 200}},
+		{Range{150, 150}, false, Range{}}, // empty
+	}
+	for _, tc := range tests {
+		assert.Equal(t, tc.overlap, r.Overlaps(tc.o), "%v overlaps %v", r, tc.o)
+		assert.Equal(t, tc.overlap, tc.o.Overlaps(r), "%v overlaps %v", tc.o, r)
+		got := r.Intersect(tc.o)
+		assert.Equal(t, !tc.overlap, got.Empty(), "%v ∩ %v = %v", r, tc.o, got)
+		if tc.overlap {
+			assert.Equal(t, tc.common, got)
+		}
+	}
+	assert.Equal(t, r, r.Span())
+}
