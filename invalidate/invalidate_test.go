@@ -4,6 +4,7 @@ import (
 	"sync"
 	"testing"
 
+	"github.com/odpemu/odpemu/internal/testmem"
 	"github.com/odpemu/odpemu/pagefault"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
@@ -73,38 +74,15 @@ func TestRegistryClipsAndSkipsDisjoint(t *testing.T) {
 	assert.Zero(t, g.Count(Reason(99)))
 }
 
-// owned lists the parts of a test mapping the test has not unmapped itself: an
-// address it unmapped may hold the Go runtime's memory by cleanup time.
-type owned struct{ live []Range }
-
-func (o *owned) drop(r Range) {
-	var next []Range
-	for _, l := range o.live {
-		if l.Start < r.Start {
-			next = append(next, Range{Start: l.Start, End: min(l.End, r.Start)})
-		}
-		if l.End > r.End {
-			next = append(next, Range{Start: max(l.Start, r.End), End: l.End})
-		}
-	}
-	o.live = next
-}
-
-func (o *owned) unmap() {
-	for _, r := range o.live {
-		_, _, _ = unix.Syscall(unix.SYS_MUNMAP, r.Start, r.End-r.Start, 0) // cleanup of live parts
-	}
-}
-
 // pumped maps npages, registers them with a userfaultfd asking for the
 // non-cooperative events, and starts a fault server and a pump over reg. Tests that
 // unmap part of the mapping tell the returned owned.
-func pumped(t *testing.T, npages int, reg *Registry, disabled bool) ([]byte, *pagefault.CPUServer, *Pump, *owned) {
+func pumped(t *testing.T, npages int, reg *Registry, disabled bool) ([]byte, *pagefault.CPUServer, *Pump, *testmem.Owned) {
 	t.Helper()
 	b, err := unix.Mmap(-1, 0, npages*ps, unix.PROT_READ|unix.PROT_WRITE, unix.MAP_PRIVATE|unix.MAP_ANONYMOUS)
 	require.NoError(t, err)
 	_ = unix.Madvise(b, unix.MADV_NOHUGEPAGE) // 4 KiB pages whatever the THP setting
-	own := &owned{live: []Range{{Start: addrOf(b), End: addrOf(b) + uintptr(len(b))}}}
+	own := testmem.Own(b)
 	u, err := pagefault.Open(pagefault.Options{Features: pagefault.FeatureEventRemove | pagefault.FeatureEventUnmap | pagefault.FeatureEventRemap})
 	require.NoError(t, err)
 	_, err = u.Register(addrOf(b), uintptr(len(b)), pagefault.ModeMissing)
@@ -117,7 +95,7 @@ func pumped(t *testing.T, npages int, reg *Registry, disabled bool) ([]byte, *pa
 		p.Stop()
 		require.NoError(t, s.Stop())
 		require.NoError(t, u.Close())
-		own.unmap()
+		own.Unmap()
 	})
 	return b, s, p, own
 }
@@ -139,7 +117,7 @@ func TestPumpTurnsEventsIntoInvalidations(t *testing.T) {
 	// Unmap the last 4 pages: the pages are gone, the registration with them.
 	_, _, e := unix.Syscall(unix.SYS_MUNMAP, base+28*pz, 4*pz, 0) // unix.Munmap wants whole mappings
 	require.Zero(t, e)
-	own.drop(Range{Start: base + 28*pz, End: base + 32*pz})
+	own.Drop(Range{Start: base + 28*pz, End: base + 32*pz})
 	require.NoError(t, p.Sync())
 	assert.Equal(t, Range{Start: base + 28*pz, End: base + 32*pz}, rec.ranges()[1])
 
@@ -165,7 +143,7 @@ func TestPumpRemap(t *testing.T) {
 	to, _, e := unix.Syscall6(unix.SYS_MREMAP, base, 2*pz, 2*pz, unix.MREMAP_MAYMOVE|unix.MREMAP_FIXED, addrOf(hole), 0)
 	require.Zero(t, e)
 	require.Equal(t, addrOf(hole), to)
-	own.drop(Range{Start: base, End: base + 2*pz})
+	own.Drop(Range{Start: base, End: base + 2*pz})
 	defer func() { require.NoError(t, unix.Munmap(hole)) }()
 	require.NoError(t, p.Sync())
 	// REMAP, then UNMAP of the old range (its VMA still carried the context).

@@ -2,8 +2,10 @@
 //
 // A Registry holds interval subscriptions (one per ODP memory region, like
 // mmu_interval_notifier_insert) and calls every subscriber overlapping an invalidated
-// range. A Pump reads the userfaultfd events (REMOVE, UNMAP, REMAP) that the CPU fault
-// server queued and turns them into invalidations.
+// range. A Pump reads the userfaultfd events (REMOVE, UNMAP, REMAP, and the fault
+// server's own evictions) that the CPU fault server queued and turns them into
+// invalidations. Eviction and migration (package paging) are changes of the first
+// kind.
 //
 // Ordering: the kernel's notifier runs before a page's translation changes and the
 // change waits for it. Changes that odpemu makes itself (explicit invalidation,
@@ -16,21 +18,21 @@
 //
 // # Lock order
 //
-//	Pager.reclaimMu   one evictor at a time (Exclusive runs a caller's change under it)
 //	Registry.mu       held for reading while subscribers run; they may block on DMA
 //	                  but must not call into the Registry
-//	Pager.rmu         the region list; held only for lookups, never across a call out
 //	Pump.mu           the pump's counters; a leaf
 //
-// Subscribers' locks (an MR's table lock) come after Registry.mu. Functions named
-// ...Locked need reclaimMu, but for the Pump's waitLocked, which needs Pump.mu.
+// Callers' locks come before Registry.mu (paging.Pager.reclaimMu: an eviction runs
+// inside an invalidation); subscribers' locks (an MR's table lock) come after it.
+// The Pump's waitLocked needs Pump.mu.
 package invalidate
 
 import (
 	"fmt"
-	"github.com/odpemu/odpemu/internal/interval"
 	"sync"
 	"sync/atomic"
+
+	"github.com/odpemu/odpemu/internal/interval"
 )
 
 // Reason says why a range is invalidated.

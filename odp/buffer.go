@@ -7,15 +7,16 @@ import (
 	"github.com/odpemu/odpemu/internal/interval"
 	"github.com/odpemu/odpemu/invalidate"
 	"github.com/odpemu/odpemu/pagefault"
+	"github.com/odpemu/odpemu/paging"
 	"golang.org/x/sys/unix"
 )
 
 type buffer struct {
 	interval.Range // the buffer's addresses
 	mem            []byte
-	paged          *invalidate.Region // nil unless paging
-	holes          []interval.Range   // parts the application unmapped itself
-	owner          *Device            // whose Close unmaps it (nil: the space's last device)
+	paged          *paging.Region   // nil unless paging
+	holes          []interval.Range // parts the application unmapped itself
+	owner          *Device          // whose Close unmaps it (nil: the space's last device)
 }
 
 // unmap unmaps the parts of b the device still owns: an address the application

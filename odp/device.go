@@ -20,12 +20,12 @@
 //	QP.attrMu                orders ModifyAttr calls
 //	space.regMu              ODP userfaultfd registration changes (registerODP, Dereg,
 //	                         RegImplicitMR) in the address space
-//	invalidate.Pager.reclaimMu  one evictor at a time; Discard, Evict, Migrate, Restore
+//	paging.Pager.reclaimMu  one evictor at a time; Discard, Evict, Migrate, Restore
 //	invalidate.Registry.mu   held for reading while notifiers run
 //	mmu.Table.mu             an MR's table lock (umem_mutex); notifiers take it
 //	Device.mu                a device's MRs, keys, PDs, CQs, QPs, pinned accounting
 //	space.mu                 the address space's buffers, ODP and locked ranges
-//	invalidate.Pager.rmu     the pager's region list (Alloc adds a region under space.mu)
+//	paging.Pager.rmu     the pager's region list (Alloc adds a region under space.mu)
 //	QP.mu                    a QP's state, queues and pending WRs
 //	CQ.mu                    a CQ's ring (completions are pushed under QP.mu; CreateQP
 //	                         and CQ.Destroy take it under Device.mu)

@@ -10,6 +10,7 @@ import (
 	"github.com/odpemu/odpemu/invalidate"
 	"github.com/odpemu/odpemu/mmu"
 	"github.com/odpemu/odpemu/pagefault"
+	"github.com/odpemu/odpemu/paging"
 )
 
 // MR is a registered memory region. Its translation table is the NIC's view of the
@@ -231,7 +232,7 @@ func (mr *MR) Dereg() error {
 		if s.pager != nil && !closing {
 			// Unregistered, a stored page would read as zero. Restore fails only
 			// for memory that is not paged, which has nothing stored.
-			if err := s.pager.Restore(r.Start, r.End); err != nil && !errors.Is(err, invalidate.ErrNotPaged) {
+			if err := s.pager.Restore(r.Start, r.End); err != nil && !errors.Is(err, paging.ErrNotPaged) {
 				restoreErr = errors.Join(restoreErr, err)
 			}
 		}

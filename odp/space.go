@@ -10,6 +10,7 @@ import (
 	"github.com/odpemu/odpemu/internal/interval"
 	"github.com/odpemu/odpemu/invalidate"
 	"github.com/odpemu/odpemu/pagefault"
+	"github.com/odpemu/odpemu/paging"
 )
 
 // space is the process's address space as the NICs see it, the kernel's mm: one
@@ -34,8 +35,8 @@ type space struct {
 	resolver *pagefault.Resolver
 	registry *invalidate.Registry
 	pump     *invalidate.Pump
-	pager    *invalidate.Pager // nil unless paging
-	store    *invalidate.Store
+	pager    *paging.Pager // nil unless paging
+	store    *paging.Store
 	barrier  *pagefault.ZapBarrier
 	regMu    sync.Mutex // serialises ODP userfaultfd registration changes
 
@@ -115,13 +116,13 @@ func startSpace(cfg spaceConfig) (*space, error) {
 				s.pump.SetBarrier(s.barrier.Wait)
 				if cfg.Paging {
 					if cfg.StorePath != "" {
-						s.store, err = invalidate.NewFileStore(cfg.StorePath)
+						s.store, err = paging.NewFileStore(cfg.StorePath)
 					} else {
-						s.store, err = invalidate.NewMemStore()
+						s.store, err = paging.NewMemStore()
 					}
 					if err == nil {
-						s.pager = invalidate.NewPager(s.uffd, s.server, s.registry, s.pagemap, s.store,
-							invalidate.PagerConfig{Budget: cfg.ResidentBudget, Eligible: s.evictable})
+						s.pager = paging.NewPager(s.uffd, s.server, s.registry, s.pagemap, s.store,
+							paging.PagerConfig{Budget: cfg.ResidentBudget, Eligible: s.evictable})
 					}
 				}
 				if err == nil {

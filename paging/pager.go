@@ -1,4 +1,4 @@
-package invalidate
+package paging
 
 import (
 	"errors"
@@ -8,15 +8,17 @@ import (
 	"sync"
 	"sync/atomic"
 	"time"
+	"unsafe"
 
+	"github.com/odpemu/odpemu/invalidate"
 	"github.com/odpemu/odpemu/pagefault"
 	"golang.org/x/sys/unix"
 )
 
 // Pager evicts pages of paged regions to a Store and migrates them to new frames, the
 // way reclaim, compaction and NUMA balancing change a page's translation under an ODP
-// MR. Every change runs inside Registry.Invalidate, so the NIC's entries are cleared
-// and its DMA drained first, and no fault maps the page while it moves.
+// MR. Every change runs inside invalidate.Registry.Invalidate, so the NIC's entries
+// are cleared and its DMA drained first, and no fault maps the page while it moves.
 //
 // A page leaves the application's mapping atomically (UFFDIO_MOVE into the page's own
 // bounce page), so a concurrent write either lands before the move, and is saved, or
@@ -33,7 +35,7 @@ import (
 type Pager struct {
 	uffd     *pagefault.FD
 	srv      *pagefault.CPUServer
-	reg      *Registry
+	reg      *invalidate.Registry
 	pm       *pagefault.Pagemap
 	store    *Store
 	eligible func(start, end uintptr) bool
@@ -67,10 +69,10 @@ type PagerConfig struct {
 }
 
 // ErrNotPaged is returned for addresses outside every paged region.
-var ErrNotPaged = errors.New("invalidate: address not in a paged region")
+var ErrNotPaged = errors.New("paging: address not in a paged region")
 
 // NewPager returns a pager over uffd's server with store as its backing store.
-func NewPager(uffd *pagefault.FD, srv *pagefault.CPUServer, reg *Registry, pm *pagefault.Pagemap, store *Store, cfg PagerConfig) *Pager {
+func NewPager(uffd *pagefault.FD, srv *pagefault.CPUServer, reg *invalidate.Registry, pm *pagefault.Pagemap, store *Store, cfg PagerConfig) *Pager {
 	p := &Pager{uffd: uffd, srv: srv, reg: reg, pm: pm, store: store, eligible: cfg.Eligible,
 		budget: cfg.Budget / int64(pagefault.PageSize), scratch: make([]byte, pagefault.PageSize)}
 	if p.eligible == nil {
@@ -131,7 +133,7 @@ func (p *Pager) AddRegion(mem []byte) (*Region, error) {
 	ps := int(pagefault.PageSize)
 	stash, err := unix.Mmap(-1, 0, len(mem), unix.PROT_READ|unix.PROT_WRITE, unix.MAP_PRIVATE|unix.MAP_ANONYMOUS|unix.MAP_NORESERVE)
 	if err != nil {
-		return nil, fmt.Errorf("invalidate: map bounce pages: %w", err)
+		return nil, fmt.Errorf("paging: map bounce pages: %w", err)
 	}
 	if _, err := p.uffd.Register(addrOf(stash), uintptr(len(stash)), pagefault.ModeMissing); err != nil {
 		_ = unix.Munmap(stash) // our own fresh mapping
@@ -433,7 +435,7 @@ func (p *Pager) evictChunk(r *Region, first int, entries []pagefault.PagemapEntr
 	if len(victims) == 0 {
 		return 0
 	}
-	done := p.change(r, lo, hi, ReasonEvict, victims, p.evictLocked)
+	done := p.change(r, lo, hi, invalidate.ReasonEvict, victims, p.evictLocked)
 	_ = p.srv.AddResident(-int64(done))
 	return done
 }
@@ -441,9 +443,9 @@ func (p *Pager) evictChunk(r *Region, first int, entries []pagefault.PagemapEntr
 // change applies op to pages of r inside one invalidation of [lo, hi) (the NIC's
 // entries cleared, its DMA drained, its faults held off), then frees the bounce pages,
 // and returns for how many pages op reported success.
-func (p *Pager) change(r *Region, lo, hi uintptr, why Reason, pages []int, op func(*Region, int) bool) int {
+func (p *Pager) change(r *Region, lo, hi uintptr, why invalidate.Reason, pages []int, op func(*Region, int) bool) int {
 	done := 0
-	_, _ = p.reg.Invalidate(Range{Start: lo, End: hi}, why, func() error { // the change reports nothing
+	_, _ = p.reg.Invalidate(invalidate.Range{Start: lo, End: hi}, why, func() error { // the change reports nothing
 		for _, i := range pages {
 			if op(r, i) {
 				done++
@@ -619,7 +621,7 @@ func (p *Pager) SetEvictable(start, end uintptr, on bool) {
 }
 
 // Exclusive runs fn with reclaim held off. Lock order: the reclaim lock comes before
-// the registry, so fn may call Registry.Invalidate.
+// the registry, so fn may call invalidate.Registry.Invalidate.
 func (p *Pager) Exclusive(fn func() error) error {
 	p.reclaimMu.Lock()
 	defer p.reclaimMu.Unlock()
@@ -656,7 +658,7 @@ func (p *Pager) Migrate(start, end uintptr) (int, error) {
 				pages = append(pages, first+k)
 			}
 		}
-		return p.change(r, lo, hi, ReasonMigrate, pages, p.migrateLocked)
+		return p.change(r, lo, hi, invalidate.ReasonMigrate, pages, p.migrateLocked)
 	})
 }
 
@@ -786,3 +788,5 @@ func (p *Pager) Stats() PagerStats {
 	}
 	return st
 }
+
+func addrOf(b []byte) uintptr { return uintptr(unsafe.Pointer(unsafe.SliceData(b))) }

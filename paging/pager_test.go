@@ -1,4 +1,4 @@
-package invalidate
+package paging
 
 import (
 	"encoding/binary"
@@ -8,6 +8,8 @@ import (
 	"sync/atomic"
 	"testing"
 
+	"github.com/odpemu/odpemu/internal/testmem"
+	"github.com/odpemu/odpemu/invalidate"
 	"github.com/odpemu/odpemu/pagefault"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
@@ -16,15 +18,15 @@ import (
 
 type pagerEnv struct {
 	mem   []byte
-	own   *owned
+	own   *testmem.Owned
 	u     *pagefault.FD
 	srv   *pagefault.CPUServer
 	pm    *pagefault.Pagemap
 	pager *Pager
-	reg   *Registry
+	reg   *invalidate.Registry
 	res   *pagefault.Resolver
 	store *Store
-	pump  *Pump
+	pump  *invalidate.Pump
 }
 
 func newPagerEnv(t *testing.T, npages int, budget int64) *pagerEnv {
@@ -39,12 +41,12 @@ func newPagerEnvAround(t *testing.T, npages int, budget int64, around int) *page
 	if err := pagefault.ProbeKernelBehaviour().Check(pagefault.ReqMove); err != nil {
 		t.Skipf("skipped: the pager moves pages out with %v", err)
 	}
-	e := &pagerEnv{reg: NewRegistry()}
+	e := &pagerEnv{reg: invalidate.NewRegistry()}
 	var err error
 	e.mem, err = unix.Mmap(-1, 0, npages*ps, unix.PROT_READ|unix.PROT_WRITE, unix.MAP_PRIVATE|unix.MAP_ANONYMOUS)
 	require.NoError(t, err)
 	_ = unix.Madvise(e.mem, unix.MADV_NOHUGEPAGE) // 4 KiB pages whatever the THP setting
-	e.own = &owned{live: []Range{{Start: addrOf(e.mem), End: addrOf(e.mem) + uintptr(len(e.mem))}}}
+	e.own = testmem.Own(e.mem)
 	e.u, err = pagefault.Open(pagefault.Options{Features: pagefault.FeatureEventRemove | pagefault.FeatureEventUnmap | pagefault.FeatureEventRemap})
 	require.NoError(t, err)
 	_, err = e.u.Register(addrOf(e.mem), uintptr(len(e.mem)), pagefault.ModeMissing)
@@ -59,7 +61,7 @@ func newPagerEnvAround(t *testing.T, npages int, budget int64, around int) *page
 	e.pager = NewPager(e.u, e.srv, e.reg, e.pm, store, PagerConfig{Budget: budget})
 	r, err := e.pager.AddRegion(e.mem)
 	require.NoError(t, err)
-	pump, err := StartPump(e.srv, e.reg, false) // the stash's REMOVE events must be read
+	pump, err := invalidate.StartPump(e.srv, e.reg, false) // the stash's REMOVE events must be read
 	require.NoError(t, err)
 	e.pump = pump
 	e.res, err = pagefault.NewResolver(e.u, e.pm, nil)
@@ -73,7 +75,7 @@ func newPagerEnvAround(t *testing.T, npages int, budget int64, around int) *page
 		require.NoError(t, e.u.Close())
 		require.NoError(t, e.pm.Close())
 		require.NoError(t, store.Close())
-		e.own.unmap()
+		e.own.Unmap()
 	})
 	return e
 }
@@ -242,7 +244,7 @@ func TestEvictedPageFollowsMremap(t *testing.T) {
 	defer func() { require.NoError(t, unix.Munmap(hole)) }()
 	_, _, errno := unix.Syscall6(unix.SYS_MREMAP, addrOf(e.mem)+2*pz, pz, pz, unix.MREMAP_MAYMOVE|unix.MREMAP_FIXED, addrOf(hole), 0)
 	require.Zero(t, errno)
-	e.own.drop(Range{Start: addrOf(e.mem) + 2*pz, End: addrOf(e.mem) + 3*pz})
+	e.own.Drop(invalidate.Range{Start: addrOf(e.mem) + 2*pz, End: addrOf(e.mem) + 3*pz})
 	assert.EqualValues(t, 77, hole[5], "the evicted page's content followed it")
 }
 
@@ -353,7 +355,7 @@ func TestServerReclaimBoundsCPUFaults(t *testing.T) {
 	var invalidated uint64
 	rec.mu.Lock()
 	for k, r := range rec.got {
-		if rec.why[k] == ReasonEvict {
+		if rec.why[k] == invalidate.ReasonEvict {
 			invalidated += uint64((r.End - r.Start) / pz)
 		}
 	}
@@ -375,9 +377,9 @@ func TestFaultAroundNeverFillsOverEvictedContent(t *testing.T) {
 			defer runtime.GOMAXPROCS(runtime.GOMAXPROCS(procs))
 			const window, half, windows, passes = 16, 8, 8, 20
 			e := newPagerEnvAround(t, window*windows, 0, window)
-			rounds := 100
+			rounds := 40
 			if testing.Short() {
-				rounds = 20
+				rounds = 10
 			}
 			evicted, faults := 0, 0
 			for round := 1; round <= rounds; round++ {

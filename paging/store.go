@@ -1,4 +1,4 @@
-package invalidate
+package paging
 
 import (
 	"fmt"
@@ -18,7 +18,7 @@ type Store struct {
 func NewMemStore() (*Store, error) {
 	fd, err := unix.MemfdCreate("odpemu-store", unix.MFD_CLOEXEC)
 	if err != nil {
-		return nil, fmt.Errorf("invalidate: memfd_create: %w", err)
+		return nil, fmt.Errorf("paging: memfd_create: %w", err)
 	}
 	return &Store{f: os.NewFile(uintptr(fd), "odpemu-store")}, nil
 }
@@ -27,11 +27,11 @@ func NewMemStore() (*Store, error) {
 func NewFileStore(path string) (*Store, error) {
 	f, err := os.OpenFile(path, os.O_RDWR|os.O_CREATE|os.O_EXCL, 0o600)
 	if err != nil {
-		return nil, fmt.Errorf("invalidate: file store: %w", err)
+		return nil, fmt.Errorf("paging: file store: %w", err)
 	}
 	if err := os.Remove(path); err != nil { // the descriptor keeps it alive
 		_ = f.Close()
-		return nil, fmt.Errorf("invalidate: file store: unlink %s: %w", path, err)
+		return nil, fmt.Errorf("paging: file store: unlink %s: %w", path, err)
 	}
 	return &Store{f: f}, nil
 }
@@ -63,7 +63,7 @@ func (s *Store) Punch(off, n int64) {
 func (s *Store) Allocated() (int64, error) {
 	var st unix.Stat_t
 	if err := unix.Fstat(int(s.f.Fd()), &st); err != nil {
-		return 0, fmt.Errorf("invalidate: stat store: %w", err)
+		return 0, fmt.Errorf("paging: stat store: %w", err)
 	}
 	return st.Blocks * 512, nil
 }
