@@ -512,6 +512,20 @@ static int evict(odp_fs *fs, int want, uint64_t skip) {
 	return again && done == 0 ? -EAGAIN : done;
 }
 
+// over_budget reports whether installing n more pages would take the resident
+// estimate past the budget.
+static int over_budget(odp_fs *fs, uint64_t n) {
+	int64_t budget = __atomic_load_n(&fs->budget, __ATOMIC_ACQUIRE);
+	return budget > 0 && __atomic_load_n(&fs->resident, __ATOMIC_ACQUIRE) + (int64_t)n > budget;
+}
+
+// page_present reports whether page is present, from pagemap (0 if it cannot tell).
+static int page_present(odp_fs *fs, uint64_t page) {
+	uint64_t e = 0;
+	return fs->pagemap >= 0 &&
+	       pread(fs->pagemap, &e, sizeof e, (off_t)(page / (uint64_t)fs->ps * sizeof e)) == (ssize_t)sizeof e && (e >> 63);
+}
+
 // make_room evicts before n pages are installed, so that the resident estimate stays
 // within the budget: a batch at a time, an eighth of the budget (1 to EVICT_BATCH
 // pages), which leaves room for the next faults (a low watermark). It returns EAGAIN
@@ -519,9 +533,9 @@ static int evict(odp_fs *fs, int want, uint64_t skip) {
 // once it is read); otherwise 0, having counted as overshoot the pages it found no
 // room for. Called with rmu held.
 static int make_room(odp_fs *fs, uint64_t n, uint64_t skip) {
-	int64_t budget = __atomic_load_n(&fs->budget, __ATOMIC_ACQUIRE);
-	if (budget <= 0 || __atomic_load_n(&fs->resident, __ATOMIC_ACQUIRE) + (int64_t)n <= budget)
+	if (!over_budget(fs, n))
 		return 0;
+	int64_t budget = __atomic_load_n(&fs->budget, __ATOMIC_ACQUIRE);
 	if (fs->reclaim_idle > 0) {
 		// The last reclaim found nothing to evict, or DMA did not drain: a batch of
 		// installs goes past the budget before the next try.
@@ -805,7 +819,9 @@ static int install_one(odp_fs *fs, uint64_t page) {
 	region *r = find(fs, page, &idx);
 	uint32_t *claim = NULL;
 	if (r) {
-		int got = make_room(fs, 1, page);
+		// A request covers present pages too: those need no room (asked only when
+		// over the budget, where it saves an eviction).
+		int got = over_budget(fs, 1) && !page_present(fs, page) ? make_room(fs, 1, page) : 0;
 		if (got != EAGAIN)
 			got = restore(fs, r, idx, page);
 		if (got == EAGAIN)

@@ -425,3 +425,26 @@ func TestFaultAroundNeverFillsOverEvictedContent(t *testing.T) {
 }
 
 var sink atomic.Uint32 // keeps reads meant to fault from being optimised away
+
+// An install request for the NIC may cover pages that are present already: at a full
+// budget those need no room, and the server evicts nothing for them. Missing pages
+// still get room made first.
+func TestInstallOfPresentPagesEvictsNothing(t *testing.T) {
+	const npages, budget = 256, 64
+	e := newPagerEnv(t, npages, budget*int64(ps))
+	e.pager.Close() // no background reclaim
+	for p := 0; p < budget; p++ {
+		e.mem[p*ps] = byte(p + 1)
+	}
+	require.Equal(t, budget, e.present(t))
+	before := e.pager.Stats().ServerEvictions
+	require.NoError(t, e.srv.Install(addrOf(e.mem), budget))
+	assert.Equal(t, before, e.pager.Stats().ServerEvictions, "present pages need no room")
+	assert.Equal(t, budget, e.present(t))
+	require.NoError(t, e.srv.Install(addrOf(e.mem)+budget*pz, 8))
+	assert.Greater(t, e.pager.Stats().ServerEvictions, before, "missing pages do")
+	assert.LessOrEqual(t, e.present(t), budget)
+	for p := 0; p < budget; p++ {
+		require.EqualValues(t, p+1, e.mem[p*ps], "page %d", p)
+	}
+}
