@@ -15,7 +15,7 @@ import (
 
 // CompareParams configure Compare.
 type CompareParams struct {
-	Test  string // WriteBW or ReadBW
+	Test  string // WriteBW or ReadBW (warm pairs do not measure SendBW)
 	Sizes []int  // message sizes
 	Iters int
 	Reps  int // cold pinned/ODP pairs per size; medians are reported

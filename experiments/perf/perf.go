@@ -1,5 +1,6 @@
-// Package perf measures RDMA WRITE and READ bandwidth between two emulated NICs the way
-// perftest's ib_write_bw and ib_read_bw do, with pinned or on-demand registration.
+// Package perf measures RDMA WRITE, READ and SEND bandwidth between two emulated NICs
+// the way perftest's ib_write_bw, ib_read_bw and ib_send_bw do, with pinned or
+// on-demand registration.
 package perf
 
 import (
@@ -18,11 +19,16 @@ import (
 const (
 	WriteBW = "write_bw"
 	ReadBW  = "read_bw"
+	SendBW  = "send_bw"
 )
+
+// RxDepth is how many receives a send_bw server keeps posted (ib_send_bw's default
+// rx-depth).
+const RxDepth = 512
 
 // Params configure one run. Zero values take perftest's defaults.
 type Params struct {
-	Test        string // WriteBW or ReadBW
+	Test        string // WriteBW, ReadBW or SendBW
 	ODP         bool   // register with AccessOnDemand (perftest --odp)
 	Size        int    // message size, default 65536
 	Iters       int    // iterations, default 5000
@@ -98,8 +104,8 @@ func (p *Params) defaults() error {
 	if p.Test == "" {
 		p.Test = WriteBW
 	}
-	if p.Test != WriteBW && p.Test != ReadBW {
-		return fmt.Errorf("perf: unknown test %q (want %s or %s)", p.Test, WriteBW, ReadBW)
+	if p.Test != WriteBW && p.Test != ReadBW && p.Test != SendBW {
+		return fmt.Errorf("perf: unknown test %q (want %s, %s or %s)", p.Test, WriteBW, ReadBW, SendBW)
 	}
 	if p.Size == 0 {
 		p.Size = 65536
@@ -238,9 +244,11 @@ func ColdWarm(p Params) (cold, warm Result, err error) {
 	return cold, warm, err
 }
 
-// rig is a client and a server connected by an in-process wire.
+// rig is a client and a server connected by an in-process wire; for send_bw the
+// server keeps receives posted.
 type rig struct {
 	client, server *side
+	rx             *receiver
 }
 
 // newRig makes a rig for p (defaults applied): devices, QPs, regions filled and
@@ -267,6 +275,11 @@ func newRig(p Params) (_ *rig, err error) {
 	if err := connect(p, r.client.qp, r.server.qp); err != nil {
 		return nil, err
 	}
+	if p.Test == SendBW {
+		if r.rx, err = r.server.startReceiver(p); err != nil {
+			return nil, err
+		}
+	}
 	// perftest fills its buffers after registering them: with --odp these first
 	// touches are CPU faults. Under a budget the server's region is left untouched:
 	// filling it would only evict it again.
@@ -283,6 +296,9 @@ func newRig(p Params) (_ *rig, err error) {
 }
 
 func (r *rig) close() {
+	if r.rx != nil {
+		r.rx.stop()
+	}
 	for _, s := range []*side{r.client, r.server} {
 		if s != nil {
 			s.close()
@@ -361,10 +377,17 @@ func newBareSide(cfg odp.Config, p Params) (*side, error) {
 	if s.pd, err = d.AllocPD(); err != nil {
 		return fail(err)
 	}
-	if s.cq, err = d.CreateCQ(2 * p.Depth); err != nil {
+	qc := odp.QPConfig{MaxSendWR: p.Depth}
+	cqSize := 2 * p.Depth
+	if p.Test == SendBW {
+		qc.MaxRecvWR = RxDepth
+		cqSize += RxDepth
+	}
+	if s.cq, err = d.CreateCQ(cqSize); err != nil {
 		return fail(err)
 	}
-	if s.qp, err = s.pd.CreateQP(odp.QPConfig{SendCQ: s.cq, RecvCQ: s.cq, MaxSendWR: p.Depth}); err != nil {
+	qc.SendCQ, qc.RecvCQ = s.cq, s.cq
+	if s.qp, err = s.pd.CreateQP(qc); err != nil {
 		return fail(err)
 	}
 	if s.buf, err = d.Alloc(p.MRSize); err != nil {
@@ -450,6 +473,10 @@ func WarmPair(p Params, bursts int) (pinned, onDemand []float64, err error) {
 	if err := p.defaults(); err != nil {
 		return nil, nil, err
 	}
+	if p.Test == SendBW {
+		// The bursts switch the server's MR under receives already posted.
+		return nil, nil, fmt.Errorf("perf: warm pairs measure %s and %s, not %s", WriteBW, ReadBW, SendBW)
+	}
 	cfg := odp.Config{FaultAround: p.FaultAround}
 	var sides [2]*side
 	for i := range sides {
@@ -514,8 +541,11 @@ func (s *side) close() { _ = s.dev.Close() }
 // over (last completion - first post); peak is the best completion window.
 func (s *side) loop(p Params, remote target) (Result, error) {
 	op := odp.OpRDMAWrite
-	if p.Test == ReadBW {
+	switch p.Test {
+	case ReadBW:
 		op = odp.OpRDMARead
+	case SendBW:
+		op = odp.OpSend
 	}
 	slots := max(len(s.buf)/p.Size, 1) // local slots; the remote side may be larger
 	rslots := max(remote.size/p.Size, 1)
@@ -541,6 +571,9 @@ func (s *side) loop(p Params, remote target) (Result, error) {
 			wr := odp.SendWR{WRID: uint64(posted), Opcode: op,
 				SGL:        []odp.SGE{s.sge(int(off), p.Size)},
 				RemoteAddr: remote.addr + roff, RKey: remote.rkey}
+			if op == odp.OpSend {
+				wr.RemoteAddr, wr.RKey = 0, 0 // the receiver's posted buffers choose
+			}
 			if (posted+1)%p.CQMod == 0 || posted == limit-1 {
 				wr.Flags = odp.SendSignaled
 			}
@@ -580,6 +613,55 @@ func (s *side) loop(p Params, remote target) (Result, error) {
 	}
 	r.PeakMiBps = max(r.PeakMiBps, r.AvgMiBps)
 	return r, nil
+}
+
+// receiver keeps a side's receive queue full, as ib_send_bw's server does: RxDepth
+// receives over the slots of its buffer, each reposted as it completes. The side posts
+// no sends, so every completion on its CQ is a receive's.
+type receiver struct {
+	cancel context.CancelFunc
+	done   chan error
+}
+
+func (s *side) startReceiver(p Params) (*receiver, error) {
+	slots := max(len(s.buf)/p.Size, 1)
+	post := func(i uint64) error {
+		return s.qp.PostRecv(odp.RecvWR{WRID: i, SGL: []odp.SGE{s.sge(int(i%uint64(slots))*p.Size, p.Size)}})
+	}
+	for i := uint64(0); i < RxDepth; i++ {
+		if err := post(i); err != nil {
+			return nil, fmt.Errorf("perf: post receive: %w", err)
+		}
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	r := &receiver{cancel: cancel, done: make(chan error, 1)}
+	go func() {
+		wcs := make([]odp.WC, 64)
+		for {
+			n, err := pollWait(ctx, s.cq, wcs)
+			if err != nil {
+				r.done <- nil // stopped (the context's error): nothing to report
+				return
+			}
+			for _, wc := range wcs[:n] {
+				if wc.Status != odp.WCSuccess {
+					r.done <- &CompletionError{WC: wc}
+					return
+				}
+				if err := post(wc.WRID); err != nil {
+					r.done <- fmt.Errorf("perf: repost receive: %w", err)
+					return
+				}
+			}
+		}
+	}()
+	return r, nil
+}
+
+// stop ends the receiver and returns what failed it, if anything did.
+func (r *receiver) stop() error {
+	r.cancel()
+	return <-r.done
 }
 
 // pollWait polls cq for a short while, yielding between polls, before it waits:

@@ -195,3 +195,19 @@ func TestRunCompletionError(t *testing.T) {
 	require.ErrorAs(t, err, &ce)
 	assert.Equal(t, odp.WCRNRRetryExcErr, ce.WC.Status)
 }
+
+// send_bw: the server keeps receives posted and every SEND lands in one; on ODP the
+// server's receive buffers take network page faults as a WRITE's target does. Warm
+// pairs, which switch MRs under posted receives, refuse it.
+func TestSendBW(t *testing.T) {
+	r, err := Run(Params{Test: SendBW, ODP: true, Size: 4096, Iters: 2000, Depth: 32, CQMod: 16})
+	require.NoError(t, err)
+	assert.Equal(t, 2000, r.Iters)
+	assert.Equal(t, SendBW, r.Test)
+	assert.Positive(t, r.AvgMiBps)
+	assert.Positive(t, r.PageFaults, "the receive buffers faulted")
+	_, _, err = WarmPair(Params{Test: SendBW, Size: 4096, Iters: 100}, 1)
+	assert.ErrorContains(t, err, "send_bw")
+	_, err = Run(Params{Test: "atomic_bw"})
+	assert.ErrorContains(t, err, "unknown test")
+}

@@ -81,6 +81,13 @@ func Serve(ctx context.Context, ln *roce.CMListener, p Params, w Wire) (Result, 
 			w.Rejected(err)
 		}
 	}
+	if p.Test == SendBW {
+		rx, err := s.startReceiver(p)
+		if err != nil {
+			return Result{}, err
+		}
+		defer func() { _ = rx.stop() }() // the client sees a failed receive as its send's error
+	}
 	start := time.Now()
 	select {
 	case <-s.qp.Disconnected():

@@ -14,13 +14,14 @@ import (
 
 // Serve and Connect run a test between two sides over RoCEv2/UDP: the client's
 // numbers are perftest's, the server's are its network page faults and the RNR
-// NAKs it sent (for WRITEs; a READ's responder waits for its faults instead); with
+// NAKs it sent (for WRITEs and SENDs, whose receives the server keeps posted; a
+// READ's responder waits for its faults instead); with
 // loss the client retransmits.
 func TestServeConnect(t *testing.T) {
 	for _, tc := range []struct {
 		test string
 		loss float64
-	}{{WriteBW, 0}, {ReadBW, 0.01}} {
+	}{{WriteBW, 0}, {ReadBW, 0.01}, {SendBW, 0}} {
 		t.Run(tc.test, func(t *testing.T) {
 			ln, err := roce.ListenCM("127.0.0.1:0")
 			require.NoError(t, err)
@@ -43,7 +44,7 @@ func TestServeConnect(t *testing.T) {
 			assert.Equal(t, 300, r.Iters)
 			assert.Positive(t, r.AvgMiBps)
 			assert.Positive(t, s.PageFaults, "the server's ODP region faulted")
-			if tc.test == WriteBW {
+			if tc.test != ReadBW { // a SEND's receive buffer faults like a WRITE's target
 				assert.Positive(t, s.RNRNaks, "and answered RNR NAKs")
 			} else {
 				assert.Zero(t, s.RNRNaks, "a READ's responder waits for its fault: no RNR NAK")

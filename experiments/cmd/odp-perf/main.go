@@ -1,7 +1,7 @@
 // Command odp-perf measures RDMA bandwidth between two emulated NICs in one process,
 // with perftest's columns, and compares pinned against on-demand registration.
 //
-//	odp-perf write_bw|read_bw [--odp] [-s|--size N | -a|--all] [-n|--iters N] [-t|--tx-depth N]
+//	odp-perf write_bw|read_bw|send_bw [--odp] [-s|--size N | -a|--all] [-n|--iters N] [-t|--tx-depth N]
 //	                          [-Q|--cq-mod N] [--warm] [--json] ...
 //	odp-perf compare [--test write_bw|read_bw] [-n|--iters N] [--reps N] [--csv FILE] [--quiet]
 //
@@ -35,7 +35,8 @@ import (
 )
 
 const usage = `usage:
-  odp-perf write_bw|read_bw [flags]   one perftest-style measurement
+  odp-perf write_bw|read_bw|send_bw [flags]
+                                      one perftest-style measurement
   odp-perf compare [flags]            pinned vs ODP, cold and warm, side by side
   odp-perf wire [flags]               the RoCEv2 wire between two processes against a plain UDP stream
 
@@ -59,7 +60,7 @@ func run(args []string, stdout, stderr io.Writer) error {
 		return errors.New("no command")
 	}
 	switch args[0] {
-	case perf.WriteBW, perf.ReadBW:
+	case perf.WriteBW, perf.ReadBW, perf.SendBW:
 		return bw(args[0], args[1:], stdout, stderr)
 	case "compare":
 		return compare(args[1:], stdout, stderr)
