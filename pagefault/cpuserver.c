@@ -360,6 +360,8 @@ static void gate_open(odp_fs *fs);
 
 typedef struct victim { region *r; uint64_t i; } victim;
 
+static int moved_anyway(odp_fs *fs, uint64_t src, uint64_t dst);
+
 // pick_victims fills v with up to max pages to evict: present (pagemap), evictable,
 // in state NONE, not referenced, and not skip. It walks the regions from the hand on,
 // CLOCK order: a referenced page loses its bit and gets a second chance, so it looks
@@ -473,7 +475,7 @@ static int evict(odp_fs *fs, int want, uint64_t skip) {
 		// Room in the store first: once the page has moved out, the write must not fail.
 		struct uffdio_move m = {.dst = (uint64_t)slot, .src = page, .len = ps};
 		int ok = fallocate(fs->store_fd, 0, off, (off_t)ps) == 0;
-		if (ok && ioctl(fs->uffd, UFFDIO_MOVE, &m) != 0) {
+		if (ok && ioctl(fs->uffd, UFFDIO_MOVE, &m) != 0 && !moved_anyway(fs, page, (uint64_t)slot)) {
 			again = errno == EAGAIN;
 			ok = 0;
 		}
@@ -526,6 +528,19 @@ static int page_present(odp_fs *fs, uint64_t page) {
 	       pread(fs->pagemap, &e, sizeof e, (off_t)(page / (uint64_t)fs->ps * sizeof e)) == (ssize_t)sizeof e && (e >> 63);
 }
 
+// moved_anyway reports whether a UFFDIO_MOVE of one page from src to dst that failed
+// moved the page all the same: src missing and dst present. The kernel has been seen
+// to do so (6.18: EEXIST after a wait of milliseconds, the page in the destination:
+// a move retried internally that found its own result in the way). Believing the
+// error would lose the page: the caller would take it for still in place. Only the
+// caller moves pages between the two addresses meanwhile.
+static int moved_anyway(odp_fs *fs, uint64_t src, uint64_t dst) {
+	int e = errno;
+	int moved = fs->pagemap >= 0 && !page_present(fs, src) && page_present(fs, dst);
+	errno = e;
+	return moved;
+}
+
 // make_room evicts before n pages are installed, so that the resident estimate stays
 // within the budget: a batch at a time, an eighth of the budget (1 to EVICT_BATCH
 // pages), which leaves room for the next faults (a low watermark). It returns EAGAIN
@@ -552,7 +567,12 @@ static int make_room(odp_fs *fs, uint64_t n, uint64_t skip) {
 		if (got == 0 && tries < 4)
 			continue; // victims claimed by Go's evictor meanwhile: look further
 		if (got <= 0) {
-			fs->reclaim_idle = EVICT_BATCH;
+			// Nothing to evict, or DMA that did not drain: neither changes at once,
+			// so the next installs pass before reclaim looks again. Victims that
+			// Go's evictor kept claiming are on their way out: the next install
+			// tries again.
+			if (got < 0)
+				fs->reclaim_idle = EVICT_BATCH;
 			add(&fs->st.overshoot, n);
 			return 0;
 		}

@@ -127,7 +127,12 @@
 // any DMA trusts them, as for a REMOVE. S cannot MADV_DONTNEED a registered range
 // (it would wait for its own event), so the scratch area leaves the userfaultfd for
 // that madvise and joins it again. When it finds nothing to evict in time it installs
-// past the budget and counts the pages (Overshoot). The store lock is a C mutex that
+// past the budget and counts the pages (Overshoot); if Go's evictor only took its
+// victims first, the next install tries again. A UFFDIO_MOVE that reports failure is
+// checked against the page tables, by S and by E alike: Linux 6.18 was seen to move a
+// page and report EEXIST (a move retried inside the kernel that met its own result),
+// and a page taken for still in place while it sat in the scratch area was lost when
+// the area was dropped. The store lock is a C mutex that
 // only threads running C code hold (Go takes it inside one cgo call), so S never
 // waits for a goroutine there.
 //
