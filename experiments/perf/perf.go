@@ -297,7 +297,7 @@ func newRig(p Params) (_ *rig, err error) {
 
 func (r *rig) close() {
 	if r.rx != nil {
-		r.rx.stop()
+		_ = r.rx.stop() // a failed receive already failed the client's sends
 	}
 	for _, s := range []*side{r.client, r.server} {
 		if s != nil {
