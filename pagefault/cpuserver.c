@@ -335,19 +335,23 @@ static void zap_passed(region *r, uint64_t idx) {
 }
 
 // claim_fill takes page idx of r for a zero fill (NONE -> INSTALLING) and returns its
-// state word, which the caller sets back to NONE after the copy; or NULL with *busy
-// set when an evictor claimed the page meanwhile (its content may be on its way out:
-// the caller asks restore again), or NULL with *busy clear when the page reads as
-// zero whatever happens (DISCARDED, REMOVING, GONE, REMAPPED: no eviction starts on
-// it). Without the claim an evictor could move a present page out between restore's
-// look and the copy, and store its content under the zero page mapped over it.
-static uint32_t *claim_fill(region *r, uint64_t idx, int *busy) {
-	uint32_t want = ODP_PAGE_NONE;
-	*busy = 0;
-	if (__atomic_compare_exchange_n(&r->state[idx], &want, ODP_PAGE_INSTALLING, 0, __ATOMIC_ACQ_REL, __ATOMIC_ACQUIRE))
+// state word, which the caller sets back to NONE after the copy; or NULL, with the
+// state it found in *seen. Without the claim an evictor could move a present page out
+// between restore's look and the copy, and store its content under the zero page
+// mapped over it.
+static uint32_t *claim_fill(region *r, uint64_t idx, uint32_t *seen) {
+	*seen = ODP_PAGE_NONE;
+	if (__atomic_compare_exchange_n(&r->state[idx], seen, ODP_PAGE_INSTALLING, 0, __ATOMIC_ACQ_REL, __ATOMIC_ACQUIRE))
 		return &r->state[idx];
-	*busy = want != ODP_PAGE_DISCARDED && want != ODP_PAGE_REMOVING && want != ODP_PAGE_GONE && want != ODP_PAGE_REMAPPED;
 	return NULL;
+}
+
+// fill_busy reports whether a page whose claim_fill found it in state s is an
+// evictor's (its content may be on its way out: ask restore again) rather than one
+// that reads as zero whatever happens (DISCARDED, REMOVING, GONE, REMAPPED: no
+// eviction starts on it).
+static int fill_busy(uint32_t s) {
+	return s != ODP_PAGE_DISCARDED && s != ODP_PAGE_REMOVING && s != ODP_PAGE_GONE && s != ODP_PAGE_REMAPPED;
 }
 
 static void release_fill(uint32_t *claim) {
@@ -361,6 +365,7 @@ static void gate_open(odp_fs *fs);
 typedef struct victim { region *r; uint64_t i; } victim;
 
 static int moved_anyway(odp_fs *fs, uint64_t src, uint64_t dst);
+static int64_t count_present(odp_fs *fs, uint64_t lo, uint64_t hi);
 
 // pick_victims fills v with up to max pages to evict: present (pagemap), evictable,
 // in state NONE, not referenced, and not skip. It walks the regions from the hand on,
@@ -522,11 +527,7 @@ static int over_budget(odp_fs *fs, uint64_t n) {
 }
 
 // page_present reports whether page is present, from pagemap (0 if it cannot tell).
-static int page_present(odp_fs *fs, uint64_t page) {
-	uint64_t e = 0;
-	return fs->pagemap >= 0 &&
-	       pread(fs->pagemap, &e, sizeof e, (off_t)(page / (uint64_t)fs->ps * sizeof e)) == (ssize_t)sizeof e && (e >> 63);
-}
+static int page_present(odp_fs *fs, uint64_t page) { return count_present(fs, page, page + (uint64_t)fs->ps) > 0; }
 
 // moved_anyway reports whether a UFFDIO_MOVE of one page from src to dst that failed
 // moved the page all the same: src missing and dst present. The kernel has been seen
@@ -536,7 +537,7 @@ static int page_present(odp_fs *fs, uint64_t page) {
 // caller moves pages between the two addresses meanwhile.
 static int moved_anyway(odp_fs *fs, uint64_t src, uint64_t dst) {
 	int e = errno;
-	int moved = fs->pagemap >= 0 && !page_present(fs, src) && page_present(fs, dst);
+	int moved = !page_present(fs, src) && page_present(fs, dst);
 	errno = e;
 	return moved;
 }
@@ -593,9 +594,10 @@ static int resolve(odp_fs *fs, uint64_t addr, uint64_t flags, uint64_t t0) {
 		// that claimed it in between has begun moving content out: restore again.
 		// If it still holds the page, the thread is woken without a fill: it faults
 		// again if the page is missing, and meanwhile the evictor settles it.
-		for (int tries = 0, busy = 0; got != EAGAIN; tries++) {
+		for (int tries = 0; got != EAGAIN; tries++) {
+			uint32_t seen;
 			got = restore(fs, r, idx, page);
-			if (got != 0 || (claim = claim_fill(r, idx, &busy)) != NULL || !busy)
+			if (got != 0 || (claim = claim_fill(r, idx, &seen)) != NULL || !fill_busy(seen))
 				break;
 			if (tries == 3) {
 				add(&fs->st.retries, 1);
@@ -653,8 +655,8 @@ static int resolve(odp_fs *fs, uint64_t addr, uint64_t flags, uint64_t t0) {
 	// end of the registered range.
 	uint64_t around = fs->around;
 	for (uint64_t k = 1; r && k < around; k++) {
-		int busy;
-		if (idx + k >= r->npages || !claim_fill(r, idx + k, &busy))
+		uint32_t seen;
+		if (idx + k >= r->npages || !claim_fill(r, idx + k, &seen))
 			around = k;
 	}
 	if (around > 1) {
@@ -853,12 +855,11 @@ static int install_one(odp_fs *fs, uint64_t page) {
 		}
 		// The page may be present (a request covers present pages too): claimed, the
 		// evictor cannot move it out between this decision and the copy.
-		int busy;
-		if ((claim = claim_fill(r, idx, &busy)) == NULL) {
-			if (busy)
+		uint32_t seen;
+		if ((claim = claim_fill(r, idx, &seen)) == NULL) {
+			if (fill_busy(seen))
 				return EAGAIN; // evicting meanwhile: again
-			uint32_t s = __atomic_load_n(&r->state[idx], __ATOMIC_ACQUIRE);
-			if (s == ODP_PAGE_GONE || s == ODP_PAGE_REMAPPED)
+			if (seen == ODP_PAGE_GONE || seen == ODP_PAGE_REMAPPED)
 				return ENOENT; // not mapped here any more
 		}
 	}

@@ -468,11 +468,7 @@ func (p *Pager) evictLocked(r *Region, i int) bool {
 	if !p.claim(r, i) {
 		return false // gone, missing, or claimed by an install in progress: skip it
 	}
-	moved, err := again(func() (uintptr, error) { return p.uffd.Move(r.bounce(i), r.page(i), ps, false) })
-	if err != nil && p.movedAnyway(r.page(i), r.bounce(i)) {
-		moved, err = ps, nil
-	}
-	if moved == 0 || err != nil {
+	if !p.moveOut(r, i) {
 		// Missing after all, or not movable (shared, pinned): nothing to evict, and
 		// nothing in the bounce page. A fault that reclaimed it found it empty.
 		p.settleEmpty(r, i)
@@ -500,17 +496,22 @@ func (p *Pager) evictLocked(r *Region, i int) bool {
 	return false
 }
 
-// movedAnyway reports whether a UFFDIO_MOVE of one page from src to dst that failed
-// moved the page all the same (src missing, dst present): the kernel has been seen to
-// report such a move as failed (see moved_anyway in pagefault/cpuserver.c), and taking
-// the page for still in place would lose it. Called with reclaimMu held, inside the
+// moveOut moves claimed page i into its bounce page (UFFDIO_MOVE) and reports whether
+// it is there now. A move that reports failure is checked against the page tables
+// (page missing, bounce page present: moved): the kernel has been seen to report a
+// move it made as failed (see moved_anyway in pagefault/cpuserver.c), and taking the
+// page for still in place would lose it. Called with reclaimMu held, inside the
 // page's invalidation: nothing else moves it between the two addresses meanwhile.
-func (p *Pager) movedAnyway(src, dst uintptr) bool {
+func (p *Pager) moveOut(r *Region, i int) bool {
+	moved, err := again(func() (uintptr, error) { return p.uffd.Move(r.bounce(i), r.page(i), pagefault.PageSize, false) })
+	if err == nil {
+		return moved != 0
+	}
 	var e [1]pagefault.PagemapEntry
-	if p.pm.Read(src, e[:]) != nil || e[0].Present() {
+	if p.pm.Read(r.page(i), e[:]) != nil || e[0].Present() {
 		return false
 	}
-	return p.pm.Read(dst, e[:]) == nil && e[0].Present()
+	return p.pm.Read(r.bounce(i), e[:]) == nil && e[0].Present()
 }
 
 // settleEmpty ends an eviction or migration of page i that moved nothing out.
@@ -685,11 +686,7 @@ func (p *Pager) migrateLocked(r *Region, i int) bool {
 	if !p.claim(r, i) {
 		return false
 	}
-	moved, err := again(func() (uintptr, error) { return p.uffd.Move(r.bounce(i), r.page(i), ps, false) })
-	if err != nil && p.movedAnyway(r.page(i), r.bounce(i)) {
-		moved, err = ps, nil
-	}
-	if moved == 0 || err != nil {
+	if !p.moveOut(r, i) {
 		p.settleEmpty(r, i) // a fault found it missing: zero was right
 		return false
 	}

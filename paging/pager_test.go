@@ -449,20 +449,18 @@ func TestInstallOfPresentPagesEvictsNothing(t *testing.T) {
 	}
 }
 
-// movedAnyway believes the page tables, not the ioctl's error: a page missing at the
-// source and present at the destination was moved.
-func TestMovedAnywayReadsThePageTables(t *testing.T) {
+// moveOut moves a claimed page into its bounce page, and believes the page tables, not
+// the ioctl's error: a page already in its bounce page (the state a misreported move
+// leaves) reports as moved; a page neither here nor there does not.
+func TestMoveOutReadsThePageTables(t *testing.T) {
 	e := newPagerEnv(t, 4, 0)
 	r, i := e.pager.lookup(addrOf(e.mem))
 	require.NotNil(t, r)
 	e.mem[0] = 1
-	assert.False(t, e.pager.movedAnyway(r.page(i), r.bounce(i)), "still in place, bounce empty")
-	moved, err := e.u.Move(r.bounce(i), r.page(i), pz, false)
-	require.NoError(t, err)
-	require.Equal(t, pz, moved)
-	assert.True(t, e.pager.movedAnyway(r.page(i), r.bounce(i)), "moved: source missing, destination present")
-	assert.False(t, e.pager.movedAnyway(r.page(i+1), r.bounce(i+1)), "neither present")
-	_, err = e.u.Move(r.page(i), r.bounce(i), pz, false) // back in place, for the cleanup's count
+	require.True(t, e.pager.moveOut(r, i), "present: moved")
+	assert.True(t, e.pager.moveOut(r, i), "moved already: the failed move (ENOENT) is checked against the page tables")
+	assert.False(t, e.pager.moveOut(r, i+1), "neither present")
+	_, err := e.u.Move(r.page(i), r.bounce(i), pz, false) // back in place, for the cleanup's count
 	require.NoError(t, err)
 	assert.EqualValues(t, 1, e.mem[0])
 }
