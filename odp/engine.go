@@ -120,10 +120,12 @@ type engine struct {
 	// the requester has not copied yet: they read this device's memory then, so
 	// the responder changes no memory until they are read (a later WRITE must not
 	// show in an earlier READ's data).
-	unread atomic.Int32
-	msgMR  *MR // the WRITE in progress: its MR and the offset of its VA
-	msgOff uint64
-	recv   *RecvWR // the receive the SEND in progress fills
+	unread  atomic.Int32
+	msgMR   *MR // the WRITE in progress: its MR and the offset of its VA
+	msgOff  uint64
+	recv    *RecvWR // the receive the SEND in progress fills (&recvWR), or nil
+	recvWR  RecvWR  // the receive looked at last (peekRecv), its SGL in recvSGL
+	recvSGL [4]SGE
 }
 
 // faultJob is a network page fault resolved on a goroutine of its own.
@@ -146,6 +148,7 @@ func (qp *QP) startLocked() {
 		resp: roce.NewResponder(qp.remote.PSN, lim, maxRdAtomic), mtu: lim.MTU, maxRun: max(qp.port.MaxRun(), 1),
 		remote: qp.remote.QPN, window: 1024, kick: make(chan struct{}, 1), quit: make(chan struct{}),
 		exited: make(chan struct{}), rx: make([]roce.Segment, 64)}
+	e.recvWR.SGL = e.recvSGL[:0]
 	qp.eng = e
 	qp.engA.Store(e)
 	qp.port.SetWake(e.wake)

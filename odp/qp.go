@@ -146,7 +146,71 @@ type QP struct {
 	// lastRefusal says why the responder last answered a NAK (RespError).
 	lastRefusal string
 	destroyed   bool
-	rq          []RecvWR // posted receives, oldest first (the engine takes them)
+	rq          recvQueue // posted receives (the engine takes them)
+}
+
+// recvQueue is a QP's receive queue, a ring of MaxRecvWR slots: PostRecv fills the
+// slot at tail, the engine looks at the slot at head and takes it, and a flush to
+// ERR empties the ring; all of it under QP.mu. Receives are numbered in posting
+// order, so that the engine takes the one it looked at or, when a flush completed
+// it meanwhile, none. A slot keeps up to four SGEs in itself: posting allocates
+// nothing.
+type recvQueue struct {
+	slots      []rqe
+	head, tail uint64 // the oldest receive not taken; the next to post
+}
+
+// rqe is a receive queue slot.
+type rqe struct {
+	wr  RecvWR
+	sgl [4]SGE
+}
+
+// lenLocked returns how many receives are posted. Called with QP.mu held.
+func (q *recvQueue) lenLocked() int { return int(q.tail - q.head) }
+
+// postLocked adds wr (its SGL copied) at the tail, unless the ring is full.
+// Called with QP.mu held.
+func (q *recvQueue) postLocked(wr *RecvWR) bool {
+	if q.lenLocked() >= len(q.slots) {
+		return false
+	}
+	s := &q.slots[q.tail%uint64(len(q.slots))]
+	s.wr = RecvWR{WRID: wr.WRID, SGL: append(s.sgl[:0], wr.SGL...)}
+	q.tail++
+	return true
+}
+
+// peekLocked copies the oldest posted receive into dst, reusing dst's SGL, and
+// returns its number; ok is false when none is posted. Called with QP.mu held.
+func (q *recvQueue) peekLocked(dst *RecvWR) (seq uint64, ok bool) {
+	if q.head == q.tail {
+		return 0, false
+	}
+	s := &q.slots[q.head%uint64(len(q.slots))]
+	dst.WRID, dst.SGL = s.wr.WRID, append(dst.SGL[:0], s.wr.SGL...)
+	return q.head, true
+}
+
+// takeLocked removes receive seq if it is still the oldest posted one (a flush
+// may have completed it since peekLocked). Called with QP.mu held.
+func (q *recvQueue) takeLocked(seq uint64) bool {
+	if q.head != seq || q.head == q.tail {
+		return false
+	}
+	q.slots[q.head%uint64(len(q.slots))].wr.SGL = nil
+	q.head++
+	return true
+}
+
+// flushLocked removes every posted receive, oldest first, and calls done with each
+// one's WRID. Called with QP.mu held.
+func (q *recvQueue) flushLocked(done func(wrid uint64)) {
+	for ; q.head != q.tail; q.head++ {
+		s := &q.slots[q.head%uint64(len(q.slots))]
+		done(s.wr.WRID)
+		s.wr.SGL = nil
+	}
 }
 
 // sendQueue is a QP's send queue, a ring of MaxSendWR slots as a NIC's is: PostSend
@@ -232,6 +296,7 @@ func (pd *PD) CreateQP(cfg QPConfig) (*QP, error) {
 	qp := &QP{pd: pd, dev: d, qpn: nextQPN(), cfg: cfg, attr: DefaultQPAttr, done: make(chan struct{}),
 		psn: rand.Uint32() & (1<<24 - 1)}
 	qp.sq.slots = make([]wqe, cfg.MaxSendWR)
+	qp.rq.slots = make([]rqe, cfg.MaxRecvWR)
 	d.qps[qp] = struct{}{}
 	return qp, nil
 }
@@ -452,7 +517,6 @@ func (qp *QP) PostRecv(wr RecvWR) error {
 	if len(wr.SGL) > qp.cfg.MaxSGE {
 		return wrap(ErrInvalidArgument, "%d SGEs > max %d", len(wr.SGL), qp.cfg.MaxSGE)
 	}
-	w := RecvWR{WRID: wr.WRID, SGL: append([]SGE(nil), wr.SGL...)}
 	qp.mu.Lock()
 	defer qp.mu.Unlock()
 	if qp.destroyed {
@@ -462,13 +526,12 @@ func (qp *QP) PostRecv(wr RecvWR) error {
 		return wrap(ErrQPState, "post recv in %v", qp.state)
 	}
 	if qp.state == StateError {
-		qp.cfg.RecvCQ.push(WC{WRID: w.WRID, Status: WCWRFlushErr, Opcode: WCRecv, QPNum: qp.qpn})
+		qp.cfg.RecvCQ.push(WC{WRID: wr.WRID, Status: WCWRFlushErr, Opcode: WCRecv, QPNum: qp.qpn})
 		return nil
 	}
-	if len(qp.rq) >= qp.cfg.MaxRecvWR {
-		return wrap(ErrQueueFull, "%d receive WRs outstanding", len(qp.rq))
+	if !qp.rq.postLocked(&wr) {
+		return wrap(ErrQueueFull, "%d receive WRs outstanding", qp.rq.lenLocked())
 	}
-	qp.rq = append(qp.rq, w)
 	if qp.eng != nil {
 		qp.eng.wake() // a SEND may wait for it
 	}
@@ -483,10 +546,9 @@ func (qp *QP) toErrorLocked() {
 		return
 	}
 	qp.setStateLocked(StateError)
-	for _, w := range qp.rq {
-		qp.cfg.RecvCQ.push(WC{WRID: w.WRID, Status: WCWRFlushErr, Opcode: WCRecv, QPNum: qp.qpn})
-	}
-	qp.rq = nil
+	qp.rq.flushLocked(func(wrid uint64) {
+		qp.cfg.RecvCQ.push(WC{WRID: wrid, Status: WCWRFlushErr, Opcode: WCRecv, QPNum: qp.qpn})
+	})
 	if qp.eng == nil {
 		qp.flushUnstarted() // takes the send queue's lock under QP.mu
 	}

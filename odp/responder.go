@@ -160,6 +160,7 @@ func (e *engine) placeRun(s *roce.Segment, v *roce.Verdict) bool {
 		mr        *MR
 		miss, end int
 		recv      *RecvWR
+		seq       uint64 // recv's number, when this run starts a SEND
 	)
 	switch v.Msg.Kind {
 	case roce.KindWrite:
@@ -183,14 +184,18 @@ func (e *engine) placeRun(s *roce.Segment, v *roce.Verdict) bool {
 	case roce.KindSend:
 		recv = e.recv
 		if starts {
-			if recv = e.qp.peekRecv(); recv == nil {
+			var ok bool
+			if seq, ok = e.qp.peekRecv(&e.recvWR); !ok {
 				e.rnr() // receiver not ready
 				e.release(s)
 				return true
 			}
+			recv = &e.recvWR
 		}
 		if capacity := sglLen(recv.SGL); uint64(v.Off)+uint64(len(payload)) > capacity {
-			e.qp.takeRecv(recv, starts)
+			if starts {
+				e.qp.takeRecv(seq)
+			}
 			e.release(s)
 			why := fmt.Sprintf("%d-byte SEND into a %d-byte receive", uint64(v.Off)+uint64(len(payload)), capacity)
 			e.qp.cfg.RecvCQ.push(WC{WRID: recv.WRID, Status: WCLocLenErr, Opcode: WCRecv, QPNum: e.qp.qpn, Detail: why})
@@ -223,7 +228,9 @@ func (e *engine) placeRun(s *roce.Segment, v *roce.Verdict) bool {
 	case faultError:
 		e.release(s)
 		if v.Msg.Kind == roce.KindSend {
-			e.qp.takeRecv(recv, starts)
+			if starts {
+				e.qp.takeRecv(seq)
+			}
 			e.qp.cfg.RecvCQ.push(WC{WRID: recv.WRID, Status: WCLocProtErr, Opcode: WCRecv, QPNum: e.qp.qpn,
 				Detail: err.Error()})
 			e.recv = nil
@@ -238,7 +245,9 @@ func (e *engine) placeRun(s *roce.Segment, v *roce.Verdict) bool {
 		return true
 	}
 	if v.Msg.Kind == roce.KindSend && starts {
-		e.qp.takeRecv(recv, true)
+		if !e.qp.takeRecv(seq) {
+			return true // flushed meanwhile: the QP is in ERR, and answers nothing more
+		}
 		e.recv = recv
 	}
 	if e.resp.Placed(s, v) {
@@ -255,9 +264,11 @@ func (e *engine) placeRun(s *roce.Segment, v *roce.Verdict) bool {
 			e.recvDone(wc)
 			e.recv = nil
 		case v.Msg.HasImm:
-			r := e.qp.peekRecv()
-			e.qp.takeRecv(r, true)
-			e.recvDone(WC{WRID: r.WRID, Opcode: WCRecvRDMAWithImm, QPNum: e.qp.qpn, ByteLen: v.Msg.Length,
+			seq, ok := e.qp.peekRecv(&e.recvWR)
+			if !ok || !e.qp.takeRecv(seq) {
+				break // flushed meanwhile: the QP is in ERR
+			}
+			e.recvDone(WC{WRID: e.recvWR.WRID, Opcode: WCRecvRDMAWithImm, QPNum: e.qp.qpn, ByteLen: v.Msg.Length,
 				Flags: WCWithImm, ImmData: v.Msg.Imm})
 		}
 	}
@@ -542,31 +553,24 @@ func (e *engine) popJob() {
 func (qp *QP) hasRecv() bool {
 	qp.mu.Lock()
 	defer qp.mu.Unlock()
-	return len(qp.rq) > 0
+	return qp.rq.lenLocked() > 0
 }
 
-// peekRecv returns a copy of the oldest posted receive, or nil.
-func (qp *QP) peekRecv() *RecvWR {
+// peekRecv copies the oldest posted receive into dst (reusing dst's SGL) and
+// returns its number for takeRecv; ok is false when none is posted.
+func (qp *QP) peekRecv(dst *RecvWR) (seq uint64, ok bool) {
 	qp.mu.Lock()
 	defer qp.mu.Unlock()
-	if len(qp.rq) == 0 {
-		return nil
-	}
-	r := qp.rq[0]
-	return &r
+	return qp.rq.peekLocked(dst)
 }
 
-// takeRecv removes the oldest posted receive, which peekRecv returned as r, if
-// first says the SEND has not taken it yet (only the engine takes receives).
-func (qp *QP) takeRecv(r *RecvWR, first bool) {
-	if !first || r == nil {
-		return
-	}
+// takeRecv removes receive seq, which peekRecv returned, and reports whether it
+// did: false when a flush to ERR completed it meanwhile (only the engine takes
+// receives).
+func (qp *QP) takeRecv(seq uint64) bool {
 	qp.mu.Lock()
 	defer qp.mu.Unlock()
-	if len(qp.rq) > 0 && qp.rq[0].WRID == r.WRID {
-		qp.rq = qp.rq[1:]
-	}
+	return qp.rq.takeLocked(seq)
 }
 
 // minRNRTimer is the RNR timer the responder asks for.
