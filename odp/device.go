@@ -54,8 +54,9 @@
 // never two of the locks above at once, and never waits for another engine: a
 // network page fault runs on a goroutine of its own (startFault), and the DMA gate
 // is entered with TryEnter. The application reaches the engine through the send
-// queue ring, atomics and a wake-up; MR keys are looked up in Device.keyed, a
-// sync.Map that mirrors Device.mrs (written under Device.mu).
+// queue ring, atomics and a wake-up; MR keys are looked up in Device.keyed, the
+// mkey table, an array read with atomic loads that mirrors Device.mrs (written
+// under Device.mu).
 //
 // The DMA gate (pagefault.Gate) is held like a shared lock from a DMA's table check
 // to its end (enterDMA, endDMA): the fault server's reader waits for it before it
@@ -149,8 +150,8 @@ type Device struct {
 	closed bool
 	mrs    map[uint32]*MR // by key index; every change is mirrored in keyed
 	// keyed maps key indices to MRs like mrs, for the engines' lookups of every
-	// work request and request without a lock (a sync.Map: written under mu).
-	keyed   sync.Map
+	// work request and request without a lock (written under mu).
+	keyed   mkeyTable
 	keys    keyAllocator
 	pinned  int64 // bytes accounted as pinned (pinned_vm)
 	pds     map[*PD]struct{}

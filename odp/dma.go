@@ -14,10 +14,8 @@ import (
 
 // lookupMR finds a live MR by key.
 func (d *Device) lookupMR(key uint32) *MR {
-	if v, ok := d.keyed.Load(key >> 8); ok {
-		if mr := v.(*MR); mr.key == key {
-			return mr
-		}
+	if mr := d.keyed.load(key >> 8); mr != nil && mr.key == key {
+		return mr
 	}
 	return nil
 }

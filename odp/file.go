@@ -160,7 +160,7 @@ func (mr *MR) registerFileODP(end uintptr, npages int) error {
 	d.as.fileRegs = append(d.as.fileRegs, mr.span(end))
 	d.as.mu.Unlock()
 	d.mrs[key>>8] = mr
-	d.keyed.Store(key>>8, mr)
+	d.keyed.storeLocked(key>>8, mr)
 	d.mu.Unlock()
 	mr.activateODP(end, t0)
 	return nil

@@ -65,7 +65,7 @@ func (pd *PD) RegImplicitMR(access Access) (*MR, error) {
 	bufs := append([]buffer(nil), s.buffers...)
 	s.mu.Unlock()
 	d.mrs[key>>8] = mr
-	d.keyed.Store(key>>8, mr)
+	d.keyed.storeLocked(key>>8, mr)
 	d.mu.Unlock()
 	mr.sub = s.registry.Insert(0, maxMRSize, notifier{mr})
 	mr.reg.Register = time.Since(t0)

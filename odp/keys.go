@@ -1,5 +1,7 @@
 package odp
 
+import "sync/atomic"
+
 // keyAllocator hands out mlx5-style keys: a 24-bit index and an 8-bit variant. A freed
 // index waits in a FIFO behind at least keyQuarantine others before reuse, and comes
 // back with its variant advanced, so a stale key stays invalid.
@@ -39,4 +41,39 @@ func (k *keyAllocator) release(key uint32) {
 	idx := key >> 8
 	k.variants[idx]++
 	k.free = append(k.free, idx)
+}
+
+// mkeyTable is the NIC's memory key table, as mlx5's mkey context array: MRs by key
+// index, read without a lock by the engines on every work request and request,
+// written under Device.mu. Two levels of 4096 entries cover the 24-bit index; a
+// second-level block is allocated when an index in it is first used.
+type mkeyTable struct {
+	blocks [1 << 12]atomic.Pointer[mkeyBlock]
+}
+
+type mkeyBlock [1 << 12]atomic.Pointer[MR]
+
+// load returns the MR at key index idx, or nil.
+func (t *mkeyTable) load(idx uint32) *MR {
+	if idx > maxKeyIndex {
+		return nil
+	}
+	b := t.blocks[idx>>12].Load()
+	if b == nil {
+		return nil
+	}
+	return b[idx&(1<<12-1)].Load()
+}
+
+// storeLocked sets the MR at key index idx (nil: none). Called with Device.mu held.
+func (t *mkeyTable) storeLocked(idx uint32, mr *MR) {
+	b := t.blocks[idx>>12].Load()
+	if b == nil {
+		if mr == nil {
+			return
+		}
+		b = new(mkeyBlock)
+		t.blocks[idx>>12].Store(b)
+	}
+	b[idx&(1<<12-1)].Store(mr)
 }

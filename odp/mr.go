@@ -167,7 +167,7 @@ func (mr *MR) Dereg() error {
 		return wrap(ErrInvalidArgument, "MR %#x is not registered", mr.key)
 	}
 	delete(d.mrs, mr.key>>8)
-	d.keyed.Delete(mr.key >> 8)
+	d.keyed.storeLocked(mr.key>>8, nil)
 	d.mu.Unlock()
 
 	if mr.sub != nil {

@@ -47,7 +47,7 @@ func (mr *MR) registerODP(end uintptr, npages int) error {
 	mr.key = key
 	mr.table = mmu.New(npages)
 	d.mrs[key>>8] = mr
-	d.keyed.Store(key>>8, mr)
+	d.keyed.storeLocked(key>>8, mr)
 	d.mu.Unlock()
 	mr.activateODP(end, t0)
 	return nil
@@ -210,7 +210,7 @@ func (mr *MR) registerPinned(end uintptr, npages int) error {
 	if ok {
 		mr.key = key
 		d.mrs[key>>8] = mr
-		d.keyed.Store(key>>8, mr)
+		d.keyed.storeLocked(key>>8, mr)
 		d.as.mu.Lock()
 		d.as.locked = append(d.as.locked, mr.span(end))
 		d.as.syncEvictableLocked()
