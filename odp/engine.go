@@ -108,10 +108,12 @@ type engine struct {
 	last     roce.RequesterStats // the requester's counters when last added up
 
 	// The responder side (responder.go).
-	jobs     []job
-	ackOwed  bool
-	rnrFault *faultJob // the fault behind the last RNR NAK: NAKed again while it runs
-	stall    *faultJob // the responder waits for it before it takes another request
+	jobs      []job // answers to send, jobs[jobHead] the oldest
+	jobHead   int
+	freeReads readJobs
+	ackOwed   bool
+	rnrFault  *faultJob // the fault behind the last RNR NAK: NAKed again while it runs
+	stall     *faultJob // the responder waits for it before it takes another request
 	// faultErr is why the responder's last fault failed (its pages are unmapped,
 	// its MR deregistered): the request it was for is refused when it comes again.
 	faultErr error
@@ -227,10 +229,10 @@ func (e *engine) run() {
 // a sleeping goroutine takes tens of microseconds on a busy machine.
 const spinFor = 100 * time.Microsecond
 
-// bulkSpin is how long after a bulk run (a full MTU's payload) arrived an engine
-// yields for the next instead of sleeping. Small messages never make an engine
-// spin: their cost is the work per message, and a spinning engine would take the
-// application's CPU.
+// bulkSpin is how long after a bulk run (a full MTU's payload, or a READ request
+// for one) arrived an engine yields for the next instead of sleeping. Small
+// messages never make an engine spin: their cost is the work per message, and a
+// spinning engine would take the application's CPU.
 const bulkSpin = 50 * time.Microsecond
 
 // park waits until something changes or the next deadline: runs on their way, the
@@ -325,8 +327,8 @@ func (e *engine) receive() bool {
 			if e.covers(&e.rx[i]) {
 				e.covering++
 			}
-			if len(e.rx[i].Payload) >= e.mtu {
-				e.bulkAt = e.now
+			if r := &e.rx[i]; len(r.Payload) >= e.mtu || (r.Opcode == roce.ReadRequest && int(r.DMALen) >= e.mtu) {
+				e.bulkAt = e.now // a bulk transfer: its data, or a READ that asks for a run of it
 			}
 			e.inbox = append(e.inbox, e.rx[i])
 			e.rx[i] = roce.Segment{}
@@ -532,12 +534,13 @@ func (e *engine) toError() {
 	}
 	// The runs in the inbox are dropped as receive reaches them.
 	kept := e.jobs[:0]
-	for _, j := range e.jobs {
+	for _, j := range e.jobs[e.jobHead:] {
 		if j.read == nil { // an ACK or NAK already decided: the NAK that ended the QP, say
 			kept = append(kept, j)
 		}
 	}
-	e.jobs = kept
+	clear(e.jobs[len(kept):])
+	e.jobs, e.jobHead = kept, 0
 	if e.holding {
 		e.holding = false
 		e.port.Hold(false)
@@ -552,7 +555,7 @@ func (e *engine) teardown() {
 	for i := range e.out {
 		e.release(&e.out[i])
 	}
-	e.inbox, e.out, e.jobs = nil, nil, nil
+	e.inbox, e.out, e.jobs, e.jobHead = nil, nil, nil, 0
 	if e.timer != nil {
 		e.timer.Stop()
 	}

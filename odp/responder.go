@@ -59,7 +59,7 @@ func (e *engine) answer(m *roce.Message) {
 	m.DestQP = e.remote
 	if m.Kind == roce.KindAck && m.Syndrome == roce.SynACK {
 		// ACKs coalesce: a later one acknowledges everything an earlier one did.
-		if n := len(e.jobs); n > 0 && e.jobs[n-1].read == nil && e.jobs[n-1].seg.Opcode == roce.Acknowledge &&
+		if n := len(e.jobs); n > e.jobHead && e.jobs[n-1].read == nil && e.jobs[n-1].seg.Opcode == roce.Acknowledge &&
 			e.jobs[n-1].seg.Syndrome == roce.SynACK {
 			e.jobs[n-1].seg = m.Segment()
 			return
@@ -100,8 +100,7 @@ func (e *engine) takeRequest(s *roce.Segment) bool {
 		e.rc(func(c *rcCounters) *atomic.Uint64 { return &c.duplicates })
 		mr, off, _ := e.qp.remoteMR(v.Msg.RKey, v.Msg.VA, uint64(v.Msg.Length), AccessRemoteRead)
 		if mr != nil {
-			e.jobs = append(e.jobs, job{read: &readJob{mr: mr, off: off, length: v.Msg.Length, first: v.Msg.First,
-				total: roce.Packets(int(v.Msg.Length), e.mtu), msn: e.resp.MSN()}})
+			e.queueRead(mr, off, &v)
 		} // else dropped: the MR went away since (class D)
 	case roce.ActRead:
 		return e.read(s, &v)
@@ -377,8 +376,7 @@ func (e *engine) read(s *roce.Segment, v *roce.Verdict) bool {
 		return false
 	}
 	e.resp.ReadDone(v)
-	e.jobs = append(e.jobs, job{read: &readJob{mr: mr, off: off, length: v.Msg.Length, first: v.Msg.First,
-		total: roce.Packets(int(v.Msg.Length), e.mtu), msn: e.resp.MSN()}})
+	e.queueRead(mr, off, v)
 	e.release(s)
 	return true
 }
@@ -440,8 +438,8 @@ func (e *engine) atomic(s *roce.Segment, v *roce.Verdict) bool {
 // READ responses run by run, each read from the MR by reference.
 func (e *engine) respond() bool {
 	busy := false
-	for len(e.jobs) > 0 && len(e.out) < maxOut {
-		j := &e.jobs[0]
+	for len(e.jobs) > e.jobHead && len(e.out) < maxOut {
+		j := &e.jobs[e.jobHead]
 		if j.read == nil {
 			e.out = append(e.out, j.seg)
 			e.popJob()
@@ -519,9 +517,9 @@ func (e *engine) readOK(r *readJob, miss int, err error) bool {
 // readFailed answers a READ whose memory cannot be read any more with a remote
 // access NAK in place of its next response packet; the QP goes to ERR.
 func (e *engine) readFailed(r *readJob, err error) {
-	e.popJob()
 	nak := &roce.Message{Kind: roce.KindAck, Syndrome: roce.SynNAKRemoteAccess, MSN: r.msn,
 		PSN: (r.first + uint32(r.k)) & (1<<24 - 1)}
+	e.popJob()
 	e.refuse(nak, err.Error())
 }
 
@@ -533,7 +531,7 @@ func (e *engine) memoryBusy() bool {
 	if e.unread.Load() > 0 {
 		return true
 	}
-	for i := range e.jobs {
+	for i := e.jobHead; i < len(e.jobs); i++ {
 		if e.jobs[i].read != nil {
 			return true
 		}
@@ -541,11 +539,50 @@ func (e *engine) memoryBusy() bool {
 	return false
 }
 
+// queueRead queues the READ v asks for, of MR bytes [off, off+length).
+func (e *engine) queueRead(mr *MR, off uint64, v *roce.Verdict) {
+	r := e.freeReads.pop()
+	*r = readJob{mr: mr, off: off, length: v.Msg.Length, first: v.Msg.First,
+		total: roce.Packets(int(v.Msg.Length), e.mtu), msn: e.resp.MSN()}
+	e.jobs = append(e.jobs, job{read: r})
+}
+
+// popJob removes the oldest job; a READ's readJob is kept for the next READ.
 func (e *engine) popJob() {
-	e.jobs[0] = job{}
-	e.jobs = e.jobs[1:]
-	if len(e.jobs) == 0 {
-		e.jobs = e.jobs[:0:0]
+	j := &e.jobs[e.jobHead]
+	if j.read != nil {
+		e.freeReads.push(j.read)
+	}
+	*j = job{}
+	e.jobHead++
+	switch {
+	case e.jobHead == len(e.jobs):
+		e.jobs, e.jobHead = e.jobs[:0], 0
+	case e.jobHead >= 64 && e.jobHead > len(e.jobs)/2:
+		n := copy(e.jobs, e.jobs[e.jobHead:])
+		clear(e.jobs[n:])
+		e.jobs, e.jobHead = e.jobs[:n], 0
+	}
+}
+
+// readJobs is an engine's free list of readJobs: a READ allocates nothing.
+type readJobs []*readJob
+
+func (f *readJobs) pop() *readJob {
+	if n := len(*f); n > 0 {
+		r := (*f)[n-1]
+		*f = (*f)[:n-1]
+		return r
+	}
+	return new(readJob)
+}
+
+// push keeps r, cleared, for pop to reuse, unless the list holds as many as a
+// responder keeps READs for.
+func (f *readJobs) push(r *readJob) {
+	if len(*f) < maxRdAtomic {
+		*r = readJob{}
+		*f = append(*f, r)
 	}
 }
 
