@@ -521,10 +521,18 @@ func srcFaulted(err error, src []byte) bool {
 // dmaCopy is the DMA engine's copy. An application that unmaps memory under an
 // in-flight DMA makes the copy fault; the engine goroutines run with
 // debug.SetPanicOnFault, so that is reported as an error (an access error completion),
-// not a crash. The copy goes page by page, in order (copyPages): a copy that faults
-// leaves every page before the one it faulted on whole and none after it touched,
-// as a NIC that places a message packet by packet does.
+// not a crash. A copy that faults leaves every page before the one it faulted on
+// whole and none after it touched, as a NIC that places a message packet by packet
+// does. The copy is one memmove, which copies ascending when the two sides do not
+// overlap (they never do: a DMA copies between two MRs' pages, or to a buffer of
+// its own) but stores the first bytes of the destination last; when it faults, the
+// copy is done again page by page from its start (copyPages), which makes the pages
+// before the fault whole. A memmove of the run rather than of each page keeps the
+// copy at memcpy's speed (pages one by one copy 1 MiB messages at about 0.8 of it).
 func (d *Device) dmaCopy(dst, src []byte) error {
+	if _, faulted := tryDMA(func() { copy(dst, src) }); !faulted {
+		return nil
+	}
 	return d.dmaRun(func() { copyPages(dst, src) })
 }
 
@@ -545,19 +553,27 @@ func copyPages(dst, src []byte) {
 
 // dmaRun runs one DMA access, a copy or an atomic, reporting a fault on unmapped
 // memory as dmaCopy does.
-func (d *Device) dmaRun(access func()) (err error) {
+func (d *Device) dmaRun(access func()) error {
+	if addr, faulted := tryDMA(access); faulted {
+		d.stats.dmaFaults.Add(1)
+		return &dmaFault{Addr: addr}
+	}
+	return nil
+}
+
+// tryDMA runs access and reports whether it faulted on memory that is not mapped,
+// and where. Memory faults under SetPanicOnFault carry the faulting address; any
+// other panic is a bug and goes on.
+func tryDMA(access func()) (addr uintptr, faulted bool) {
 	defer func() {
 		if r := recover(); r != nil {
-			// Memory faults under SetPanicOnFault carry the faulting address; any
-			// other panic is a bug and goes on.
 			fault, ok := r.(interface{ Addr() uintptr })
 			if !ok {
 				panic(r)
 			}
-			d.stats.dmaFaults.Add(1)
-			err = &dmaFault{Addr: fault.Addr()}
+			addr, faulted = fault.Addr(), true
 		}
 	}()
 	access()
-	return nil
+	return 0, false
 }
