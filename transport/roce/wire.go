@@ -186,8 +186,8 @@ type PipeConfig struct {
 	// Copy copies every payload as it is sent instead of passing it by reference
 	// (the ends' memory is in different address spaces, whose DMA gates differ).
 	Copy bool
-	// MaxRun bounds the packets of one run (default 256: 1 MiB at MTU 4096, one
-	// DMA; a copy of 1 MiB or more is memmove's fastest, with non-temporal stores).
+	// MaxRun bounds the packets of one run (default 64: 256 KiB at MTU 4096, one
+	// DMA).
 	MaxRun int
 }
 
@@ -205,7 +205,7 @@ func NewPipe(lim Limits, cfg PipeConfig) (Port, Port, error) {
 		return nil, nil, fmt.Errorf("roce: limits %+v: a path MTU of 256..4096 and a largest message", lim)
 	}
 	if cfg.MaxRun <= 0 {
-		cfg.MaxRun = 256
+		cfg.MaxRun = 64
 	}
 	for _, m := range []LinkModel{cfg.AB, cfg.BA} {
 		if m.Rate < 0 || m.Delay < 0 || m.Queue < 0 || m.Buffer < 0 {
