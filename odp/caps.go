@@ -51,8 +51,12 @@ type DeviceAttr struct {
 	MaxSGE        int    // SGEs per work request
 	MaxInlineData int    // inline bytes per work request
 	MaxCQE        int    // completions per CQ
-	AtomicCap     AtomicCap
-	ODP           ODPCaps
+	// MaxQPRdAtom is how many READs and atomics a QP keeps as a responder for their
+	// duplicates (max_qp_rd_atom); MaxQPInitRdAtom how many it has outstanding as a
+	// requester (max_qp_init_rd_atom). A QP uses both limits as they are.
+	MaxQPRdAtom, MaxQPInitRdAtom int
+	AtomicCap                    AtomicCap
+	ODP                          ODPCaps
 	// ResponderFaults is how a responder answers a request whose ODP pages are
 	// missing (the device's Config).
 	ResponderFaults FaultPolicy
@@ -72,6 +76,7 @@ func (d *Device) QueryDevice() DeviceAttr {
 	return DeviceAttr{
 		Name: d.cfg.Name, PageSize: PageSize, MaxMRSize: maxMRSize, MaxMsgSize: maxMsg, MaxQPWR: maxQPWR,
 		MaxSGE: maxSGE, MaxInlineData: maxInline, MaxCQE: maxCQE, AtomicCap: AtomicGlob,
+		MaxQPRdAtom: maxRdAtomic, MaxQPInitRdAtom: maxRdAtomic,
 		ODP: ODPCaps{
 			General: ODPSupport | ODPSupportImplicit,
 			RC:      ODPSend | ODPRecv | ODPWrite | ODPRead | ODPAtomic,

@@ -46,13 +46,6 @@ func TestODPConcurrentCPUAndNIC(t *testing.T) {
 			const size = 64 << 20
 			pages := size / ps
 			const half = 2048
-			if wireUDP() {
-				// Known defect, open since the engine took runs (6795ade): over UDP
-				// this test fails about one run in two at GOMAXPROCS=2 with
-				// RETRY_EXC_ERR, both engines idle and every retransmission
-				// unanswered. Skipped here until it is fixed; in one process it runs.
-				t.Skip("known defect over UDP: retransmissions go unanswered (RETRY_EXC_ERR) about one run in two")
-			}
 			a, b := pair(t, Config{})
 			src, smr := a.region(t, size, AccessLocalWrite)
 			back, bmr := a.region(t, size, AccessLocalWrite)

@@ -166,7 +166,9 @@ func (qp *QP) startLocked() {
 }
 
 // maxRdAtomic is how many READs and atomics a responder keeps for their duplicates
-// (max_dest_rd_atomic).
+// (max_dest_rd_atomic), and how many a requester has outstanding at most
+// (max_rd_atomic), as on mlx5: a retransmission then always asks again for one the
+// responder still has.
 const maxRdAtomic = 16
 
 // ackTimeout decodes the local ACK timeout, 4.096 us * 2^t (0: none).
