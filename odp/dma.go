@@ -577,3 +577,24 @@ func tryDMA(access func()) (addr uintptr, faulted bool) {
 	access()
 	return 0, false
 }
+
+// pageSpanEnd returns the table page after MR byte end-1 (0: none).
+func (mr *MR) pageSpanEnd(end uint64) int {
+	if end == 0 {
+		return 0
+	}
+	first, count := mr.pageSpan(end-1, 1)
+	return first + count
+}
+
+// firstMissing returns the first page of MR bytes [off, off+n) an ODP MR lacks an
+// entry for (for write when write is set), or -1.
+func (mr *MR) firstMissing(off, n uint64, write bool) int {
+	if !mr.odp || n == 0 {
+		return -1
+	}
+	first, count := mr.pageSpan(off, n)
+	mr.table.Lock()
+	defer mr.table.Unlock()
+	return mr.table.MissingLocked(first, count, write)
+}

@@ -160,6 +160,9 @@ type recvQueue struct {
 	head, tail uint64 // the oldest receive not taken; the next to post
 }
 
+// slot returns send queue slot i (i counts every request posted).
+func (q *sendQueue) slot(i uint64) *wqe { return &q.slots[i%uint64(len(q.slots))] }
+
 // rqe is a receive queue slot.
 type rqe struct {
 	wr  RecvWR
@@ -592,4 +595,35 @@ func (qp *QP) Destroy() error {
 	delete(qp.dev.qps, qp)
 	qp.dev.mu.Unlock()
 	return nil
+}
+
+// hasRecv reports whether a receive is posted.
+func (qp *QP) hasRecv() bool {
+	qp.mu.Lock()
+	defer qp.mu.Unlock()
+	return qp.rq.lenLocked() > 0
+}
+
+// peekRecv copies the oldest posted receive into dst (reusing dst's SGL) and
+// returns its number for takeRecv; ok is false when none is posted.
+func (qp *QP) peekRecv(dst *RecvWR) (seq uint64, ok bool) {
+	qp.mu.Lock()
+	defer qp.mu.Unlock()
+	return qp.rq.peekLocked(dst)
+}
+
+// takeRecv removes receive seq, which peekRecv returned, and reports whether it
+// did: false when a flush to ERR completed it meanwhile (only the engine takes
+// receives).
+func (qp *QP) takeRecv(seq uint64) bool {
+	qp.mu.Lock()
+	defer qp.mu.Unlock()
+	return qp.rq.takeLocked(seq)
+}
+
+// minRNRTimer is the RNR timer the responder asks for.
+func (qp *QP) minRNRTimer() uint8 {
+	qp.mu.Lock()
+	defer qp.mu.Unlock()
+	return qp.attr.MinRNRTimer
 }

@@ -15,8 +15,6 @@ import (
 	"github.com/odpemu/odpemu/transport/roce"
 )
 
-func (q *sendQueue) slot(i uint64) *wqe { return &q.slots[i%uint64(len(q.slots))] }
-
 // post takes work requests from the send queue into the requester, in order, as far
 // as the window, fences and the QP's state allow. A request that fails the NIC's
 // local checks completes with an error in its turn.

@@ -292,15 +292,6 @@ func (e *engine) faultEnd(mr *MR, v *roce.Verdict, payload []byte) uint64 {
 	return min(e.msgOff+uint64(v.Msg.Length), start+uint64(len(payload))+prefetchLimit)
 }
 
-// pageSpanEnd returns the table page after MR byte end-1 (0: none).
-func (mr *MR) pageSpanEnd(end uint64) int {
-	if end == 0 {
-		return 0
-	}
-	first, count := mr.pageSpan(end-1, 1)
-	return first + count
-}
-
 // write places payload at MR bytes [off, ...), the DMA of a WRITE run. A page
 // fault is returned with the first page missing and the page after the run's.
 func (e *engine) write(mr *MR, off uint64, payload []byte, s *roce.Segment) (fault, int, int, error) {
@@ -379,18 +370,6 @@ func (e *engine) read(s *roce.Segment, v *roce.Verdict) bool {
 	e.queueRead(mr, off, v)
 	e.release(s)
 	return true
-}
-
-// firstMissing returns the first page of MR bytes [off, off+n) an ODP MR lacks an
-// entry for (for write when write is set), or -1.
-func (mr *MR) firstMissing(off, n uint64, write bool) int {
-	if !mr.odp || n == 0 {
-		return -1
-	}
-	first, count := mr.pageSpan(off, n)
-	mr.table.Lock()
-	defer mr.table.Unlock()
-	return mr.table.MissingLocked(first, count, write)
 }
 
 // atomic executes a compare-and-swap or fetch-and-add, once: a duplicate is
@@ -584,35 +563,4 @@ func (f *readJobs) push(r *readJob) {
 		*r = readJob{}
 		*f = append(*f, r)
 	}
-}
-
-// hasRecv reports whether a receive is posted.
-func (qp *QP) hasRecv() bool {
-	qp.mu.Lock()
-	defer qp.mu.Unlock()
-	return qp.rq.lenLocked() > 0
-}
-
-// peekRecv copies the oldest posted receive into dst (reusing dst's SGL) and
-// returns its number for takeRecv; ok is false when none is posted.
-func (qp *QP) peekRecv(dst *RecvWR) (seq uint64, ok bool) {
-	qp.mu.Lock()
-	defer qp.mu.Unlock()
-	return qp.rq.peekLocked(dst)
-}
-
-// takeRecv removes receive seq, which peekRecv returned, and reports whether it
-// did: false when a flush to ERR completed it meanwhile (only the engine takes
-// receives).
-func (qp *QP) takeRecv(seq uint64) bool {
-	qp.mu.Lock()
-	defer qp.mu.Unlock()
-	return qp.rq.takeLocked(seq)
-}
-
-// minRNRTimer is the RNR timer the responder asks for.
-func (qp *QP) minRNRTimer() uint8 {
-	qp.mu.Lock()
-	defer qp.mu.Unlock()
-	return qp.attr.MinRNRTimer
 }
