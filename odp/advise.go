@@ -17,13 +17,8 @@ type AdviseFlags uint32
 // the NIC maps the pages in the background (Stats counts them as they land).
 const AdviseFlush AdviseFlags = 1 << 0
 
-// AdviseMR advises the NIC about the ranges of an SGL, as ibv_advise_mr does: every
-// SGE must lie in an ODP MR of the PD. PREFETCH maps the ranges for reading,
-// faulting missing pages in; PREFETCH_WRITE maps them writable (the MR must allow
-// writes); PREFETCH_NO_FAULT maps only pages already present. Bad arguments fail
-// before any work starts; a background prefetch that fails (the MR deregistered
-// meanwhile, its memory unmapped) is counted in PrefetchErrors.
-func (pd *PD) AdviseMR(advice Advice, flags AdviseFlags, sgl []SGE) error {
+// adviseMR is AdviseMR.
+func (pd *domain) adviseMR(advice Advice, flags AdviseFlags, sgl []SGE) error {
 	if pd == nil || pd.dead.Load() {
 		return wrap(ErrInvalidArgument, "AdviseMR on a deallocated PD")
 	}

@@ -68,19 +68,12 @@ const maxCQE = 1 << 22
 // maxMRSize is the largest MR: the user half of x86-64's 47-bit address space.
 const maxMRSize = 1 << 47
 
-// QueryDevice reports the device's limits and capabilities. The NIC's atomics are
-// the CPU's atomic instructions on the registered memory, so they are atomic with
-// the application's atomics too (AtomicGlob). Every RC operation works on ODP memory,
-// explicit or implicit (RegImplicitMR); there is no SRQ.
-func (d *Device) QueryDevice() DeviceAttr {
-	return DeviceAttr{
-		Name: d.cfg.Name, PageSize: PageSize, MaxMRSize: maxMRSize, MaxMsgSize: maxMsg, MaxQPWR: maxQPWR,
-		MaxSGE: maxSGE, MaxInlineData: maxInline, MaxCQE: maxCQE, AtomicCap: AtomicGlob,
-		MaxQPRdAtom: maxRdAtomic, MaxQPInitRdAtom: maxRdAtomic,
-		ODP: ODPCaps{
-			General: ODPSupport | ODPSupportImplicit,
-			RC:      ODPSend | ODPRecv | ODPWrite | ODPRead | ODPAtomic,
-		},
-		ResponderFaults: d.cfg.ResponderFaults,
-	}
-}
+// maxMsg is the largest RC message (2 GiB), as on mlx5.
+const maxMsg = 1 << 31
+
+// The QP limits QueryDevice reports.
+const (
+	maxQPWR   = 1 << 15 // work requests per queue
+	maxSGE    = 32      // SGEs per work request
+	maxInline = 1024    // bytes of inline data per work request
+)

@@ -22,23 +22,6 @@ func (qp *QP) localSGE(s SGE, write bool) (*MR, uint64, string) {
 	return mr, off, ""
 }
 
-// offset returns addr's offset in the MR if [addr, addr+n) lies inside it.
-func (mr *MR) offset(addr, n uint64) (uint64, bool) {
-	start := uint64(mr.start)
-	if addr < start || addr-start > mr.length || n > mr.length-(addr-start) {
-		return 0, false
-	}
-	return addr - start, true
-}
-
-func sglLen(sgl []SGE) uint64 {
-	var n uint64
-	for _, s := range sgl {
-		n += uint64(s.Length)
-	}
-	return n
-}
-
 // remoteMR checks a request's rkey, range and rights against this device's MRs, and
 // says why it refuses.
 func (qp *QP) remoteMR(rkey uint32, va, n uint64, need Access) (*MR, uint64, string) {

@@ -1,5 +1,7 @@
 package odp
 
+import "time"
+
 // A device shows its counters the way Linux shows an RDMA device's (package
 // hwcounters mounts them: hwcounters.Mount(dir, dev) gives
 // <dir>/<name>/ports/1/hw_counters/<counter> and <dir>/<name>/mr/<mrn>/<counter>). The
@@ -68,4 +70,43 @@ func (d *Device) MRCounters() map[uint32]map[string]uint64 {
 		out[mr.key>>8] = mrCounterFiles(mr.Stats())
 	}
 	return out
+}
+
+// Stats returns the device's counters.
+func (d *Device) Stats() Stats {
+	s, _ := d.as.server.Stats() // after Close the fault server's counters read as zero
+	ps := d.as.pump.Stats()
+	d.mu.Lock()
+	pinned := d.pinned
+	d.mu.Unlock()
+	c := &d.stats
+	// Prefetches is loaded before PagesPrefetched, which prefetch adds first: a
+	// prefetch seen counted has its pages counted.
+	st := Stats{
+		PageFaults: c.faults.Load(), PagesFaulted: c.pagesFaulted.Load(), FaultRetries: c.faultRetries.Load(),
+		FaultTime: time.Duration(c.faultNanos.Load()), Invalidations: c.invalidations.Load(),
+		PagesInvalidated: c.pagesInvalidated.Load(), Prefetches: c.prefetches.Load(),
+		PagesPrefetched: c.pagesPrefetched.Load(), PinnedBytes: pinned, AsyncPrefetches: c.asyncPrefetches.Load(),
+		PrefetchErrors: c.prefetchErrors.Load(),
+		CPUFaults:      s.Faults, CPUFaultPages: s.Pages, CPUFaultTime: s.ServiceTime, CPUFaultMax: s.MaxServiceTime,
+		CPUFaultsFoundMapped: s.Exist,
+		Events:               ps.Events, EventsIgnored: ps.Ignored, InvalidationLatency: ps.Latency, InvalidationMax: ps.MaxLat,
+		Forks: ps.Forks, DMAWaits: c.dmaWaits.Load(),
+		AuditedDMAs: c.audited.Load(), StaleDMAs: c.stale.Load(), OvertakenDMAs: c.overtaken.Load(), DMAFaults: c.dmaFaults.Load(),
+		TornDMAs:   c.tornDMAs.Load(),
+		GateDrains: s.Drains, GateDrainTime: s.DrainTime, GateDrainMax: s.MaxDrainTime, GateFaultReads: s.FaultReads,
+		GateUndrained: s.Undrained,
+	}
+	st.RC = d.rc.stats()
+	st.Phases = FaultPhases{Detect: time.Duration(c.detectNanos.Load()), Resolve: time.Duration(c.resolveNanos.Load()),
+		Update: time.Duration(c.updateNanos.Load()), Model: time.Duration(c.modelNanos.Load()),
+		Resume: time.Duration(c.resumeNanos.Load())}
+	if d.as.pager != nil {
+		pg := d.as.pager.Stats()
+		st.Evictions, st.BytesWrittenBack, st.EvictionAborts = pg.Evictions, pg.WrittenBack, pg.Aborts
+		restored, _ := d.as.server.Restored() // zero after Close
+		st.Migrations, st.Restores, st.ResidentPages = pg.Migrations, pg.Restores+restored, pg.Resident
+		st.ServerEvictions, st.Overshoot = pg.ServerEvictions, pg.Overshoot
+	}
+	return st
 }

@@ -2,94 +2,7 @@ package odp
 
 import (
 	"context"
-	"fmt"
-	"sync"
 )
-
-// WCStatus is a work completion's status; the values are ibv_wc_status's.
-type WCStatus int
-
-// The completion statuses odpemu produces.
-const (
-	WCSuccess        WCStatus = 0
-	WCLocLenErr      WCStatus = 1
-	WCLocQPOpErr     WCStatus = 2
-	WCLocProtErr     WCStatus = 4
-	WCWRFlushErr     WCStatus = 5
-	WCBadRespErr     WCStatus = 7
-	WCLocAccessErr   WCStatus = 8
-	WCRemInvReqErr   WCStatus = 9
-	WCRemAccessErr   WCStatus = 10
-	WCRemOpErr       WCStatus = 11
-	WCRetryExcErr    WCStatus = 12
-	WCRNRRetryExcErr WCStatus = 13
-)
-
-var wcStatusNames = map[WCStatus]string{
-	WCSuccess: "success", WCLocLenErr: "local length error", WCLocQPOpErr: "local QP operation error",
-	WCLocProtErr: "local protection error", WCWRFlushErr: "Work Request Flushed Error",
-	WCBadRespErr: "bad response error", WCLocAccessErr: "local access error",
-	WCRemInvReqErr: "remote invalid request error", WCRemAccessErr: "remote access error",
-	WCRemOpErr: "remote operation error", WCRetryExcErr: "transport retry counter exceeded",
-	WCRNRRetryExcErr: "RNR retry counter exceeded",
-}
-
-// String returns ibv_wc_status_str's text.
-func (s WCStatus) String() string {
-	if n, ok := wcStatusNames[s]; ok {
-		return n
-	}
-	return fmt.Sprintf("WCStatus(%d)", int(s))
-}
-
-// WCOpcode is what a completion completed; the values are ibv_wc_opcode's.
-type WCOpcode int
-
-// What completions complete.
-const (
-	WCSend      WCOpcode = 0
-	WCRDMAWrite WCOpcode = 1
-	WCRDMARead  WCOpcode = 2
-	WCCompSwap  WCOpcode = 3
-	WCFetchAdd  WCOpcode = 4
-	WCRecv      WCOpcode = 128
-	// WCRecvRDMAWithImm completes a receive consumed by an RDMA WRITE with
-	// immediate: ByteLen is the bytes written, nothing is placed in the receive.
-	WCRecvRDMAWithImm WCOpcode = 129
-)
-
-// WCFlags are a completion's flags, with ibv_wc_flags' values.
-type WCFlags uint32
-
-// WCWithImm: ImmData holds the sender's immediate data.
-const WCWithImm WCFlags = 1 << 1
-
-// WC is a work completion.
-type WC struct {
-	WRID    uint64
-	Status  WCStatus
-	Opcode  WCOpcode
-	ByteLen uint32 // receive completions: bytes received; READ and atomics: bytes placed
-	QPNum   uint32
-	Flags   WCFlags
-	ImmData uint32 // with WCWithImm
-	// Detail says why a completion failed (the vendor syndrome's role).
-	Detail string
-}
-
-// CQ is a completion queue. Completions beyond its depth are an overrun, reported by
-// Poll and Wait, as a CQ error is; the completions already queued stay readable.
-type CQ struct {
-	dev    *Device
-	notify chan struct{} // holds a token while completions may be queued
-
-	mu      sync.Mutex // protects the fields below
-	ring    []WC
-	head, n int
-	overrun bool
-	users   int // QPs attached
-	dead    bool
-}
 
 // CreateCQ creates a completion queue holding up to depth completions.
 func (d *Device) CreateCQ(depth int) (*CQ, error) {
@@ -101,27 +14,10 @@ func (d *Device) CreateCQ(depth int) (*CQ, error) {
 	if d.closed {
 		return nil, ErrClosed
 	}
-	cq := &CQ{dev: d, ring: make([]WC, depth), notify: make(chan struct{}, 1)}
+	cq := &CQ{dev: &d.nic, ring: make([]WC, depth), notify: make(chan struct{}, 1)}
+	cq.unlistLocked = func() { delete(d.cqs, cq) }
 	d.cqs[cq] = struct{}{}
 	return cq, nil
-}
-
-// push queues a completion; it reports false on overrun.
-func (cq *CQ) push(wc WC) bool {
-	cq.mu.Lock()
-	ok := cq.n < len(cq.ring)
-	if ok {
-		cq.ring[(cq.head+cq.n)%len(cq.ring)] = wc
-		cq.n++
-	} else {
-		cq.overrun = true
-	}
-	cq.mu.Unlock()
-	select {
-	case cq.notify <- struct{}{}:
-	default:
-	}
-	return ok
 }
 
 // Poll moves up to len(wcs) completions into wcs without blocking and returns how many.
@@ -175,13 +71,6 @@ func (cq *CQ) Destroy() error {
 		return wrap(ErrBusy, "CQ used by %d QPs", cq.users)
 	}
 	cq.dead = true
-	delete(d.cqs, cq)
+	cq.unlistLocked()
 	return nil
-}
-
-// killLocked marks the CQ destroyed, as Device.Close does. Called with Device.mu held.
-func (cq *CQ) killLocked() {
-	cq.mu.Lock()
-	cq.dead = true
-	cq.mu.Unlock()
 }

@@ -13,6 +13,36 @@
 // mmu-notifier sequence protocol and only then copies. The engine never takes a CPU
 // fault on ODP memory; application threads that do are served by a C thread.
 //
+// # Inner shape
+//
+// The files stand on six floors. A file uses what its own floor and the floors
+// below declare, never what a floor above declares (TestFileFloors checks it with
+// the type checker):
+//
+//	floor                      files                              what they hold
+//	5 verbs                    device pd memory cq qp cm counters the public surface: Open, AllocPD, RegMR,
+//	                                                              Alloc/Free/MapFile, CreateCQ, CreateQP,
+//	                                                              PostSend, Poll, counters
+//	4 the engine               cqring qpcontext checks engine     a QP as the NIC holds it (state, queues),
+//	                           requester responder                its engine goroutine, the CQ ring it fills
+//	3 DMA                      dma                                copies under the table check and the gate,
+//	                                                              the audit
+//	2 registration and faults  mr register notifier fault        nic (a device as its MRs see it), MRs,
+//	                           implicit file advise               keys, the notifier, network page faults,
+//	                                                              prefetch
+//	1 the address space        space buffer filemap               the process's userfaultfd, fault server,
+//	                                                              pump, pager, buffers and file mappings
+//	0 vocabulary               errors access config faultmodel    types every floor names: work requests,
+//	                           link qpstate wr wc caps stats keys completions, settings, counters, the key
+//	                           procmem                            table, memory reached by address
+//
+// Nothing below the verbs floor holds a Device, a PD or a QP's owner: a Device embeds
+// nic (settings, address space, MR table, counters), a PD embeds domain (what MRs and
+// QPs are checked against), and a QP or CQ is taken off its device's lists through a
+// function its creator set (unlistLocked). A network page fault passes through
+// dma.go (the miss), fault.go (networkFault, fault) and the address space
+// (pagefault's resolver or fault server) and back; the engine only starts it.
+//
 // # Lock order
 //
 // A goroutine that holds one of these locks takes only locks further down the list:
@@ -23,7 +53,7 @@
 //	paging.Pager.reclaimMu  one evictor at a time; Discard, Evict, Migrate, Restore
 //	invalidate.Registry.mu   held for reading while notifiers run
 //	mmu.Table.mu             an MR's table lock (umem_mutex); notifiers take it
-//	Device.mu                a device's MRs, keys, PDs, CQs, QPs, pinned accounting
+//	Device.mu (nic.mu)       a device's MRs, keys, PDs, CQs, QPs, pinned accounting
 //	space.mu                 the address space's buffers, ODP and locked ranges
 //	paging.Pager.rmu     the pager's region list (Alloc adds a region under space.mu)
 //	QP.mu                    a QP's state, queues and pending WRs
@@ -54,7 +84,7 @@
 // never two of the locks above at once, and never waits for another engine: a
 // network page fault runs on a goroutine of its own (startFault), and the DMA gate
 // is entered with TryEnter. The application reaches the engine through the send
-// queue ring, atomics and a wake-up; MR keys are looked up in Device.keyed, the
+// queue ring, atomics and a wake-up; MR keys are looked up in nic.keyed, the
 // mkey table, an array read with atomic loads that mirrors Device.mrs (written
 // under Device.mu).
 //
@@ -71,67 +101,9 @@ import (
 	"encoding/binary"
 	"errors"
 	"fmt"
-	"sync"
 
 	"github.com/odpemu/odpemu/pagefault"
-	"golang.org/x/sys/unix"
 )
-
-// Config configures a Device. The zero value is usable.
-type Config struct {
-	// Name identifies the device in errors and stats ("odpemu0" when empty).
-	Name string
-	// FaultAround is the alignment, in pages, to which a network page fault's range is
-	// widened (mlx5 resolves whole work requests; this adds fault-around). Default 16;
-	// 1 resolves exactly the pages a work request touches.
-	FaultAround int
-	// CPUFaultAround is the number of pages the CPU fault server installs per
-	// application fault. Default 1.
-	CPUFaultAround int
-	// UserModeOnly forces a UFFD_USER_MODE_ONLY userfaultfd.
-	UserModeOnly bool
-	// MemlockLimit bounds pinned bytes. 0 means RLIMIT_MEMLOCK, unlimited with
-	// CAP_IPC_LOCK as ib_umem_get does; negative means unlimited.
-	MemlockLimit int64
-	// NoSnapshot skips mapping already-present pages at ODP registration.
-	NoSnapshot bool
-	// NoInvalidate is the ablation switch: userfaultfd events are read but not
-	// applied, and Discard, Evict, Migrate and Invalidate change mappings without
-	// telling the NIC. The NIC then keeps translations the CPU no longer has; Audit
-	// counts its DMAs through them. Do not munmap registered memory with it set: the
-	// NIC would write into whatever the process maps at that address next.
-	NoInvalidate bool
-	// ResidentBudget bounds, in bytes, the resident pages of ODP memory, whoever
-	// touches them: the NIC's faults reclaim first (CLOCK over the NIC's access bits),
-	// the application's CPU faults are served by a fault server that evicts a batch to
-	// the backing store before it installs past the budget, and a background reclaimer
-	// keeps room. Faults bring evicted pages back with their content. The bound holds
-	// for memory an ODP MR registers and no pinned MR locks; the server installs past
-	// it only when it finds nothing evictable in time (Stats.Overshoot). Pinned
-	// registrations are limited to the budget too. 0: no budget.
-	ResidentBudget int64
-	// Paging enables the backing store, Evict and Migrate without a budget.
-	Paging bool
-	// StorePath puts the backing store in a new file at this path instead of in
-	// memory (a memfd, which is outside the process's RSS).
-	StorePath string
-	// ResponderFaults is what a responder does when a request finds its ODP pages
-	// missing: answer RNR NAK and resolve the fault meanwhile (FaultRNR, mlx5's
-	// behaviour and the default) or resolve it before answering (FaultStall).
-	ResponderFaults FaultPolicy
-	// Audit checks every DMA after the copy: a copy during which a page of an ODP
-	// range was installed anew (a CPU fault found it missing) or whose recorded frame
-	// is no longer the page's frame, with no invalidation observed meanwhile, is a
-	// stale DMA (on hardware: silent corruption). Pinned MRs are checked by frames.
-	// Costs two cgo calls and a pagemap read per DMA.
-	Audit bool
-	// FaultModel is the latency of a network page fault on the NIC's fault path (see
-	// FaultModel): the zero value is the emulator's own cost.
-	FaultModel FaultModel
-	// Link is the link the device's QPs send on (rate, delay, queue): the zero value
-	// is DefaultLinkRate and DefaultLinkDelay; NoLink removes the model.
-	Link LinkModel
-}
 
 // Device is an emulated RDMA NIC: its keys, protection domains, MRs, CQs, QPs and
 // counters. The address space it works in (the userfaultfd, the CPU fault server, the
@@ -139,31 +111,12 @@ type Config struct {
 // process's, shared with every device opened with the same address-space settings
 // (see Config). Methods are safe for concurrent use.
 type Device struct {
-	cfg   Config
-	as    *space
-	limit int64 // pinned byte limit, <0 unlimited
-	// background counts asynchronous prefetches in flight; Close waits for them.
-	// Added to under mu, while not closed.
-	background sync.WaitGroup
+	nic // the NIC's side: what its MRs, faults, DMAs and engines share
 
-	mu     sync.RWMutex // protects everything below; read-locked for key lookups
-	closed bool
-	mrs    map[uint32]*MR // by key index; every change is mirrored in keyed
-	// keyed maps key indices to MRs like mrs, for the engines' lookups of every
-	// work request and request without a lock (written under mu).
-	keyed   mkeyTable
-	keys    keyAllocator
-	pinned  int64 // bytes accounted as pinned (pinned_vm)
-	pds     map[*PD]struct{}
-	cqs     map[*CQ]struct{}
-	qps     map[*QP]struct{}
-	nextQPN uint32
-
-	stats deviceCounters
-	rc    rcCounters // RC events of all its QPs
-	// faulting counts network page faults resolving on goroutines of their own;
-	// Close waits for them.
-	faulting sync.WaitGroup
+	// Protected by nic.mu (Device.mu):
+	pds map[*PD]struct{}
+	cqs map[*CQ]struct{}
+	qps map[*QP]struct{}
 }
 
 // Open opens an emulated device. Devices whose address-space settings agree
@@ -183,8 +136,8 @@ func Open(cfg Config) (*Device, error) {
 	if cfg.FaultAround < 1 || cfg.FaultAround > 1<<16 || cfg.FaultAround&(cfg.FaultAround-1) != 0 {
 		return nil, wrap(ErrInvalidArgument, "FaultAround %d: want a power of two in [1, 65536]", cfg.FaultAround)
 	}
-	d := &Device{cfg: cfg, mrs: map[uint32]*MR{}, pds: map[*PD]struct{}{}, cqs: map[*CQ]struct{}{},
-		qps: map[*QP]struct{}{}, limit: cfg.MemlockLimit}
+	d := &Device{nic: nic{cfg: cfg, mrs: map[uint32]*MR{}, limit: cfg.MemlockLimit}, pds: map[*PD]struct{}{},
+		cqs: map[*CQ]struct{}{}, qps: map[*QP]struct{}{}}
 	if d.limit == 0 {
 		d.limit = memlockLimit()
 	}
@@ -211,51 +164,6 @@ func Open(cfg Config) (*Device, error) {
 	_, _ = rand.Read(seed[:]) // crypto/rand.Read never fails (it aborts the program instead)
 	d.keys.init(binary.LittleEndian.Uint32(seed[:]))
 	return d, nil
-}
-
-// requirements lists what the running kernel must offer for cfg: userfaultfd with the
-// REMOVE, UNMAP and REMAP events for ODP and its invalidations, write-protect
-// registration of anonymous memory (every buffer is registered for events, faults or
-// not, so that Free knows what the application unmapped), MADV_POPULATE_WRITE
-// for write faults on shared pages and for pinning, and UFFDIO_MOVE for paging (the
-// pager moves pages out atomically).
-func requirements(cfg Config) []pagefault.Requirement {
-	reqs := []pagefault.Requirement{pagefault.ReqUserfaultfd, pagefault.ReqEvents, pagefault.ReqWriteProtect,
-		pagefault.ReqPopulateWrite}
-	if cfg.Paging || cfg.ResidentBudget > 0 {
-		reqs = append(reqs, pagefault.ReqMove)
-	}
-	return reqs
-}
-
-// checkKernel fails with an error matching ErrNotSupported, naming the feature and the
-// kernel release that has it, when k lacks something cfg needs.
-func checkKernel(cfg Config, k pagefault.Kernel) error {
-	if err := k.Check(requirements(cfg)...); err != nil {
-		return fmt.Errorf("%w: %w", ErrNotSupported, err)
-	}
-	return nil
-}
-
-// memlockLimit is ib_umem_get's limit: RLIMIT_MEMLOCK unless CAP_IPC_LOCK.
-func memlockLimit() int64 {
-	if hasCapIPCLock() {
-		return -1
-	}
-	var rl unix.Rlimit
-	if err := unix.Getrlimit(unix.RLIMIT_MEMLOCK, &rl); err != nil || rl.Cur == unix.RLIM_INFINITY {
-		return -1
-	}
-	return int64(rl.Cur)
-}
-
-func hasCapIPCLock() bool {
-	hdr := unix.CapUserHeader{Version: unix.LINUX_CAPABILITY_VERSION_3}
-	var data [2]unix.CapUserData
-	if err := unix.Capget(&hdr, &data[0]); err != nil {
-		return false
-	}
-	return data[unix.CAP_IPC_LOCK/32].Effective&(1<<(unix.CAP_IPC_LOCK%32)) != 0
 }
 
 // Name returns the device name.
@@ -314,7 +222,7 @@ func (d *Device) Close() error {
 	clear(d.cqs)
 	clear(d.pds)
 	d.mu.Unlock()
-	errs = append(errs, d.as.release(d))
+	errs = append(errs, d.as.release(d, d.cfg.Name))
 	return errors.Join(errs...)
 }
 
@@ -324,4 +232,21 @@ func mapKeys[K comparable, V any](m map[K]V) []K {
 		out = append(out, k)
 	}
 	return out
+}
+
+// QueryDevice reports the device's limits and capabilities. The NIC's atomics are
+// the CPU's atomic instructions on the registered memory, so they are atomic with
+// the application's atomics too (AtomicGlob). Every RC operation works on ODP memory,
+// explicit or implicit (RegImplicitMR); there is no SRQ.
+func (d *Device) QueryDevice() DeviceAttr {
+	return DeviceAttr{
+		Name: d.cfg.Name, PageSize: PageSize, MaxMRSize: maxMRSize, MaxMsgSize: maxMsg, MaxQPWR: maxQPWR,
+		MaxSGE: maxSGE, MaxInlineData: maxInline, MaxCQE: maxCQE, AtomicCap: AtomicGlob,
+		MaxQPRdAtom: maxRdAtomic, MaxQPInitRdAtom: maxRdAtomic,
+		ODP: ODPCaps{
+			General: ODPSupport | ODPSupportImplicit,
+			RC:      ODPSend | ODPRecv | ODPWrite | ODPRead | ODPAtomic,
+		},
+		ResponderFaults: d.cfg.ResponderFaults,
+	}
 }

@@ -7,43 +7,16 @@ import (
 	"time"
 	"unsafe"
 
-	"github.com/odpemu/odpemu/internal/clock"
 	"github.com/odpemu/odpemu/mmu"
 	"github.com/odpemu/odpemu/pagefault"
 )
-
-// lookupMR finds a live MR by key.
-func (d *Device) lookupMR(key uint32) *MR {
-	if mr := d.keyed.load(key >> 8); mr != nil && mr.key == key {
-		return mr
-	}
-	return nil
-}
-
-// errDeregistered is returned by DMA on an MR that is being deregistered.
-var errDeregistered = wrap(ErrInvalidArgument, "MR deregistered")
-
-// maxFaultRounds bounds fault-and-retry rounds for one DMA; invalidations are finite,
-// so this is reached only if the range keeps disappearing.
-const maxFaultRounds = 1000
-
-// pageSpan returns the table pages covering MR bytes [off, off+n).
-func (mr *MR) pageSpan(off, n uint64) (first, count int) {
-	a := mr.start + uintptr(off) - mr.base
-	first = int(a / pagefault.PageSize)
-	if n == 0 {
-		return first, 0
-	}
-	last := int((a + uintptr(n) - 1) / pagefault.PageSize)
-	return first, last - first + 1
-}
 
 // enterDMA admits a DMA past the device's gate (pagefault.Gate): it waits while the
 // fault server reads the userfaultfd, then until every event read so far has been
 // applied to the translation tables, so that the NIC trusts no translation that a
 // change the application already made has withdrawn. With the ablation switch
 // nothing waits: nothing tells the NIC anything.
-func (d *Device) enterDMA() error {
+func (d *nic) enterDMA() error {
 	if d.cfg.NoInvalidate {
 		return nil
 	}
@@ -61,7 +34,7 @@ func (d *Device) enterDMA() error {
 }
 
 // exitDMA ends a DMA that enterDMA admitted.
-func (d *Device) exitDMA() {
+func (d *nic) exitDMA() {
 	if !d.cfg.NoInvalidate {
 		d.as.gate.Exit()
 	}
@@ -112,29 +85,6 @@ func (mr *MR) beginDMA(off, n uint64, write bool) (mmu.DMA, error) {
 		resumed = time.Now()
 	}
 	return mmu.DMA{}, wrap(ErrBusy, "MR %#x: range kept being invalidated", mr.key)
-}
-
-// networkFault is a network page fault from page miss to end: fault, held for the
-// device's fault model, counted.
-func (mr *MR) networkFault(miss, end int, write bool) (int, error) {
-	t0 := time.Now()
-	mapped, err := mr.fault(miss, end, write, false)
-	if err != nil {
-		return 0, err
-	}
-	if m := mr.dev.cfg.FaultModel; m != (FaultModel{}) {
-		held := time.Now()
-		clock.SleepUntil(t0.Add(m.Latency(mapped)), nil) // time.Sleep would round it to a millisecond
-		mr.dev.stats.modelNanos.Add(uint64(time.Since(held)))
-	}
-	ns := uint64(time.Since(t0))
-	mr.stats.faults.Add(1)
-	mr.stats.pagesFaulted.Add(uint64(mapped))
-	mr.stats.faultNanos.Add(ns)
-	mr.dev.stats.faults.Add(1)
-	mr.dev.stats.pagesFaulted.Add(uint64(mapped))
-	mr.dev.stats.faultNanos.Add(ns)
-	return mapped, nil
 }
 
 // endDMA ends a DMA, leaves the gate if the DMA entered it, and reports whether an
@@ -499,9 +449,6 @@ func (r dmaRef) check(faulted bool) {
 	}
 }
 
-// errDMAFault: a copy touched memory that is not mapped any more.
-var errDMAFault = errors.New("odp: DMA touched unmapped memory")
-
 // dmaFault is a DMA access that faulted, at Addr: it matches errDMAFault.
 type dmaFault struct{ Addr uintptr }
 
@@ -529,7 +476,7 @@ func srcFaulted(err error, src []byte) bool {
 // copy is done again page by page from its start (copyPages), which makes the pages
 // before the fault whole. A memmove of the run rather than of each page keeps the
 // copy at memcpy's speed (pages one by one copy 1 MiB messages at about 0.8 of it).
-func (d *Device) dmaCopy(dst, src []byte) error {
+func (d *nic) dmaCopy(dst, src []byte) error {
 	if _, faulted := tryDMA(func() { copy(dst, src) }); !faulted {
 		return nil
 	}
@@ -553,7 +500,7 @@ func copyPages(dst, src []byte) {
 
 // dmaRun runs one DMA access, a copy or an atomic, reporting a fault on unmapped
 // memory as dmaCopy does.
-func (d *Device) dmaRun(access func()) error {
+func (d *nic) dmaRun(access func()) error {
 	if addr, faulted := tryDMA(access); faulted {
 		d.stats.dmaFaults.Add(1)
 		return &dmaFault{Addr: addr}
@@ -597,4 +544,33 @@ func (mr *MR) firstMissing(off, n uint64, write bool) int {
 	mr.table.Lock()
 	defer mr.table.Unlock()
 	return mr.table.MissingLocked(first, count, write)
+}
+
+// fileCopy is the DMA copy of an MR over a file mapping, between MR bytes
+// [off, off+len(buf)) and buf: through process_vm_readv/writev, page run by page
+// run, from the NIC's copy for detached pages.
+func (mr *MR) fileCopy(off uint64, buf []byte, toMR bool) error {
+	dt := mr.detached.Load()
+	for pos := 0; pos < len(buf); {
+		a := mr.start + uintptr(off) + uintptr(pos)
+		p := int((a - mr.base) / pagefault.PageSize)
+		det := dt.has(p)
+		k := min(len(buf)-pos, int(mr.base+uintptr(p+1)*pagefault.PageSize-a))
+		for q := p + 1; pos+k < len(buf) && dt.has(q) == det; q++ { // a run of pages alike
+			k = min(len(buf)-pos, k+PageSize)
+		}
+		if det {
+			in := dt.mem[a-mr.base:]
+			if toMR {
+				copy(in, buf[pos:pos+k])
+			} else {
+				copy(buf[pos:pos+k], in)
+			}
+		} else if err := vmCopy(buf[pos:pos+k], a, toMR); err != nil {
+			mr.dev.stats.dmaFaults.Add(1)
+			return err
+		}
+		pos += k
+	}
+	return nil
 }

@@ -63,7 +63,7 @@ const maxOut = 64
 // engine is a connected QP's NIC side; see the file's comment.
 type engine struct {
 	qp     *QP
-	dev    *Device
+	dev    *nic
 	port   roce.Port
 	req    *roce.Requester
 	resp   *roce.Responder

@@ -1,6 +1,7 @@
 package odp
 
 import (
+	"errors"
 	"fmt"
 
 	"golang.org/x/sys/unix"
@@ -48,3 +49,9 @@ func (e *verbsError) Is(target error) bool {
 func wrap(sentinel error, format string, args ...any) error {
 	return fmt.Errorf("%w: %s", sentinel, fmt.Sprintf(format, args...))
 }
+
+// errDeregistered is returned by DMA on an MR that is being deregistered.
+var errDeregistered = wrap(ErrInvalidArgument, "MR deregistered")
+
+// errDMAFault: a copy touched memory that is not mapped any more.
+var errDMAFault = errors.New("odp: DMA touched unmapped memory")

@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"time"
 
+	"github.com/odpemu/odpemu/internal/clock"
 	"github.com/odpemu/odpemu/pagefault"
 )
 
@@ -88,4 +89,31 @@ func (mr *MR) faultWindow(lo, hi int, write, presentOnly bool) (int, error) {
 		return 0, nil
 	}
 	return mr.mapPresentLocked(lo, entries, write), nil
+}
+
+// maxFaultRounds bounds fault-and-retry rounds for one DMA; invalidations are finite,
+// so this is reached only if the range keeps disappearing.
+const maxFaultRounds = 1000
+
+// networkFault is a network page fault from page miss to end: fault, held for the
+// device's fault model, counted.
+func (mr *MR) networkFault(miss, end int, write bool) (int, error) {
+	t0 := time.Now()
+	mapped, err := mr.fault(miss, end, write, false)
+	if err != nil {
+		return 0, err
+	}
+	if m := mr.dev.cfg.FaultModel; m != (FaultModel{}) {
+		held := time.Now()
+		clock.SleepUntil(t0.Add(m.Latency(mapped)), nil) // time.Sleep would round it to a millisecond
+		mr.dev.stats.modelNanos.Add(uint64(time.Since(held)))
+	}
+	ns := uint64(time.Since(t0))
+	mr.stats.faults.Add(1)
+	mr.stats.pagesFaulted.Add(uint64(mapped))
+	mr.stats.faultNanos.Add(ns)
+	mr.dev.stats.faults.Add(1)
+	mr.dev.stats.pagesFaulted.Add(uint64(mapped))
+	mr.dev.stats.faultNanos.Add(ns)
+	return mapped, nil
 }

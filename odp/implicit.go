@@ -9,15 +9,8 @@ import (
 	"github.com/odpemu/odpemu/pagefault"
 )
 
-// RegImplicitMR registers the whole address space on demand, as
-// ibv_reg_mr(pd, NULL, SIZE_MAX, IBV_ACCESS_ON_DEMAND | access) does on mlx5: one key
-// for every buffer the device's address space has mapped with Alloc or will map, on
-// any of its devices, present and future. Nothing is pinned and nothing is allocated
-// per page: the NIC's table grows with the pages it touches. An address no buffer
-// covers is an access error (REM_ACCESS_ERR for the peer, LOC_PROT_ERR locally),
-// never a crash. Invalidation, eviction and migration work on it as on explicit MRs.
-// Addr is 0 and Len the size of the user address space (2^47).
-func (pd *PD) RegImplicitMR(access Access) (*MR, error) {
+// regImplicitMR is RegImplicitMR.
+func (pd *domain) regImplicitMR(access Access) (*MR, error) {
 	t0 := time.Now()
 	if pd == nil || pd.dead.Load() {
 		return nil, wrap(ErrInvalidArgument, "RegImplicitMR on a deallocated PD")

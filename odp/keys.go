@@ -47,14 +47,14 @@ func (k *keyAllocator) release(key uint32) {
 // index, read without a lock by the engines on every work request and request,
 // written under Device.mu. Two levels of 4096 entries cover the 24-bit index; a
 // second-level block is allocated when an index in it is first used.
-type mkeyTable struct {
-	blocks [1 << 12]atomic.Pointer[mkeyBlock]
+type mkeyTable[T any] struct {
+	blocks [1 << 12]atomic.Pointer[mkeyBlock[T]]
 }
 
-type mkeyBlock [1 << 12]atomic.Pointer[MR]
+type mkeyBlock[T any] [1 << 12]atomic.Pointer[T]
 
-// load returns the MR at key index idx, or nil.
-func (t *mkeyTable) load(idx uint32) *MR {
+// load returns the entry at key index idx, or nil.
+func (t *mkeyTable[T]) load(idx uint32) *T {
 	if idx > maxKeyIndex {
 		return nil
 	}
@@ -65,14 +65,14 @@ func (t *mkeyTable) load(idx uint32) *MR {
 	return b[idx&(1<<12-1)].Load()
 }
 
-// storeLocked sets the MR at key index idx (nil: none). Called with Device.mu held.
-func (t *mkeyTable) storeLocked(idx uint32, mr *MR) {
+// storeLocked sets the entry at key index idx (nil: none). Called with Device.mu held.
+func (t *mkeyTable[T]) storeLocked(idx uint32, mr *T) {
 	b := t.blocks[idx>>12].Load()
 	if b == nil {
 		if mr == nil {
 			return
 		}
-		b = new(mkeyBlock)
+		b = new(mkeyBlock[T])
 		t.blocks[idx>>12].Store(b)
 	}
 	b[idx&(1<<12-1)].Store(mr)

@@ -33,7 +33,7 @@ func TestKeyAllocatorQuarantine(t *testing.T) {
 // The mkey table finds what was stored at an index, in any second-level block, and
 // nothing at indices never stored, cleared, or beyond 24 bits.
 func TestMkeyTable(t *testing.T) {
-	var tab mkeyTable
+	var tab mkeyTable[MR]
 	a, b := &MR{key: 1}, &MR{key: 2}
 	for _, idx := range []uint32{0, 1, 4095, 4096, 1 << 20, maxKeyIndex} {
 		assert.Nil(t, tab.load(idx), "index %#x before any store", idx)

@@ -3,6 +3,7 @@ package odp
 import (
 	"errors"
 	"fmt"
+	"sync"
 	"sync/atomic"
 	"time"
 
@@ -13,11 +14,49 @@ import (
 	"github.com/odpemu/odpemu/paging"
 )
 
+// nic is a device as its MRs, faults, DMAs and engines see it: its settings, the
+// address space, the memory key table and the counters. Device embeds it; nothing
+// below the verbs surface holds a Device.
+type nic struct {
+	cfg   Config
+	as    *space
+	limit int64 // pinned byte limit, <0 unlimited
+	// background counts asynchronous prefetches in flight; Close waits for them.
+	// Added to under mu, while not closed.
+	background sync.WaitGroup
+
+	// mu (Device.mu) protects the fields below and the Device's lists of PDs, CQs
+	// and QPs; read-locked for key lookups.
+	mu     sync.RWMutex
+	closed bool
+	mrs    map[uint32]*MR // by key index; every change is mirrored in keyed
+	// keyed maps key indices to MRs like mrs, for the engines' lookups of every
+	// work request and request without a lock (written under mu).
+	keyed  mkeyTable[MR]
+	keys   keyAllocator
+	pinned int64 // bytes accounted as pinned (pinned_vm)
+
+	stats deviceCounters
+	rc    rcCounters // RC events of all its QPs
+	// faulting counts network page faults resolving on goroutines of their own;
+	// Close waits for them.
+	faulting sync.WaitGroup
+}
+
+// domain is a protection domain as the NIC checks it: MRs and QPs carry their PD's
+// domain, and a key is honoured only for a QP of the same domain. PD embeds it.
+type domain struct {
+	dev  *nic
+	dead atomic.Bool
+	// qps counts the QPs created in it and not destroyed. Protected by Device.mu.
+	qps int
+}
+
 // MR is a registered memory region. Its translation table is the NIC's view of the
 // region's pages: filled at registration for pinned MRs, on demand for ODP MRs.
 type MR struct {
-	dev    *Device
-	pd     *PD
+	dev    *nic
+	pd     *domain
 	mem    []byte  // the registered bytes
 	start  uintptr // address of mem[0]
 	length uint64
@@ -48,40 +87,8 @@ type MR struct {
 	stats mrCounters
 }
 
-type mrCounters struct {
-	faults, pagesFaulted, faultRetries, faultNanos atomic.Uint64
-	prefetches, pagesPrefetched                    atomic.Uint64
-	stale                                          atomic.Uint64
-}
-
-// RegTiming is how long each stage of registration took.
-type RegTiming struct {
-	Account  time.Duration // pinned: RLIMIT_MEMLOCK accounting
-	Pin      time.Duration // pinned: mlock, which faults every page in
-	MTT      time.Duration // pinned: frames read into the translation table
-	Register time.Duration // ODP: userfaultfd registration and table allocation
-	Snapshot time.Duration // ODP: already-present pages mapped
-	Total    time.Duration
-}
-
-// MRStats are one MR's counters (rdma stat mr).
-type MRStats struct {
-	PageFaults       uint64 // network page fault events
-	PagesFaulted     uint64 // pages mapped by faults
-	FaultRetries     uint64 // faults that raced an invalidation and retried
-	FaultTime        time.Duration
-	Prefetches       uint64
-	PagesPrefetched  uint64
-	Invalidations    uint64
-	PagesInvalidated uint64
-	StaleDMAs        uint64 // audit violations on this MR
-	ValidPages       int    // entries valid now
-	TableBytes       int    // memory the NIC's table of the MR takes (mmu.Table.Footprint)
-}
-
-// RegMR registers buf for NIC access. With AccessOnDemand buf must come from
-// Device.Alloc; otherwise any memory can be pinned (as ibv_reg_mr pins any mapping).
-func (pd *PD) RegMR(buf []byte, access Access) (*MR, error) {
+// regMR is RegMR.
+func (pd *domain) regMR(buf []byte, access Access) (*MR, error) {
 	t0 := time.Now()
 	if pd == nil || pd.dead.Load() {
 		return nil, wrap(ErrInvalidArgument, "RegMR on a deallocated PD")
@@ -254,3 +261,31 @@ const (
 	// AdvisePrefetchNoFault maps only the pages already present.
 	AdvisePrefetchNoFault
 )
+
+// lookupMR finds a live MR by key.
+func (d *nic) lookupMR(key uint32) *MR {
+	if mr := d.keyed.load(key >> 8); mr != nil && mr.key == key {
+		return mr
+	}
+	return nil
+}
+
+// pageSpan returns the table pages covering MR bytes [off, off+n).
+func (mr *MR) pageSpan(off, n uint64) (first, count int) {
+	a := mr.start + uintptr(off) - mr.base
+	first = int(a / pagefault.PageSize)
+	if n == 0 {
+		return first, 0
+	}
+	last := int((a + uintptr(n) - 1) / pagefault.PageSize)
+	return first, last - first + 1
+}
+
+// offset returns addr's offset in the MR if [addr, addr+n) lies inside it.
+func (mr *MR) offset(addr, n uint64) (uint64, bool) {
+	start := uint64(mr.start)
+	if addr < start || addr-start > mr.length || n > mr.length-(addr-start) {
+		return 0, false
+	}
+	return addr - start, true
+}

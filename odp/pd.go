@@ -1,11 +1,9 @@
 package odp
 
-import "sync/atomic"
-
 // PD is a protection domain: MRs and QPs of one PD cannot be used with another's.
 type PD struct {
-	dev  *Device
-	dead atomic.Bool
+	domain
+	owner *Device
 }
 
 // AllocPD allocates a protection domain.
@@ -15,28 +13,26 @@ func (d *Device) AllocPD() (*PD, error) {
 	if d.closed {
 		return nil, ErrClosed
 	}
-	pd := &PD{dev: d}
+	pd := &PD{domain: domain{dev: &d.nic}, owner: d}
 	d.pds[pd] = struct{}{}
 	return pd, nil
 }
 
 // Dealloc frees the PD; it fails with ErrBusy while MRs or QPs use it.
 func (pd *PD) Dealloc() error {
-	d := pd.dev
+	d := pd.owner
 	d.mu.Lock()
 	defer d.mu.Unlock()
 	if _, ok := d.pds[pd]; !ok || d.closed {
 		return ErrClosed
 	}
 	for _, mr := range d.mrs {
-		if mr.pd == pd {
+		if mr.pd == &pd.domain {
 			return wrap(ErrBusy, "PD has MR %#x", mr.key)
 		}
 	}
-	for qp := range d.qps {
-		if qp.pd == pd {
-			return wrap(ErrBusy, "PD has QP %d", qp.qpn)
-		}
+	if pd.qps > 0 {
+		return wrap(ErrBusy, "PD has %d QPs", pd.qps)
 	}
 	delete(d.pds, pd)
 	pd.dead.Store(true)
@@ -44,4 +40,36 @@ func (pd *PD) Dealloc() error {
 }
 
 // Device returns the PD's device.
-func (pd *PD) Device() *Device { return pd.dev }
+func (pd *PD) Device() *Device { return pd.owner }
+
+// dom is the PD's domain (nil for a nil PD, which the verbs refuse).
+func (pd *PD) dom() *domain {
+	if pd == nil {
+		return nil
+	}
+	return &pd.domain
+}
+
+// RegMR registers buf for NIC access. With AccessOnDemand buf must come from
+// Device.Alloc; otherwise any memory can be pinned (as ibv_reg_mr pins any mapping).
+func (pd *PD) RegMR(buf []byte, access Access) (*MR, error) { return pd.dom().regMR(buf, access) }
+
+// RegImplicitMR registers the whole address space on demand, as
+// ibv_reg_mr(pd, NULL, SIZE_MAX, IBV_ACCESS_ON_DEMAND | access) does on mlx5: one key
+// for every buffer the device's address space has mapped with Alloc or will map, on
+// any of its devices, present and future. Nothing is pinned and nothing is allocated
+// per page: the NIC's table grows with the pages it touches. An address no buffer
+// covers is an access error (REM_ACCESS_ERR for the peer, LOC_PROT_ERR locally),
+// never a crash. Invalidation, eviction and migration work on it as on explicit MRs.
+// Addr is 0 and Len the size of the user address space (2^47).
+func (pd *PD) RegImplicitMR(access Access) (*MR, error) { return pd.dom().regImplicitMR(access) }
+
+// AdviseMR advises the NIC about the ranges of an SGL, as ibv_advise_mr does: every
+// SGE must lie in an ODP MR of the PD. PREFETCH maps the ranges for reading,
+// faulting missing pages in; PREFETCH_WRITE maps them writable (the MR must allow
+// writes); PREFETCH_NO_FAULT maps only pages already present. Bad arguments fail
+// before any work starts; a background prefetch that fails (the MR deregistered
+// meanwhile, its memory unmapped) is counted in PrefetchErrors.
+func (pd *PD) AdviseMR(advice Advice, flags AdviseFlags, sgl []SGE) error {
+	return pd.dom().adviseMR(advice, flags, sgl)
+}

@@ -2,249 +2,10 @@ package odp
 
 import (
 	"math/rand/v2"
-	"sync"
 	"sync/atomic"
 
 	"github.com/odpemu/odpemu/transport/roce"
 )
-
-// Opcode is a send work request's operation (ibv_wr_opcode values).
-type Opcode int
-
-// The send opcodes.
-const (
-	OpRDMAWrite Opcode = 0
-	// OpRDMAWriteImm writes like OpRDMAWrite, then consumes a receive at the peer,
-	// whose completion carries Imm (WCRecvRDMAWithImm).
-	OpRDMAWriteImm Opcode = 1
-	OpSend         Opcode = 2
-	// OpSendImm is a SEND whose receive completion carries Imm.
-	OpSendImm  Opcode = 3
-	OpRDMARead Opcode = 4
-	// OpAtomicCmpSwap compares the 8 bytes at RemoteAddr (8-byte aligned, in an MR
-	// with AccessRemoteAtomic) with CompareAdd and, if equal, stores Swap; the
-	// original value lands in the SGL, which must be one 8-byte SGE.
-	OpAtomicCmpSwap Opcode = 5
-	// OpAtomicFetchAdd adds CompareAdd to the 8 bytes at RemoteAddr; the original
-	// value lands in the SGL.
-	OpAtomicFetchAdd Opcode = 6
-)
-
-func (o Opcode) valid() bool { return o >= OpRDMAWrite && o <= OpAtomicFetchAdd }
-
-func (o Opcode) atomic() bool { return o == OpAtomicCmpSwap || o == OpAtomicFetchAdd }
-
-// readsBack reports whether the request's response carries data into the local
-// SGL (a READ's data, an atomic's original value), which fences wait for.
-func (o Opcode) readsBack() bool { return o == OpRDMARead || o.atomic() }
-
-// carriesData reports whether the request carries the SGL's bytes to the peer.
-func (o Opcode) carriesData() bool {
-	return o == OpRDMAWrite || o == OpRDMAWriteImm || o == OpSend || o == OpSendImm
-}
-
-// SendFlags are a send work request's flags, with ibv_send_flags' values.
-type SendFlags uint32
-
-const (
-	// SendFence holds the request until every earlier READ and atomic of the QP has
-	// completed, so that it reads local memory their responses wrote. (The peer
-	// executes a QP's requests in order anyway; what a fence orders is this side's
-	// reading of its memory against responses still on the way. A retransmission
-	// after an RNR NAK reads the memory again, too.)
-	SendFence SendFlags = 1 << 0
-	// SendSignaled asks for a completion on success (errors always complete).
-	SendSignaled SendFlags = 1 << 1
-	// SendInline copies the SGL's bytes when the request is posted (their keys are
-	// not checked, and the buffers may be reused at once), up to the QP's
-	// MaxInlineData; for WRITE and SEND opcodes only.
-	SendInline SendFlags = 1 << 3
-)
-
-// Flags the emulated NIC does not implement (SOLICITED, IP_CSUM) are refused.
-const sendFlagsKnown = SendFence | SendSignaled | SendInline
-
-// SGE is a scatter/gather element: Length bytes at Addr in the MR whose local key is LKey.
-type SGE struct {
-	Addr   uint64
-	Length uint32
-	LKey   uint32
-}
-
-// SendWR is a send queue work request.
-type SendWR struct {
-	WRID       uint64
-	Opcode     Opcode
-	SGL        []SGE
-	Flags      SendFlags
-	RemoteAddr uint64 // RDMA WRITE, READ and atomics
-	RKey       uint32 // RDMA WRITE, READ and atomics
-	Imm        uint32 // OpRDMAWriteImm, OpSendImm: the immediate data
-	CompareAdd uint64 // atomics: the compare value (CmpSwap) or the addend (FetchAdd)
-	Swap       uint64 // OpAtomicCmpSwap: the value stored if the compare matches
-
-	inline []byte // SendInline: the bytes, copied at post time
-}
-
-// RecvWR is a receive queue work request.
-type RecvWR struct {
-	WRID uint64
-	SGL  []SGE
-}
-
-// QPConfig configures a QP.
-type QPConfig struct {
-	SendCQ, RecvCQ *CQ
-	MaxSendWR      int  // default 128
-	MaxRecvWR      int  // default 128
-	MaxSGE         int  // default 16
-	MaxInlineData  int  // largest SendInline request; default 256, at most 1024
-	SigAll         bool // every send work request completes, as if signaled
-}
-
-// maxMsg is the largest RC message (2 GiB), as on mlx5.
-const maxMsg = 1 << 31
-
-// The QP limits QueryDevice reports.
-const (
-	maxQPWR   = 1 << 15 // work requests per queue
-	maxSGE    = 32      // SGEs per work request
-	maxInline = 1024    // bytes of inline data per work request
-)
-
-// QP is a reliable-connected queue pair. It is created in RESET and becomes usable with
-// Connect (or Modify through INIT, RTR and RTS after Connect attached a wire). Work
-// requests are processed asynchronously, in order, by the QP's engine, one goroutine
-// that runs the QP's requester and responder (engine.go); errors move the QP to ERR,
-// after which pending and new work requests complete with WR_FLUSH_ERR.
-type QP struct {
-	pd  *PD
-	dev *Device
-	qpn uint32
-	cfg QPConfig
-	psn uint32       // the first PSN this QP sends
-	rc  rcCounters   // the QP's RC events
-	sq  sendQueue    // posted by PostSend, processed and retired by the engine
-	st  atomic.Int32 // the state, for the engine's loop (written under mu)
-	// engA is eng, for PostSend to wake without QP.mu; gone is destroyed.
-	engA atomic.Pointer[engine]
-	gone atomic.Bool
-	// attrGen counts ModifyAttr calls, for the engine to see new retry settings.
-	attrGen atomic.Uint64
-	wg      sync.WaitGroup // the connection manager watch
-
-	attrMu sync.Mutex // orders ModifyAttr calls; taken before QP.mu
-
-	mu     sync.Mutex // protects everything below
-	state  QPState
-	attr   QPAttr
-	port   roce.Port     // the wire, attached by Connect
-	remote Remote        // the peer QP
-	eng    *engine       // the engine, once started
-	cm     *roce.CM      // the connection manager's channel (Accept, Dial)
-	done   chan struct{} // closed by Destroy
-	// lastRefusal says why the responder last answered a NAK (RespError).
-	lastRefusal string
-	destroyed   bool
-	rq          recvQueue // posted receives (the engine takes them)
-}
-
-// recvQueue is a QP's receive queue, a ring of MaxRecvWR slots: PostRecv fills the
-// slot at tail, the engine looks at the slot at head and takes it, and a flush to
-// ERR empties the ring; all of it under QP.mu. Receives are numbered in posting
-// order, so that the engine takes the one it looked at or, when a flush completed
-// it meanwhile, none. A slot keeps up to four SGEs in itself: posting allocates
-// nothing.
-type recvQueue struct {
-	slots      []rqe
-	head, tail uint64 // the oldest receive not taken; the next to post
-}
-
-// slot returns send queue slot i (i counts every request posted).
-func (q *sendQueue) slot(i uint64) *wqe { return &q.slots[i%uint64(len(q.slots))] }
-
-// rqe is a receive queue slot.
-type rqe struct {
-	wr  RecvWR
-	sgl [4]SGE
-}
-
-// lenLocked returns how many receives are posted. Called with QP.mu held.
-func (q *recvQueue) lenLocked() int { return int(q.tail - q.head) }
-
-// postLocked adds wr (its SGL copied) at the tail, unless the ring is full.
-// Called with QP.mu held.
-func (q *recvQueue) postLocked(wr *RecvWR) bool {
-	if q.lenLocked() >= len(q.slots) {
-		return false
-	}
-	s := &q.slots[q.tail%uint64(len(q.slots))]
-	s.wr = RecvWR{WRID: wr.WRID, SGL: append(s.sgl[:0], wr.SGL...)}
-	q.tail++
-	return true
-}
-
-// peekLocked copies the oldest posted receive into dst, reusing dst's SGL, and
-// returns its number; ok is false when none is posted. Called with QP.mu held.
-func (q *recvQueue) peekLocked(dst *RecvWR) (seq uint64, ok bool) {
-	if q.head == q.tail {
-		return 0, false
-	}
-	s := &q.slots[q.head%uint64(len(q.slots))]
-	dst.WRID, dst.SGL = s.wr.WRID, append(dst.SGL[:0], s.wr.SGL...)
-	return q.head, true
-}
-
-// takeLocked removes receive seq if it is still the oldest posted one (a flush
-// may have completed it since peekLocked). Called with QP.mu held.
-func (q *recvQueue) takeLocked(seq uint64) bool {
-	if q.head != seq || q.head == q.tail {
-		return false
-	}
-	q.slots[q.head%uint64(len(q.slots))].wr.SGL = nil
-	q.head++
-	return true
-}
-
-// flushLocked removes every posted receive, oldest first, and calls done with each
-// one's WRID. Called with QP.mu held.
-func (q *recvQueue) flushLocked(done func(wrid uint64)) {
-	for ; q.head != q.tail; q.head++ {
-		s := &q.slots[q.head%uint64(len(q.slots))]
-		done(s.wr.WRID)
-		s.wr.SGL = nil
-	}
-}
-
-// sendQueue is a QP's send queue, a ring of MaxSendWR slots as a NIC's is: PostSend
-// fills the slot at tail (under mu, for concurrent posters) and the engine, its only
-// reader, processes slots from its own cursor and retires them at head, in order.
-// A slot is reused only after it was retired, so the engine reads a posted slot
-// without a lock once it has seen tail.
-type sendQueue struct {
-	mu    sync.Mutex // serialises posters
-	slots []wqe
-	tail  atomic.Uint64 // the next slot to post
-	head  atomic.Uint64 // the oldest slot not retired
-}
-
-// wqe is a send queue slot: the work request as posted, and what the engine found.
-type wqe struct {
-	wr     SendWR
-	sgl    [4]SGE // the SGL when it has at most four elements (no allocation per post)
-	mrs    []*MR  // the SGL's MRs, looked up once (engine)
-	mrBuf  [4]*MR
-	done   bool // completed, waiting to be retired in order (engine)
-	status WCStatus
-	detail string
-}
-
-// Remote is what a QP needs of its peer// Remote is what a QP needs of its peer, as rdma_cm exchanges it: the peer QP's
-// number and the first PSN it sends.
-type Remote struct {
-	QPN uint32
-	PSN uint32
-}
 
 // CreateQP creates an RC QP in RESET.
 func (pd *PD) CreateQP(cfg QPConfig) (*QP, error) {
@@ -271,9 +32,9 @@ func (pd *PD) CreateQP(cfg QPConfig) (*QP, error) {
 		return nil, wrap(ErrInvalidArgument, "QP capabilities %d/%d/%d/%d out of range", cfg.MaxSendWR, cfg.MaxRecvWR,
 			cfg.MaxSGE, cfg.MaxInlineData)
 	}
-	d := pd.dev
+	d := pd.owner
 	for _, cq := range []*CQ{cfg.SendCQ, cfg.RecvCQ} {
-		if cq.dev != d {
+		if cq.dev != &d.nic {
 			return nil, wrap(ErrInvalidArgument, "CQ of another device")
 		}
 	}
@@ -296,18 +57,17 @@ func (pd *PD) CreateQP(cfg QPConfig) (*QP, error) {
 			return nil, wrap(ErrInvalidArgument, "destroyed CQ")
 		}
 	}
-	qp := &QP{pd: pd, dev: d, qpn: nextQPN(), cfg: cfg, attr: DefaultQPAttr, done: make(chan struct{}),
+	qp := &QP{pd: &pd.domain, dev: &d.nic, qpn: nextQPN(), cfg: cfg, attr: DefaultQPAttr, done: make(chan struct{}),
 		psn: rand.Uint32() & (1<<24 - 1)}
 	qp.sq.slots = make([]wqe, cfg.MaxSendWR)
 	qp.rq.slots = make([]rqe, cfg.MaxRecvWR)
+	qp.unlistLocked = func() {
+		delete(d.qps, qp)
+		pd.qps--
+	}
 	d.qps[qp] = struct{}{}
+	pd.qps++
 	return qp, nil
-}
-
-func (cq *CQ) detach() {
-	cq.mu.Lock()
-	cq.users--
-	cq.mu.Unlock()
 }
 
 // qpns numbers the QPs of the process: one space for all its devices, as a NIC's
@@ -358,15 +118,6 @@ func (qp *QP) Connect(port roce.Port, remote Remote) error {
 	qp.setStateLocked(StateRTS)
 	qp.startLocked()
 	return nil
-}
-
-// setStateLocked changes the state and tells the engine. Called with QP.mu held.
-func (qp *QP) setStateLocked(s QPState) {
-	qp.state = s
-	qp.st.Store(int32(s))
-	if qp.eng != nil {
-		qp.eng.wake()
-	}
 }
 
 // Modify moves the QP to state to. RTR needs a wire attached by Connect first;
@@ -501,20 +252,6 @@ func (qp *QP) PostSend(wr SendWR) error {
 	return nil
 }
 
-// flushUnstarted completes, with WR_FLUSH_ERR, the send WRs of a QP in ERR that never
-// had an engine to do it.
-func (qp *QP) flushUnstarted() {
-	q := &qp.sq
-	q.mu.Lock()
-	defer q.mu.Unlock()
-	for h := q.head.Load(); h < q.tail.Load(); h++ {
-		w := &q.slots[h%uint64(len(q.slots))]
-		qp.cfg.SendCQ.push(WC{WRID: w.wr.WRID, Status: WCWRFlushErr, Opcode: wcOpcode(w.wr.Opcode), QPNum: qp.qpn})
-		*w = wqe{}
-		q.head.Store(h + 1)
-	}
-}
-
 // PostRecv queues a receive work request.
 func (qp *QP) PostRecv(wr RecvWR) error {
 	if len(wr.SGL) > qp.cfg.MaxSGE {
@@ -539,28 +276,6 @@ func (qp *QP) PostRecv(wr RecvWR) error {
 		qp.eng.wake() // a SEND may wait for it
 	}
 	return nil
-}
-
-// toErrorLocked moves the QP to ERR and flushes its posted receives; the engine
-// flushes what is outstanding and what it reaches later. Called with QP.mu held; it
-// takes the receive CQ's lock.
-func (qp *QP) toErrorLocked() {
-	if qp.state == StateError {
-		return
-	}
-	qp.setStateLocked(StateError)
-	qp.rq.flushLocked(func(wrid uint64) {
-		qp.cfg.RecvCQ.push(WC{WRID: wrid, Status: WCWRFlushErr, Opcode: WCRecv, QPNum: qp.qpn})
-	})
-	if qp.eng == nil {
-		qp.flushUnstarted() // takes the send queue's lock under QP.mu
-	}
-}
-
-func (qp *QP) toError() {
-	qp.mu.Lock()
-	qp.toErrorLocked()
-	qp.mu.Unlock()
 }
 
 // Destroy stops the QP's engine, closes its wire and releases everything it held.
@@ -592,38 +307,67 @@ func (qp *QP) Destroy() error {
 	qp.cfg.SendCQ.detach()
 	qp.cfg.RecvCQ.detach()
 	qp.dev.mu.Lock()
-	delete(qp.dev.qps, qp)
+	qp.unlistLocked()
 	qp.dev.mu.Unlock()
 	return nil
 }
 
-// hasRecv reports whether a receive is posted.
-func (qp *QP) hasRecv() bool {
+// ModifyAttr changes the attributes mask selects, as ibv_modify_qp does with those
+// attribute bits. Values out of their fields' ranges fail with ErrInvalidArgument.
+func (qp *QP) ModifyAttr(attr QPAttr, mask QPAttrMask) error {
+	switch {
+	case mask&^(AttrMinRNRTimer|AttrRNRRetry|AttrTimeout|AttrRetryCnt) != 0:
+		return wrap(ErrInvalidArgument, "attribute mask %#x", uint32(mask))
+	case mask&AttrMinRNRTimer != 0 && attr.MinRNRTimer > 31, mask&AttrTimeout != 0 && attr.Timeout > 31:
+		return wrap(ErrInvalidArgument, "timer encodings are 0..31")
+	case mask&AttrRNRRetry != 0 && attr.RNRRetry > 7, mask&AttrRetryCnt != 0 && attr.RetryCnt > 7:
+		return wrap(ErrInvalidArgument, "retry counts are 0..7")
+	}
+	// The session's retry settings change after QP.mu is left (the lock order),
+	// under attrMu, so that concurrent changes reach it in the order they were made.
+	qp.attrMu.Lock()
+	defer qp.attrMu.Unlock()
 	qp.mu.Lock()
-	defer qp.mu.Unlock()
-	return qp.rq.lenLocked() > 0
+	if qp.destroyed {
+		qp.mu.Unlock()
+		return ErrClosed
+	}
+	if mask&AttrMinRNRTimer != 0 {
+		qp.attr.MinRNRTimer = attr.MinRNRTimer
+	}
+	if mask&AttrRNRRetry != 0 {
+		qp.attr.RNRRetry = attr.RNRRetry
+	}
+	if mask&AttrTimeout != 0 {
+		qp.attr.Timeout = attr.Timeout
+	}
+	if mask&AttrRetryCnt != 0 {
+		qp.attr.RetryCnt = attr.RetryCnt
+	}
+	qp.attrGen.Add(1)
+	if qp.eng != nil {
+		qp.eng.wake() // the engine gives the requester the new retry settings
+	}
+	qp.mu.Unlock()
+	return nil
 }
 
-// peekRecv copies the oldest posted receive into dst (reusing dst's SGL) and
-// returns its number for takeRecv; ok is false when none is posted.
-func (qp *QP) peekRecv(dst *RecvWR) (seq uint64, ok bool) {
+// Stats returns the QP's counters.
+func (qp *QP) Stats() QPStats {
+	st := qp.rc.stats()
 	qp.mu.Lock()
-	defer qp.mu.Unlock()
-	return qp.rq.peekLocked(dst)
+	port := qp.port
+	qp.mu.Unlock()
+	if port != nil {
+		st.LinkMaxInFlight = port.Stats().MaxInFlight
+	}
+	return st
 }
 
-// takeRecv removes receive seq, which peekRecv returned, and reports whether it
-// did: false when a flush to ERR completed it meanwhile (only the engine takes
-// receives).
-func (qp *QP) takeRecv(seq uint64) bool {
+// RespError says why this QP's responder last refused a request with a NAK (the
+// requester's completion carries only the NAK code, as on the wire), or "".
+func (qp *QP) RespError() string {
 	qp.mu.Lock()
 	defer qp.mu.Unlock()
-	return qp.rq.takeLocked(seq)
-}
-
-// minRNRTimer is the RNR timer the responder asks for.
-func (qp *QP) minRNRTimer() uint8 {
-	qp.mu.Lock()
-	defer qp.mu.Unlock()
-	return qp.attr.MinRNRTimer
+	return qp.lastRefusal
 }

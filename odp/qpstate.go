@@ -1,6 +1,11 @@
 package odp
 
-import "fmt"
+import (
+	"fmt"
+	"time"
+
+	"github.com/odpemu/odpemu/transport/roce"
+)
 
 // QPState is an RC queue pair's state, with ibv_qp_state's values.
 type QPState int
@@ -71,3 +76,42 @@ func checkTransition(from, to QPState) error {
 // from INIT on.
 func canPostSend(s QPState) bool { return s >= StateRTS }
 func canPostRecv(s QPState) bool { return s != StateReset }
+
+// QPAttr are the RC attributes that govern retries (ibv_qp_attr's). The requester
+// uses RNRRetry, Timeout and RetryCnt; the responder sends MinRNRTimer in its RNR
+// NAKs.
+type QPAttr struct {
+	// MinRNRTimer is the RNR timer the responder asks for, in the IBTA encoding:
+	// 1 is 0.01 ms up to 31, 491.52 ms; 0 is 655.36 ms (RNRTimer decodes it).
+	MinRNRTimer uint8
+	// RNRRetry is how often a request answered with RNR NAK is retransmitted before
+	// it fails with RNR_RETRY_EXC_ERR; 7 means without limit.
+	RNRRetry uint8
+	// Timeout is the local ACK timeout, 4.096 us * 2^Timeout (0: none), and RetryCnt
+	// the retransmissions it allows (lost packets, a lost peer).
+	Timeout  uint8
+	RetryCnt uint8
+}
+
+// QPAttrMask says which QPAttr fields ModifyAttr changes (ibv_qp_attr_mask's role).
+type QPAttrMask uint32
+
+// The attributes ModifyAttr can change.
+const (
+	AttrMinRNRTimer QPAttrMask = 1 << iota
+	AttrRNRRetry
+	AttrTimeout
+	AttrRetryCnt
+)
+
+// DefaultQPAttr are a new QP's attributes: a 0.64 ms RNR timer (encoding 12) and
+// unlimited RNR retries, as rdma-core's tests set them, and a 1.07 s ACK timeout
+// (encoding 18) retried 7 times. Hardware commonly uses 67 ms (14); an emulated
+// responder resolving faults under an invalidation storm, on a loaded 2-core machine
+// under the race detector, has gone without answering for longer than 7 times that,
+// so a lost peer is declared after about 8 s instead. Experiments on loss set
+// shorter timeouts.
+var DefaultQPAttr = QPAttr{MinRNRTimer: 12, RNRRetry: 7, Timeout: 18, RetryCnt: 7}
+
+// RNRTimer decodes an RNR timer value (IBTA encoding, 0..31).
+func RNRTimer(enc uint8) time.Duration { return roce.RNRTimer(enc) }

@@ -281,17 +281,6 @@ func (e *engine) gather(id uint64, w *wqe, off uint64, buf []byte) bool {
 	return true
 }
 
-// sgeAt returns the SGE that holds byte off of an SGL's data, and where in it.
-func sglAt(sgl []SGE, off uint64) (int, uint64) {
-	for i, s := range sgl {
-		if off < uint64(s.Length) || i == len(sgl)-1 {
-			return i, off
-		}
-		off -= uint64(s.Length)
-	}
-	return 0, off
-}
-
 // fail ends message id with a local protection error: its memory could not be read
 // (the MR was deregistered, pages of it unmapped, a fault failed).
 func (e *engine) fail(id uint64, why string) {
@@ -494,18 +483,4 @@ func (e *engine) retire() {
 			e.qp.cfg.SendCQ.push(wc)
 		}
 	}
-}
-
-func wcOpcode(op Opcode) WCOpcode {
-	switch op {
-	case OpRDMARead:
-		return WCRDMARead
-	case OpSend, OpSendImm:
-		return WCSend
-	case OpAtomicCmpSwap:
-		return WCCompSwap
-	case OpAtomicFetchAdd:
-		return WCFetchAdd
-	}
-	return WCRDMAWrite
 }

@@ -49,8 +49,12 @@ type space struct {
 	fileRegs []interval.Range
 	// implicitMRs are the implicit ODP MRs of all devices: while there is one, every
 	// buffer is registered for faults.
-	implicitMRs []*MR
+	implicitMRs []remapper
 }
+
+// remapper is an implicit ODP MR as the address space sees it: it covers every
+// buffer, and is told of each new one (remap), whatever was mapped there before.
+type remapper interface{ remap(start, end uintptr) }
 
 // spaceConfig are the settings that belong to the address space, not to a device.
 type spaceConfig struct {
@@ -174,7 +178,7 @@ func (s *space) stop() error {
 // the last device stops the space and unmaps what remains. Buffers are left mapped if
 // the events that tell which of their parts the application unmapped could not be
 // read.
-func (s *space) release(d *Device) error {
+func (s *space) release(d any, name string) error {
 	syncErr := s.pump.Sync() // holes the application made are recorded before buffers are unmapped
 	spacesMu.Lock()
 	defer spacesMu.Unlock()
@@ -182,8 +186,8 @@ func (s *space) release(d *Device) error {
 	last := s.refs == 0
 	var errs []error
 	s.mu.Lock()
-	mine, keptBuffers := splitOwnedLocked(s, d, last, s.buffers, func(b *buffer) **Device { return &b.owner })
-	files, keptFiles := splitOwnedLocked(s, d, last, s.files, func(fm *fileMap) **Device { return &fm.owner })
+	mine, keptBuffers := splitOwnedLocked(s, d, last, s.buffers, func(b *buffer) *any { return &b.owner })
+	files, keptFiles := splitOwnedLocked(s, d, last, s.files, func(fm *fileMap) *any { return &fm.owner })
 	s.buffers, s.files = keptBuffers, keptFiles
 	s.mu.Unlock()
 	for _, fm := range files {
@@ -191,7 +195,7 @@ func (s *space) release(d *Device) error {
 	}
 
 	if syncErr != nil {
-		errs = append(errs, fmt.Errorf("odp: close %s: buffers left mapped, events unknown: %w", d.cfg.Name, syncErr))
+		errs = append(errs, fmt.Errorf("odp: close %s: buffers left mapped, events unknown: %w", name, syncErr))
 	}
 	if !last {
 		if syncErr == nil {
@@ -259,7 +263,7 @@ func startingAt[T bounded](xs []T, start uintptr) int {
 // device, else its own that no MR covers), kept those the space keeps; a kept one of
 // d's becomes the space's. owner returns an item's owner field. Called with
 // space.mu held.
-func splitOwnedLocked[T bounded](s *space, d *Device, last bool, items []T, owner func(*T) **Device) (mine, kept []T) {
+func splitOwnedLocked[T bounded](s *space, d any, last bool, items []T, owner func(*T) *any) (mine, kept []T) {
 	for _, it := range items {
 		o := owner(&it)
 		if last || (*o == d && !s.coveredLocked(it.Span())) {
@@ -285,4 +289,53 @@ func (s *space) coveredLocked(r interval.Range) bool {
 		}
 	}
 	return false
+}
+
+// evictable reports whether pages [start, end) may be evicted or migrated: inside
+// ODP registrations (so that a later access faults; with an implicit MR every buffer
+// is) and in no pinned MR.
+func (s *space) evictable(start, end uintptr) bool {
+	s.mu.RLock()
+	defer s.mu.RUnlock()
+	r := interval.Range{Start: start, End: end}
+	if len(s.implicitMRs) == 0 && len(interval.Uncovered(r, s.odpRegs)) > 0 {
+		return false
+	}
+	for _, l := range s.locked {
+		if l.Overlaps(r) {
+			return false
+		}
+	}
+	return true
+}
+
+// syncEvictableLocked tells the fault server's direct reclaim which pages of the
+// paged buffers it may evict: those evictable would accept (registered for faults by
+// an ODP MR, explicit or implicit; not mlocked by a pinned one). Called with s.mu held,
+// after a range became registered for faults and before one stops being so (the
+// server then no longer evicts there when it returns).
+func (s *space) syncEvictableLocked() {
+	if s.pager == nil {
+		return
+	}
+	for _, b := range s.buffers {
+		if b.paged == nil {
+			continue
+		}
+		whole := b.Range
+		on := []interval.Range{whole}
+		if len(s.implicitMRs) == 0 {
+			on = interval.Uncovered(whole, interval.Uncovered(whole, s.odpRegs))
+		}
+		var evictable []interval.Range
+		for _, r := range on {
+			evictable = append(evictable, interval.Uncovered(r, s.locked)...)
+		}
+		for _, r := range interval.Uncovered(whole, evictable) {
+			s.pager.SetEvictable(r.Start, r.End, false)
+		}
+		for _, r := range evictable {
+			s.pager.SetEvictable(r.Start, r.End, true)
+		}
+	}
 }

@@ -91,41 +91,75 @@ type FaultPhases struct {
 	Detect, Resolve, Update, Model, Resume time.Duration
 }
 
-// Stats returns the device's counters.
-func (d *Device) Stats() Stats {
-	s, _ := d.as.server.Stats() // after Close the fault server's counters read as zero
-	ps := d.as.pump.Stats()
-	d.mu.Lock()
-	pinned := d.pinned
-	d.mu.Unlock()
-	c := &d.stats
-	// Prefetches is loaded before PagesPrefetched, which prefetch adds first: a
-	// prefetch seen counted has its pages counted.
-	st := Stats{
-		PageFaults: c.faults.Load(), PagesFaulted: c.pagesFaulted.Load(), FaultRetries: c.faultRetries.Load(),
-		FaultTime: time.Duration(c.faultNanos.Load()), Invalidations: c.invalidations.Load(),
-		PagesInvalidated: c.pagesInvalidated.Load(), Prefetches: c.prefetches.Load(),
-		PagesPrefetched: c.pagesPrefetched.Load(), PinnedBytes: pinned, AsyncPrefetches: c.asyncPrefetches.Load(),
-		PrefetchErrors: c.prefetchErrors.Load(),
-		CPUFaults:      s.Faults, CPUFaultPages: s.Pages, CPUFaultTime: s.ServiceTime, CPUFaultMax: s.MaxServiceTime,
-		CPUFaultsFoundMapped: s.Exist,
-		Events:               ps.Events, EventsIgnored: ps.Ignored, InvalidationLatency: ps.Latency, InvalidationMax: ps.MaxLat,
-		Forks: ps.Forks, DMAWaits: c.dmaWaits.Load(),
-		AuditedDMAs: c.audited.Load(), StaleDMAs: c.stale.Load(), OvertakenDMAs: c.overtaken.Load(), DMAFaults: c.dmaFaults.Load(),
-		TornDMAs:   c.tornDMAs.Load(),
-		GateDrains: s.Drains, GateDrainTime: s.DrainTime, GateDrainMax: s.MaxDrainTime, GateFaultReads: s.FaultReads,
-		GateUndrained: s.Undrained,
-	}
-	st.RC = d.rc.stats()
-	st.Phases = FaultPhases{Detect: time.Duration(c.detectNanos.Load()), Resolve: time.Duration(c.resolveNanos.Load()),
-		Update: time.Duration(c.updateNanos.Load()), Model: time.Duration(c.modelNanos.Load()),
-		Resume: time.Duration(c.resumeNanos.Load())}
-	if d.as.pager != nil {
-		pg := d.as.pager.Stats()
-		st.Evictions, st.BytesWrittenBack, st.EvictionAborts = pg.Evictions, pg.WrittenBack, pg.Aborts
-		restored, _ := d.as.server.Restored() // zero after Close
-		st.Migrations, st.Restores, st.ResidentPages = pg.Migrations, pg.Restores+restored, pg.Resident
-		st.ServerEvictions, st.Overshoot = pg.ServerEvictions, pg.Overshoot
-	}
-	return st
+// QPStats are one QP's RC counters.
+type QPStats struct {
+	RNRNaksSent     uint64        // requests this responder answered with RNR NAK
+	RNRNaksReceived uint64        // RNR NAKs this requester received
+	Retransmissions uint64        // packets sent again (go-back-N after an RNR NAK, a sequence NAK or a timeout)
+	RNRWait         time.Duration // time this requester waited on RNR timers (as they fired)
+	RNRRetryExc     uint64        // requests failed with RNR_RETRY_EXC_ERR
+	Timeouts        uint64        // ACK timer expiries (local_ack_timeout_err)
+	RetryExc        uint64        // requests failed with RETRY_EXC_ERR
+	OutOfSequence   uint64        // PSN sequence error NAKs this responder sent (out_of_sequence)
+	SeqNaksReceived uint64        // PSN sequence error NAKs this requester received (packet_seq_err)
+	Duplicates      uint64        // duplicate requests answered again (duplicate_request)
+	PacketsDropped  uint64        // packets dropped: for another QP, after a NAK, QP in error
+	// MaxGoBack is the most packets one go-back-N of this requester sent again:
+	// those in flight behind the NAK (or timeout) it answered.
+	MaxGoBack uint64
+	// LinkMaxInFlight is the most bytes the QP's link held at once, sent and not
+	// taken by the peer (LinkModel bounds it; 0 over UDP, whose sender paces
+	// itself instead).
+	LinkMaxInFlight int
+}
+
+// rcCounters count RC events, of a QP or of all a device's QPs; every field is
+// updated atomically by the QPs' engines.
+type rcCounters struct {
+	rnrNAKsSent, rnrNAKsReceived    atomic.Uint64
+	rnrWaitNanos                    atomic.Uint64
+	rnrRetryExceeded, retryExceeded atomic.Uint64
+	retransmitted, timeouts         atomic.Uint64
+	seqNAKsSent, seqNAKsReceived    atomic.Uint64
+	duplicates, dropped             atomic.Uint64
+	maxGoBack                       atomic.Uint64 // a maximum, not a count
+}
+
+func (c *rcCounters) stats() QPStats {
+	return QPStats{RNRNaksSent: c.rnrNAKsSent.Load(), RNRNaksReceived: c.rnrNAKsReceived.Load(),
+		Retransmissions: c.retransmitted.Load(), RNRWait: time.Duration(c.rnrWaitNanos.Load()),
+		RNRRetryExc: c.rnrRetryExceeded.Load(), Timeouts: c.timeouts.Load(), RetryExc: c.retryExceeded.Load(),
+		OutOfSequence: c.seqNAKsSent.Load(), SeqNaksReceived: c.seqNAKsReceived.Load(),
+		Duplicates: c.duplicates.Load(), PacketsDropped: c.dropped.Load(), MaxGoBack: c.maxGoBack.Load()}
+}
+
+type mrCounters struct {
+	faults, pagesFaulted, faultRetries, faultNanos atomic.Uint64
+	prefetches, pagesPrefetched                    atomic.Uint64
+	stale                                          atomic.Uint64
+}
+
+// RegTiming is how long each stage of registration took.
+type RegTiming struct {
+	Account  time.Duration // pinned: RLIMIT_MEMLOCK accounting
+	Pin      time.Duration // pinned: mlock, which faults every page in
+	MTT      time.Duration // pinned: frames read into the translation table
+	Register time.Duration // ODP: userfaultfd registration and table allocation
+	Snapshot time.Duration // ODP: already-present pages mapped
+	Total    time.Duration
+}
+
+// MRStats are one MR's counters (rdma stat mr).
+type MRStats struct {
+	PageFaults       uint64 // network page fault events
+	PagesFaulted     uint64 // pages mapped by faults
+	FaultRetries     uint64 // faults that raced an invalidation and retried
+	FaultTime        time.Duration
+	Prefetches       uint64
+	PagesPrefetched  uint64
+	Invalidations    uint64
+	PagesInvalidated uint64
+	StaleDMAs        uint64 // audit violations on this MR
+	ValidPages       int    // entries valid now
+	TableBytes       int    // memory the NIC's table of the MR takes (mmu.Table.Footprint)
 }

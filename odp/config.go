@@ -1,0 +1,138 @@
+package odp
+
+// A device's settings and what they need of the running kernel.
+
+import (
+	"fmt"
+
+	"github.com/odpemu/odpemu/pagefault"
+	"golang.org/x/sys/unix"
+)
+
+// Config configures a Device. The zero value is usable.
+type Config struct {
+	// Name identifies the device in errors and stats ("odpemu0" when empty).
+	Name string
+	// FaultAround is the alignment, in pages, to which a network page fault's range is
+	// widened (mlx5 resolves whole work requests; this adds fault-around). Default 16;
+	// 1 resolves exactly the pages a work request touches.
+	FaultAround int
+	// CPUFaultAround is the number of pages the CPU fault server installs per
+	// application fault. Default 1.
+	CPUFaultAround int
+	// UserModeOnly forces a UFFD_USER_MODE_ONLY userfaultfd.
+	UserModeOnly bool
+	// MemlockLimit bounds pinned bytes. 0 means RLIMIT_MEMLOCK, unlimited with
+	// CAP_IPC_LOCK as ib_umem_get does; negative means unlimited.
+	MemlockLimit int64
+	// NoSnapshot skips mapping already-present pages at ODP registration.
+	NoSnapshot bool
+	// NoInvalidate is the ablation switch: userfaultfd events are read but not
+	// applied, and Discard, Evict, Migrate and Invalidate change mappings without
+	// telling the NIC. The NIC then keeps translations the CPU no longer has; Audit
+	// counts its DMAs through them. Do not munmap registered memory with it set: the
+	// NIC would write into whatever the process maps at that address next.
+	NoInvalidate bool
+	// ResidentBudget bounds, in bytes, the resident pages of ODP memory, whoever
+	// touches them: the NIC's faults reclaim first (CLOCK over the NIC's access bits),
+	// the application's CPU faults are served by a fault server that evicts a batch to
+	// the backing store before it installs past the budget, and a background reclaimer
+	// keeps room. Faults bring evicted pages back with their content. The bound holds
+	// for memory an ODP MR registers and no pinned MR locks; the server installs past
+	// it only when it finds nothing evictable in time (Stats.Overshoot). Pinned
+	// registrations are limited to the budget too. 0: no budget.
+	ResidentBudget int64
+	// Paging enables the backing store, Evict and Migrate without a budget.
+	Paging bool
+	// StorePath puts the backing store in a new file at this path instead of in
+	// memory (a memfd, which is outside the process's RSS).
+	StorePath string
+	// ResponderFaults is what a responder does when a request finds its ODP pages
+	// missing: answer RNR NAK and resolve the fault meanwhile (FaultRNR, mlx5's
+	// behaviour and the default) or resolve it before answering (FaultStall).
+	ResponderFaults FaultPolicy
+	// Audit checks every DMA after the copy: a copy during which a page of an ODP
+	// range was installed anew (a CPU fault found it missing) or whose recorded frame
+	// is no longer the page's frame, with no invalidation observed meanwhile, is a
+	// stale DMA (on hardware: silent corruption). Pinned MRs are checked by frames.
+	// Costs two cgo calls and a pagemap read per DMA.
+	Audit bool
+	// FaultModel is the latency of a network page fault on the NIC's fault path (see
+	// FaultModel): the zero value is the emulator's own cost.
+	FaultModel FaultModel
+	// Link is the link the device's QPs send on (rate, delay, queue): the zero value
+	// is DefaultLinkRate and DefaultLinkDelay; NoLink removes the model.
+	Link LinkModel
+}
+
+// requirements lists what the running kernel must offer for cfg: userfaultfd with the
+// REMOVE, UNMAP and REMAP events for ODP and its invalidations, write-protect
+// registration of anonymous memory (every buffer is registered for events, faults or
+// not, so that Free knows what the application unmapped), MADV_POPULATE_WRITE
+// for write faults on shared pages and for pinning, and UFFDIO_MOVE for paging (the
+// pager moves pages out atomically).
+func requirements(cfg Config) []pagefault.Requirement {
+	reqs := []pagefault.Requirement{pagefault.ReqUserfaultfd, pagefault.ReqEvents, pagefault.ReqWriteProtect,
+		pagefault.ReqPopulateWrite}
+	if cfg.Paging || cfg.ResidentBudget > 0 {
+		reqs = append(reqs, pagefault.ReqMove)
+	}
+	return reqs
+}
+
+// checkKernel fails with an error matching ErrNotSupported, naming the feature and the
+// kernel release that has it, when k lacks something cfg needs.
+func checkKernel(cfg Config, k pagefault.Kernel) error {
+	if err := k.Check(requirements(cfg)...); err != nil {
+		return fmt.Errorf("%w: %w", ErrNotSupported, err)
+	}
+	return nil
+}
+
+// memlockLimit is ib_umem_get's limit: RLIMIT_MEMLOCK unless CAP_IPC_LOCK.
+func memlockLimit() int64 {
+	if hasCapIPCLock() {
+		return -1
+	}
+	var rl unix.Rlimit
+	if err := unix.Getrlimit(unix.RLIMIT_MEMLOCK, &rl); err != nil || rl.Cur == unix.RLIM_INFINITY {
+		return -1
+	}
+	return int64(rl.Cur)
+}
+
+func hasCapIPCLock() bool {
+	hdr := unix.CapUserHeader{Version: unix.LINUX_CAPABILITY_VERSION_3}
+	var data [2]unix.CapUserData
+	if err := unix.Capget(&hdr, &data[0]); err != nil {
+		return false
+	}
+	return data[unix.CAP_IPC_LOCK/32].Effective&(1<<(unix.CAP_IPC_LOCK%32)) != 0
+}
+
+// FaultPolicy is what a responder does when a request finds its ODP pages missing.
+type FaultPolicy int
+
+// The responder fault policies.
+const (
+	// FaultRNR drops the request and answers RNR NAK, as mlx5 does: the page fault
+	// is resolved meanwhile, and the requester retransmits after its RNR timer, up to
+	// RNRRetry times, then fails the request with RNR_RETRY_EXC_ERR. A SEND or WRITE
+	// with immediate that finds no receive posted is answered the same way. The
+	// default.
+	FaultRNR FaultPolicy = iota
+	// FaultStall resolves the fault (or waits for the receive) before answering: the
+	// requester never sees it but as latency.
+	FaultStall
+)
+
+// String returns "rnr" or "stall".
+func (p FaultPolicy) String() string {
+	switch p {
+	case FaultRNR:
+		return "rnr"
+	case FaultStall:
+		return "stall"
+	}
+	return fmt.Sprintf("FaultPolicy(%d)", int(p))
+}

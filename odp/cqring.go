@@ -1,0 +1,52 @@
+package odp
+
+// A CQ as the engines fill it: its ring and the QPs attached.
+
+import "sync"
+
+// CQ is a completion queue. Completions beyond its depth are an overrun, reported by
+// Poll and Wait, as a CQ error is; the completions already queued stay readable.
+type CQ struct {
+	dev *nic
+	// unlistLocked removes the CQ from its device's list. Called with Device.mu held.
+	unlistLocked func()
+	notify       chan struct{} // holds a token while completions may be queued
+
+	mu      sync.Mutex // protects the fields below
+	ring    []WC
+	head, n int
+	overrun bool
+	users   int // QPs attached
+	dead    bool
+}
+
+// push queues a completion; it reports false on overrun.
+func (cq *CQ) push(wc WC) bool {
+	cq.mu.Lock()
+	ok := cq.n < len(cq.ring)
+	if ok {
+		cq.ring[(cq.head+cq.n)%len(cq.ring)] = wc
+		cq.n++
+	} else {
+		cq.overrun = true
+	}
+	cq.mu.Unlock()
+	select {
+	case cq.notify <- struct{}{}:
+	default:
+	}
+	return ok
+}
+
+// killLocked marks the CQ destroyed, as Device.Close does. Called with Device.mu held.
+func (cq *CQ) killLocked() {
+	cq.mu.Lock()
+	cq.dead = true
+	cq.mu.Unlock()
+}
+
+func (cq *CQ) detach() {
+	cq.mu.Lock()
+	cq.users--
+	cq.mu.Unlock()
+}

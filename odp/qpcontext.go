@@ -1,0 +1,241 @@
+package odp
+
+// A QP as the NIC holds it (mlx5's QP context): its state, attributes, send and
+// receive queues; the engine takes work from here and moves the state to ERR.
+
+import (
+	"sync"
+	"sync/atomic"
+
+	"github.com/odpemu/odpemu/transport/roce"
+)
+
+// QPConfig configures a QP.
+type QPConfig struct {
+	SendCQ, RecvCQ *CQ
+	MaxSendWR      int  // default 128
+	MaxRecvWR      int  // default 128
+	MaxSGE         int  // default 16
+	MaxInlineData  int  // largest SendInline request; default 256, at most 1024
+	SigAll         bool // every send work request completes, as if signaled
+}
+
+// QP is a reliable-connected queue pair. It is created in RESET and becomes usable with
+// Connect (or Modify through INIT, RTR and RTS after Connect attached a wire). Work
+// requests are processed asynchronously, in order, by the QP's engine, one goroutine
+// that runs the QP's requester and responder (engine.go); errors move the QP to ERR,
+// after which pending and new work requests complete with WR_FLUSH_ERR.
+type QP struct {
+	pd  *domain
+	dev *nic
+	// unlistLocked removes the QP from its device's list and its PD's count. Called
+	// with Device.mu held.
+	unlistLocked func()
+	qpn          uint32
+	cfg          QPConfig
+	psn          uint32       // the first PSN this QP sends
+	rc           rcCounters   // the QP's RC events
+	sq           sendQueue    // posted by PostSend, processed and retired by the engine
+	st           atomic.Int32 // the state, for the engine's loop (written under mu)
+	// engA is eng, for PostSend to wake without QP.mu; gone is destroyed.
+	engA atomic.Pointer[engine]
+	gone atomic.Bool
+	// attrGen counts ModifyAttr calls, for the engine to see new retry settings.
+	attrGen atomic.Uint64
+	wg      sync.WaitGroup // the connection manager watch
+
+	attrMu sync.Mutex // orders ModifyAttr calls; taken before QP.mu
+
+	mu     sync.Mutex // protects everything below
+	state  QPState
+	attr   QPAttr
+	port   roce.Port     // the wire, attached by Connect
+	remote Remote        // the peer QP
+	eng    *engine       // the engine, once started
+	cm     *roce.CM      // the connection manager's channel (Accept, Dial)
+	done   chan struct{} // closed by Destroy
+	// lastRefusal says why the responder last answered a NAK (RespError).
+	lastRefusal string
+	destroyed   bool
+	rq          recvQueue // posted receives (the engine takes them)
+}
+
+// recvQueue is a QP's receive queue, a ring of MaxRecvWR slots: PostRecv fills the
+// slot at tail, the engine looks at the slot at head and takes it, and a flush to
+// ERR empties the ring; all of it under QP.mu. Receives are numbered in posting
+// order, so that the engine takes the one it looked at or, when a flush completed
+// it meanwhile, none. A slot keeps up to four SGEs in itself: posting allocates
+// nothing.
+type recvQueue struct {
+	slots      []rqe
+	head, tail uint64 // the oldest receive not taken; the next to post
+}
+
+// slot returns send queue slot i (i counts every request posted).
+func (q *sendQueue) slot(i uint64) *wqe { return &q.slots[i%uint64(len(q.slots))] }
+
+// rqe is a receive queue slot.
+type rqe struct {
+	wr  RecvWR
+	sgl [4]SGE
+}
+
+// lenLocked returns how many receives are posted. Called with QP.mu held.
+func (q *recvQueue) lenLocked() int { return int(q.tail - q.head) }
+
+// postLocked adds wr (its SGL copied) at the tail, unless the ring is full.
+// Called with QP.mu held.
+func (q *recvQueue) postLocked(wr *RecvWR) bool {
+	if q.lenLocked() >= len(q.slots) {
+		return false
+	}
+	s := &q.slots[q.tail%uint64(len(q.slots))]
+	s.wr = RecvWR{WRID: wr.WRID, SGL: append(s.sgl[:0], wr.SGL...)}
+	q.tail++
+	return true
+}
+
+// peekLocked copies the oldest posted receive into dst, reusing dst's SGL, and
+// returns its number; ok is false when none is posted. Called with QP.mu held.
+func (q *recvQueue) peekLocked(dst *RecvWR) (seq uint64, ok bool) {
+	if q.head == q.tail {
+		return 0, false
+	}
+	s := &q.slots[q.head%uint64(len(q.slots))]
+	dst.WRID, dst.SGL = s.wr.WRID, append(dst.SGL[:0], s.wr.SGL...)
+	return q.head, true
+}
+
+// takeLocked removes receive seq if it is still the oldest posted one (a flush
+// may have completed it since peekLocked). Called with QP.mu held.
+func (q *recvQueue) takeLocked(seq uint64) bool {
+	if q.head != seq || q.head == q.tail {
+		return false
+	}
+	q.slots[q.head%uint64(len(q.slots))].wr.SGL = nil
+	q.head++
+	return true
+}
+
+// flushLocked removes every posted receive, oldest first, and calls done with each
+// one's WRID. Called with QP.mu held.
+func (q *recvQueue) flushLocked(done func(wrid uint64)) {
+	for ; q.head != q.tail; q.head++ {
+		s := &q.slots[q.head%uint64(len(q.slots))]
+		done(s.wr.WRID)
+		s.wr.SGL = nil
+	}
+}
+
+// sendQueue is a QP's send queue, a ring of MaxSendWR slots as a NIC's is: PostSend
+// fills the slot at tail (under mu, for concurrent posters) and the engine, its only
+// reader, processes slots from its own cursor and retires them at head, in order.
+// A slot is reused only after it was retired, so the engine reads a posted slot
+// without a lock once it has seen tail.
+type sendQueue struct {
+	mu    sync.Mutex // serialises posters
+	slots []wqe
+	tail  atomic.Uint64 // the next slot to post
+	head  atomic.Uint64 // the oldest slot not retired
+}
+
+// wqe is a send queue slot: the work request as posted, and what the engine found.
+type wqe struct {
+	wr     SendWR
+	sgl    [4]SGE // the SGL when it has at most four elements (no allocation per post)
+	mrs    []*MR  // the SGL's MRs, looked up once (engine)
+	mrBuf  [4]*MR
+	done   bool // completed, waiting to be retired in order (engine)
+	status WCStatus
+	detail string
+}
+
+// Remote is what a QP needs of its peer, as rdma_cm exchanges it: the peer QP's
+// number and the first PSN it sends.
+type Remote struct {
+	QPN uint32
+	PSN uint32
+}
+
+// setStateLocked changes the state and tells the engine. Called with QP.mu held.
+func (qp *QP) setStateLocked(s QPState) {
+	qp.state = s
+	qp.st.Store(int32(s))
+	if qp.eng != nil {
+		qp.eng.wake()
+	}
+}
+
+// flushUnstarted completes, with WR_FLUSH_ERR, the send WRs of a QP in ERR that never
+// had an engine to do it.
+func (qp *QP) flushUnstarted() {
+	q := &qp.sq
+	q.mu.Lock()
+	defer q.mu.Unlock()
+	for h := q.head.Load(); h < q.tail.Load(); h++ {
+		w := &q.slots[h%uint64(len(q.slots))]
+		qp.cfg.SendCQ.push(WC{WRID: w.wr.WRID, Status: WCWRFlushErr, Opcode: wcOpcode(w.wr.Opcode), QPNum: qp.qpn})
+		*w = wqe{}
+		q.head.Store(h + 1)
+	}
+}
+
+// toErrorLocked moves the QP to ERR and flushes its posted receives; the engine
+// flushes what is outstanding and what it reaches later. Called with QP.mu held; it
+// takes the receive CQ's lock.
+func (qp *QP) toErrorLocked() {
+	if qp.state == StateError {
+		return
+	}
+	qp.setStateLocked(StateError)
+	qp.rq.flushLocked(func(wrid uint64) {
+		qp.cfg.RecvCQ.push(WC{WRID: wrid, Status: WCWRFlushErr, Opcode: WCRecv, QPNum: qp.qpn})
+	})
+	if qp.eng == nil {
+		qp.flushUnstarted() // takes the send queue's lock under QP.mu
+	}
+}
+
+func (qp *QP) toError() {
+	qp.mu.Lock()
+	qp.toErrorLocked()
+	qp.mu.Unlock()
+}
+
+// hasRecv reports whether a receive is posted.
+func (qp *QP) hasRecv() bool {
+	qp.mu.Lock()
+	defer qp.mu.Unlock()
+	return qp.rq.lenLocked() > 0
+}
+
+// peekRecv copies the oldest posted receive into dst (reusing dst's SGL) and
+// returns its number for takeRecv; ok is false when none is posted.
+func (qp *QP) peekRecv(dst *RecvWR) (seq uint64, ok bool) {
+	qp.mu.Lock()
+	defer qp.mu.Unlock()
+	return qp.rq.peekLocked(dst)
+}
+
+// takeRecv removes receive seq, which peekRecv returned, and reports whether it
+// did: false when a flush to ERR completed it meanwhile (only the engine takes
+// receives).
+func (qp *QP) takeRecv(seq uint64) bool {
+	qp.mu.Lock()
+	defer qp.mu.Unlock()
+	return qp.rq.takeLocked(seq)
+}
+
+// minRNRTimer is the RNR timer the responder asks for.
+func (qp *QP) minRNRTimer() uint8 {
+	qp.mu.Lock()
+	defer qp.mu.Unlock()
+	return qp.attr.MinRNRTimer
+}
+
+// Attr returns the QP's attributes.
+func (qp *QP) Attr() QPAttr {
+	qp.mu.Lock()
+	defer qp.mu.Unlock()
+	return qp.attr
+}
