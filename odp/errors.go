@@ -55,3 +55,20 @@ var errDeregistered = wrap(ErrInvalidArgument, "MR deregistered")
 
 // errDMAFault: a copy touched memory that is not mapped any more.
 var errDMAFault = errors.New("odp: DMA touched unmapped memory")
+
+// Errno is the errno value a verbs caller gets for err: the errno of the sentinel err
+// wraps or of a system call error it carries, EINVAL for any other error, 0 for nil.
+func Errno(err error) unix.Errno {
+	var ve *verbsError
+	var e unix.Errno
+	switch {
+	case err == nil:
+		return 0
+	case errors.As(err, &ve):
+		return ve.errno
+	case errors.As(err, &e):
+		return e
+	default:
+		return unix.EINVAL
+	}
+}

@@ -1,0 +1,130 @@
+package verbs
+
+import (
+	"debug/elf"
+	"fmt"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+)
+
+// The files Build writes into its output directory.
+const (
+	LibraryName = "libibverbs.so.1"    // the verbs library programs load
+	BackendName = "libodpemu-verbs.so" // the emulator it loads
+)
+
+// Build builds libibverbs.so.1 and libodpemu-verbs.so into dir, for the installed
+// rdma-core (SystemLibrary): the C half with gcc, its version script and stubs
+// generated from the installed library, the Go half with go build -buildmode=c-shared.
+// moduleDir is the odpemu module's root. A program then runs on the emulator with
+// LD_LIBRARY_PATH=dir.
+func Build(moduleDir, dir string) error {
+	moduleDir, err := filepath.Abs(moduleDir)
+	if err != nil {
+		return err
+	}
+	if dir, err = filepath.Abs(dir); err != nil {
+		return err
+	}
+	system, err := SystemLibrary()
+	if err != nil {
+		return err
+	}
+	abi, err := ReadABI(system)
+	if err != nil {
+		return err
+	}
+	if err := os.MkdirAll(dir, 0o755); err != nil {
+		return err
+	}
+	work, err := os.MkdirTemp("", "odpemu-verbs-build")
+	if err != nil {
+		return err
+	}
+	defer func() { _ = os.RemoveAll(work) }() // scratch files; a leftover is harmless
+
+	src := filepath.Join(moduleDir, "verbs", "libibverbs")
+	obj := filepath.Join(work, "verbs.o")
+	if err := run(moduleDir, "gcc", "-c", "-O2", "-g", "-fPIC", "-fvisibility=hidden", "-Wall", "-Wextra", "-Werror",
+		"-o", obj, filepath.Join(src, "verbs.c")); err != nil {
+		return err
+	}
+	defined, err := definedSymbols(obj)
+	if err != nil {
+		return err
+	}
+	exported := map[string]bool{}
+	var names []string
+	for _, s := range abi.Symbols {
+		exported[s.Name] = true
+		names = append(names, s.Name)
+	}
+	for name := range defined {
+		if !exported[name] {
+			return fmt.Errorf("verbs: verbs.c defines %s, which %s does not export", name, system)
+		}
+	}
+	headers, err := preprocessedHeaders()
+	if err != nil {
+		return err
+	}
+	stubs := filepath.Join(work, "stubs.c")
+	if err := os.WriteFile(stubs, abi.Stubs(defined, prototypeKinds(headers, names)), 0o644); err != nil {
+		return err
+	}
+	script := filepath.Join(work, "libibverbs.map")
+	if err := os.WriteFile(script, abi.VersionScript(), 0o644); err != nil {
+		return err
+	}
+	if err := run(moduleDir, "gcc", "-shared", "-O2", "-fPIC", "-fvisibility=hidden", "-o", filepath.Join(dir, LibraryName),
+		obj, stubs, "-Wl,-soname,"+LibraryName, "-Wl,--version-script="+script, "-Wl,-z,now", "-Wl,--no-undefined",
+		"-ldl", "-lpthread"); err != nil {
+		return err
+	}
+	return run(moduleDir, "go", "build", "-buildmode=c-shared", "-o", filepath.Join(dir, BackendName),
+		"./verbs/emu")
+}
+
+// definedSymbols lists the global symbols an object file defines.
+func definedSymbols(obj string) (map[string]bool, error) {
+	f, err := elf.Open(obj)
+	if err != nil {
+		return nil, err
+	}
+	defer func() { _ = f.Close() }() // read only
+	syms, err := f.Symbols()
+	if err != nil {
+		return nil, err
+	}
+	out := map[string]bool{}
+	for _, s := range syms {
+		if s.Section != elf.SHN_UNDEF && elf.ST_BIND(s.Info) == elf.STB_GLOBAL {
+			out[s.Name] = true
+		}
+	}
+	return out, nil
+}
+
+// preprocessedHeaders is the installed verbs.h as the compiler sees it, every header
+// it includes expanded.
+func preprocessedHeaders() ([]byte, error) {
+	cmd := exec.Command("gcc", "-E", "-P", "-x", "c", "-")
+	cmd.Stdin = strings.NewReader("#include <infiniband/verbs.h>\n")
+	out, err := cmd.Output()
+	if err != nil {
+		return nil, fmt.Errorf("verbs: preprocess verbs.h: %w", err)
+	}
+	return out, nil
+}
+
+// run runs a build command in dir; its output is the error's text when it fails.
+func run(dir, name string, args ...string) error {
+	cmd := exec.Command(name, args...)
+	cmd.Dir = dir
+	if out, err := cmd.CombinedOutput(); err != nil {
+		return fmt.Errorf("verbs: %s %s: %w\n%s", name, strings.Join(args, " "), err, out)
+	}
+	return nil
+}

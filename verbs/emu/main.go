@@ -1,0 +1,128 @@
+// Command emu is the Go half of odpemu's libibverbs.so.1, built with
+// -buildmode=c-shared as libodpemu-verbs.so (verbs.Build does it): the emulated NIC
+// (package odp) behind the C library that verbs programs load. The C library loads it
+// with dlopen when a program first opens a device, and calls the functions
+// ../libibverbs/backend.h declares; objects cross as cgo handles.
+package main
+
+/*
+#cgo CFLAGS: -I${SRCDIR}/../libibverbs
+#include <string.h>
+#include "backend.h"
+*/
+import "C"
+
+import (
+	"fmt"
+	"net/netip"
+	"runtime/cgo"
+	"syscall"
+	"unsafe"
+
+	"github.com/odpemu/odpemu/odp"
+)
+
+func main() {} // a c-shared library's main is never run
+
+// device is an opened device: one ibv_open_device.
+type device struct {
+	dev  *odp.Device
+	addr netip.Addr // the address its port is bound to (its GID)
+}
+
+// errno is the errno value a verbs caller gets for err.
+func errno(err error) C.int { return C.int(odp.Errno(err)) }
+
+// fail writes err's message into the caller's buffer and returns its errno.
+func fail(err error, buf *C.char, n C.size_t) C.int {
+	if buf != nil && n > 0 {
+		msg := err.Error()
+		b := unsafe.Slice((*byte)(unsafe.Pointer(buf)), int(n))
+		k := copy(b[:len(b)-1], msg)
+		b[k] = 0
+	}
+	return errno(err)
+}
+
+//export odpemu_open
+func odpemu_open(name, addrStr *C.char, out *C.odpemu_handle, attr *C.struct_odpemu_device_attr, errBuf *C.char, errLen C.size_t) C.int {
+	addr, err := netip.ParseAddr(C.GoString(addrStr))
+	if err != nil || !addr.Is4() {
+		return fail(fmt.Errorf("address %q: want an IPv4 address", C.GoString(addrStr)), errBuf, errLen)
+	}
+	dev, err := odp.Open(odp.Config{Name: C.GoString(name)})
+	if err != nil {
+		return fail(err, errBuf, errLen)
+	}
+	fillAttr(attr, dev.QueryDevice())
+	*out = C.odpemu_handle(cgo.NewHandle(&device{dev: dev, addr: addr}))
+	return 0
+}
+
+// fillAttr turns what odp reports into what the C library reports.
+func fillAttr(attr *C.struct_odpemu_device_attr, a odp.DeviceAttr) {
+	*attr = C.struct_odpemu_device_attr{
+		max_mr_size:         C.uint64_t(a.MaxMRSize),
+		page_size_cap:       C.uint64_t(a.PageSize),
+		max_msg_sz:          C.uint32_t(a.MaxMsgSize),
+		max_qp_wr:           C.uint32_t(a.MaxQPWR),
+		max_sge:             C.uint32_t(a.MaxSGE),
+		max_inline_data:     C.uint32_t(a.MaxInlineData),
+		max_cqe:             C.uint32_t(a.MaxCQE),
+		max_qp_rd_atom:      C.uint32_t(a.MaxQPRdAtom),
+		max_qp_init_rd_atom: C.uint32_t(a.MaxQPInitRdAtom),
+		atomic_cap:          C.uint32_t(a.AtomicCap),
+		odp_general_caps:    C.uint64_t(a.ODP.General),
+		odp_rc_caps:         C.uint32_t(a.ODP.RC),
+		odp_uc_caps:         C.uint32_t(a.ODP.UC),
+		odp_ud_caps:         C.uint32_t(a.ODP.UD),
+		active_mtu:          4096,
+	}
+}
+
+//export odpemu_close
+func odpemu_close(h C.odpemu_handle) C.int {
+	d, ok := lookup[*device](h)
+	if !ok {
+		return C.int(syscall.EINVAL)
+	}
+	cgo.Handle(h).Delete()
+	return errno(d.dev.Close())
+}
+
+//export odpemu_alloc_pd
+func odpemu_alloc_pd(h C.odpemu_handle, out *C.odpemu_handle) C.int {
+	d, ok := lookup[*device](h)
+	if !ok {
+		return C.int(syscall.EINVAL)
+	}
+	pd, err := d.dev.AllocPD()
+	if err != nil {
+		return errno(err)
+	}
+	*out = C.odpemu_handle(cgo.NewHandle(pd))
+	return 0
+}
+
+//export odpemu_dealloc_pd
+func odpemu_dealloc_pd(h C.odpemu_handle) C.int {
+	pd, ok := lookup[*odp.PD](h)
+	if !ok {
+		return C.int(syscall.EINVAL)
+	}
+	if err := pd.Dealloc(); err != nil {
+		return errno(err)
+	}
+	cgo.Handle(h).Delete()
+	return 0
+}
+
+// lookup returns the object handle h names, if it is a T.
+func lookup[T any](h C.odpemu_handle) (T, bool) {
+	var zero T
+	if h == 0 {
+		return zero, false
+	}
+	v, ok := cgo.Handle(h).Value().(T)
+	return v, ok
+}

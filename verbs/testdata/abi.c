@@ -1,0 +1,100 @@
+/*
+ * Built against the installed rdma-core headers and linked with odpemu's
+ * libibverbs.so.1 (verbs_test.go): what verbs.h's inline functions and rdma-core's
+ * providers reach into, as a program compiled against those headers reaches it.
+ * Prints "ok" and exits 0, or says what is wrong and exits 1.
+ */
+#include <errno.h>
+#include <stdio.h>
+#include <string.h>
+
+#include <infiniband/verbs.h>
+
+static int failed;
+
+#define CHECK(cond, ...)                                  \
+	do {                                              \
+		if (!(cond)) {                            \
+			fprintf(stderr, "FAIL %s: ", #cond); \
+			fprintf(stderr, __VA_ARGS__);     \
+			fprintf(stderr, "\n");            \
+			failed = 1;                       \
+		}                                         \
+	} while (0)
+
+/* rdma-core's struct verbs_device (driver.h) begins so. */
+struct verbs_device_prefix {
+	struct ibv_device device;
+	const void *ops;
+};
+
+int main(void)
+{
+	int n = 0;
+	struct ibv_device **list = ibv_get_device_list(&n);
+	CHECK(list && n == 1 && list[1] == NULL, "device list of %d", n);
+	if (!list || n < 1)
+		return 1;
+	CHECK(strcmp(ibv_get_device_name(list[0]), "odpemu0") == 0, "name %s", ibv_get_device_name(list[0]));
+	CHECK(((struct verbs_device_prefix *)list[0])->ops == NULL, "a provider's ops pointer after ibv_device");
+
+	struct ibv_context *ctx = ibv_open_device(list[0]);
+	CHECK(ctx != NULL, "open: %s", strerror(errno));
+	if (!ctx)
+		return 1;
+	struct verbs_context *vctx = verbs_get_ctx(ctx);
+	CHECK(vctx != NULL, "verbs_get_ctx: abi_compat %p", ctx->abi_compat);
+	CHECK(vctx && vctx->sz == sizeof(struct verbs_context), "sz %zu, want %zu", vctx ? vctx->sz : 0,
+	      sizeof(struct verbs_context));
+	CHECK(ctx->device == list[0], "context's device");
+
+	struct ibv_device_attr_ex ex;
+	memset(&ex, 0xa5, sizeof ex);
+	int e = ibv_query_device_ex(ctx, NULL, &ex);
+	CHECK(e == 0, "query_device_ex: %d", e);
+	CHECK(ex.odp_caps.general_caps & IBV_ODP_SUPPORT, "general ODP caps %#llx",
+	      (unsigned long long)ex.odp_caps.general_caps);
+	uint32_t rc = IBV_ODP_SUPPORT_SEND | IBV_ODP_SUPPORT_RECV | IBV_ODP_SUPPORT_WRITE | IBV_ODP_SUPPORT_READ;
+	CHECK((ex.odp_caps.per_transport_caps.rc_odp_caps & rc) == rc, "RC ODP caps %#x",
+	      ex.odp_caps.per_transport_caps.rc_odp_caps);
+	CHECK(ex.orig_attr.vendor_id == 0xffffff && ex.orig_attr.phys_port_cnt == 1, "vendor %#x ports %d",
+	      ex.orig_attr.vendor_id, ex.orig_attr.phys_port_cnt);
+	CHECK(ex.completion_timestamp_mask == 0 && ex.max_dm_size == 0, "the rest of the struct is zeroed");
+
+	struct ibv_device_attr a;
+	CHECK(ibv_query_device(ctx, &a) == 0 && a.max_qp_wr > 0, "query_device");
+	CHECK(memcmp(&a, &ex.orig_attr, sizeof a) == 0, "query_device and query_device_ex agree");
+
+	struct ibv_port_attr p; /* the macro: verbs_context's query_port op */
+	memset(&p, 0xa5, sizeof p);
+	CHECK(ibv_query_port(ctx, 1, &p) == 0, "query_port 1");
+	CHECK(p.state == IBV_PORT_ACTIVE && p.link_layer == IBV_LINK_LAYER_ETHERNET && p.active_mtu == IBV_MTU_4096,
+	      "port state %d link layer %d mtu %d", p.state, p.link_layer, p.active_mtu);
+	CHECK(p.port_cap_flags2 == 0, "port_cap_flags2 %#x", p.port_cap_flags2);
+	CHECK(ibv_query_port(ctx, 2, &p) == EINVAL, "query_port 2 is EINVAL");
+
+	union ibv_gid gid;
+	CHECK(ibv_query_gid(ctx, 1, 0, &gid) == 0, "query_gid 0");
+	static const uint8_t mapped[12] = {0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0xff, 0xff};
+	CHECK(memcmp(gid.raw, mapped, 12) == 0, "GID 0 is IPv4-mapped");
+	struct ibv_gid_entry ge;
+	CHECK(ibv_query_gid_ex(ctx, 1, 0, &ge, 0) == 0 && ge.gid_type == IBV_GID_TYPE_ROCE_V2 &&
+		      memcmp(&ge.gid, &gid, sizeof gid) == 0,
+	      "query_gid_ex 0: RoCE v2, the same GID");
+	CHECK(ibv_query_gid_ex(ctx, 1, 1, &ge, 0) == ENODATA, "an empty GID entry is ENODATA");
+
+	struct ibv_pd *pd = ibv_alloc_pd(ctx);
+	CHECK(pd && pd->context == ctx, "alloc_pd: %s", strerror(errno));
+	if (pd) {
+		CHECK(ibv_advise_mr(pd, IBV_ADVISE_MR_ADVICE_PREFETCH, 0, NULL, 0) == EOPNOTSUPP,
+		      "an op not offered yet is EOPNOTSUPP");
+		CHECK(ibv_dealloc_pd(pd) == 0, "dealloc_pd");
+	}
+	CHECK(ibv_create_srq(NULL, NULL) == NULL && errno == EOPNOTSUPP, "a stub returning a pointer");
+	CHECK(ibv_close_device(ctx) == 0, "close");
+	ibv_free_device_list(list);
+	if (failed)
+		return 1;
+	printf("ok\n");
+	return 0;
+}

@@ -1,0 +1,239 @@
+package verbs
+
+import (
+	"bytes"
+	"compress/gzip"
+	"io"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"regexp"
+	"strconv"
+	"strings"
+	"sync"
+	"testing"
+
+	"github.com/stretchr/testify/require"
+)
+
+// The library is built once per test binary, into built.dir, which TestMain removes.
+var built struct {
+	once sync.Once
+	dir  string
+	err  error
+}
+
+func TestMain(m *testing.M) {
+	code := m.Run()
+	if built.dir != "" {
+		_ = os.RemoveAll(built.dir) // a temporary directory
+	}
+	os.Exit(code)
+}
+
+// library builds libibverbs.so.1 and the emulator once, or skips the test when the
+// installed rdma-core or gcc is missing. It returns their directory.
+func library(t *testing.T) string {
+	t.Helper()
+	if _, err := SystemLibrary(); err != nil {
+		t.Skip(err)
+	}
+	built.once.Do(func() {
+		built.dir, built.err = os.MkdirTemp("", "odpemu-verbs-test")
+		if built.err == nil {
+			built.err = Build("..", built.dir)
+		}
+	})
+	require.NoError(t, built.err)
+	return built.dir
+}
+
+// verbsCmd is a command that runs on odpemu's libibverbs.so.1 from dir.
+func verbsCmd(dir string, env []string, name string, args ...string) *exec.Cmd {
+	cmd := exec.Command(name, args...)
+	cmd.Env = append(append(os.Environ(), "LD_LIBRARY_PATH="+dir), env...)
+	return cmd
+}
+
+// output runs cmd and returns its output.
+func output(cmd *exec.Cmd) (string, error) {
+	out, err := cmd.CombinedOutput()
+	return string(out), err
+}
+
+// TestVersionScriptRoundTrip builds a library from a made-up ABI's version script and
+// stubs and reads the ABI back: the generator's part, with no rdma-core installed.
+func TestVersionScriptRoundTrip(t *testing.T) {
+	if _, err := exec.LookPath("gcc"); err != nil {
+		t.Skip("needs gcc:", err)
+	}
+	want := &ABI{
+		Versions: []Version{{Name: "T_1.0"}, {Name: "T_1.1", Parent: "T_1.0"}, {Name: "T_1.2", Parent: "T_1.1"},
+			{Name: "T_PRIVATE_7"}},
+		Symbols: []Symbol{
+			{Name: "t_open", Version: "T_1.0"}, {Name: "t_close", Version: "T_1.0"},
+			{Name: "t_query", Version: "T_1.1"}, {Name: "t_flag", Version: "T_PRIVATE_7", Object: true, Size: 1},
+			{Name: "t_private", Version: "T_PRIVATE_7"},
+		},
+	}
+	got := buildABI(t, want, map[string]bool{})
+	sortSymbols(want)
+	require.Equal(t, want, got)
+}
+
+// buildABI links the stubs of abi (those defined aside) into a library with abi's
+// version script and reads its ABI.
+func buildABI(t *testing.T, abi *ABI, defined map[string]bool) *ABI {
+	dir := t.TempDir()
+	stubs := filepath.Join(dir, "stubs.c")
+	require.NoError(t, os.WriteFile(stubs, abi.Stubs(defined, nil), 0o644))
+	script := filepath.Join(dir, "t.map")
+	require.NoError(t, os.WriteFile(script, abi.VersionScript(), 0o644))
+	lib := filepath.Join(dir, "libt.so.1")
+	out, err := exec.Command("gcc", "-shared", "-fPIC", "-fvisibility=hidden", "-o", lib, stubs,
+		"-Wl,-soname,libt.so.1", "-Wl,--version-script="+script).CombinedOutput()
+	require.NoError(t, err, "%s", out)
+	got, err := ReadABI(lib)
+	require.NoError(t, err)
+	return got
+}
+
+func sortSymbols(a *ABI) {
+	s := a.Symbols
+	for i := range s {
+		for j := i + 1; j < len(s); j++ {
+			if s[j].Version < s[i].Version || (s[j].Version == s[i].Version && s[j].Name < s[i].Name) {
+				s[i], s[j] = s[j], s[i]
+			}
+		}
+	}
+}
+
+func TestPrototypeKinds(t *testing.T) {
+	headers := []byte(`struct ibv_pd *ibv_alloc_pd(struct ibv_context *context);
+int ibv_dealloc_pd(struct ibv_pd *pd);
+void ibv_ack_cq_events(struct ibv_cq *cq, unsigned int nevents);
+static inline int ibv_post_send(struct ibv_qp *qp) { return qp->x(qp); }
+const char *ibv_wc_status_str(enum ibv_wc_status status);`)
+	kinds := prototypeKinds(headers, []string{"ibv_alloc_pd", "ibv_dealloc_pd", "ibv_ack_cq_events", "ibv_post_send",
+		"ibv_wc_status_str", "verbs_private"})
+	require.Equal(t, map[string]returnKind{"ibv_alloc_pd": returnsPointer, "ibv_dealloc_pd": returnsInt,
+		"ibv_ack_cq_events": returnsVoid, "ibv_wc_status_str": returnsPointer}, kinds)
+}
+
+// TestExportsMatchInstalled: the built library exports exactly what the installed one
+// does, version nodes and their order, every default-version symbol at its version.
+func TestExportsMatchInstalled(t *testing.T) {
+	dir := library(t)
+	system, err := SystemLibrary()
+	require.NoError(t, err)
+	want, err := ReadABI(system)
+	require.NoError(t, err)
+	got, err := ReadABI(filepath.Join(dir, LibraryName))
+	require.NoError(t, err)
+	require.Equal(t, want.Versions, got.Versions)
+	require.Equal(t, want.Symbols, got.Symbols)
+	require.NotEmpty(t, got.Symbols)
+}
+
+// TestABI runs testdata/abi.c, built against the installed headers: verbs.h's inline
+// dispatch, the structures it reaches into, and the basic verbs.
+func TestABI(t *testing.T) {
+	dir := library(t)
+	bin := filepath.Join(t.TempDir(), "abi")
+	out, err := exec.Command("gcc", "-Wall", "-Werror", "-o", bin, "testdata/abi.c", "-L"+dir,
+		"-l:"+LibraryName).CombinedOutput()
+	require.NoError(t, err, "%s", out)
+	got, err := output(verbsCmd(dir, nil, bin))
+	require.NoError(t, err, got)
+	require.Equal(t, "ok\n", got)
+}
+
+// TestDevinfo: rdma-core's ibv_devinfo, unmodified, shows the emulated device.
+func TestDevinfo(t *testing.T) {
+	dir := library(t)
+	if _, err := exec.LookPath("ibv_devinfo"); err != nil {
+		t.Skip("needs ibv_devinfo (Debian: ibverbs-utils):", err)
+	}
+	out, err := output(verbsCmd(dir, []string{"ODPEMU_ADDR=127.0.0.2"}, "ibv_devinfo", "-v"))
+	require.NoError(t, err, out)
+	for _, want := range []string{
+		`hca_id:\s+odpemu0`, `vendor_id:\s+0xffffff`, `general_odp_caps:\s+ODP_SUPPORT\s+ODP_SUPPORT_IMPLICIT`,
+		`rc_odp_caps:\s+SUPPORT_SEND\s+SUPPORT_RECV\s+SUPPORT_WRITE\s+SUPPORT_READ\s+SUPPORT_ATOMIC`,
+		`state:\s+PORT_ACTIVE`, `link_layer:\s+Ethernet`, `active_mtu:\s+4096`,
+		`GID\[\s*0\]:\s+::ffff:127\.0\.0\.2, RoCE v2`, `max_qp_rd_atom:\s+16`,
+	} {
+		require.Regexp(t, want, out)
+	}
+}
+
+// TestBadSettings: a bad ODPEMU_ADDR, or an emulator the library cannot load, fails
+// ibv_open_device with a message, not a crash.
+func TestBadSettings(t *testing.T) {
+	dir := library(t)
+	if _, err := exec.LookPath("ibv_devinfo"); err != nil {
+		t.Skip("needs ibv_devinfo (Debian: ibverbs-utils):", err)
+	}
+	out, err := output(verbsCmd(dir, []string{"ODPEMU_ADDR=::1"}, "ibv_devinfo"))
+	require.Error(t, err)
+	require.Contains(t, out, "ODPEMU_ADDR=::1: want an IPv4 address")
+
+	out, err = output(verbsCmd(dir, []string{"ODPEMU_VERBS_BACKEND=" + filepath.Join(t.TempDir(), "none.so")},
+		"ibv_devinfo"))
+	require.Error(t, err)
+	require.Contains(t, out, "cannot load the emulator")
+}
+
+// TestPyverbsDeviceAndPD runs rdma-core's own tests of devices and PDs (pyverbs, from
+// the installed rdma-core's documentation) on the emulated device.
+func TestPyverbsDeviceAndPD(t *testing.T) {
+	dir := library(t)
+	tests := "/usr/share/doc/rdma-core/tests"
+	if _, err := os.Stat(tests); err != nil {
+		t.Skip("needs rdma-core's tests (Debian: rdma-core):", err)
+	}
+	if err := exec.Command("/usr/bin/python3", "-c", "import pyverbs.device").Run(); err != nil {
+		t.Skip("needs pyverbs (Debian: python3-pyverbs):", err)
+	}
+	work := t.TempDir()
+	copyTests(t, tests, filepath.Join(work, "tests"))
+	cmd := verbsCmd(dir, nil, "/usr/bin/python3", "tests/run_tests.py", "-v", "test_device", "test_pd")
+	cmd.Dir = work
+	out, err := output(cmd)
+	require.NoError(t, err, out)
+	m := regexp.MustCompile(`Ran (\d+) tests`).FindStringSubmatch(out)
+	require.NotNil(t, m, out)
+	ran, _ := strconv.Atoi(m[1])
+	skipped := 0
+	if s := regexp.MustCompile(`OK \(skipped=(\d+)\)`).FindStringSubmatch(out); s != nil {
+		skipped, _ = strconv.Atoi(s[1])
+	}
+	require.Regexp(t, `(?m)^OK`, out)
+	// rdma-core 44: 13 device tests and 4 PD tests pass; device memory is not offered.
+	require.GreaterOrEqual(t, ran-skipped, 17, out)
+	require.NotContains(t, out, "... ERROR")
+	require.NotContains(t, out, "... FAIL")
+}
+
+// copyTests copies rdma-core's test directory, unpacking the files Debian compressed.
+func copyTests(t *testing.T, from, to string) {
+	require.NoError(t, os.MkdirAll(to, 0o755))
+	entries, err := os.ReadDir(from)
+	require.NoError(t, err)
+	for _, e := range entries {
+		if e.IsDir() {
+			continue
+		}
+		data, err := os.ReadFile(filepath.Join(from, e.Name()))
+		require.NoError(t, err)
+		name := e.Name()
+		if strings.HasSuffix(name, ".gz") {
+			zr, err := gzip.NewReader(bytes.NewReader(data))
+			require.NoError(t, err)
+			data, err = io.ReadAll(zr)
+			require.NoError(t, err)
+			name = strings.TrimSuffix(name, ".gz")
+		}
+		require.NoError(t, os.WriteFile(filepath.Join(to, name), data, 0o644))
+	}
+}
