@@ -36,17 +36,26 @@ type UDPConfig struct {
 var DefaultAddr = netip.AddrPortFrom(netip.AddrFrom4([4]byte{127, 0, 0, 1}), roce.UDPPort)
 
 func (c UDPConfig) endpoint() (*roce.Endpoint, roce.ConnParams, error) {
-	if !c.Addr.IsValid() {
-		c.Addr = DefaultAddr
-	}
 	if c.MTU == 0 {
 		c.MTU = 4096
 	}
-	ep, err := roce.OpenEndpoint(c.Addr)
+	ep, err := c.openEndpoint()
 	if err != nil {
-		return nil, roce.ConnParams{}, wrap(ErrInvalidArgument, "%v", err)
+		return nil, roce.ConnParams{}, err
 	}
 	return ep, roce.ConnParams{MTU: c.MTU, Addr: ep.Addr(), Private: c.Private}, nil
+}
+
+// openEndpoint opens (or shares) the process's endpoint at c.Addr.
+func (c UDPConfig) openEndpoint() (*roce.Endpoint, error) {
+	if !c.Addr.IsValid() {
+		c.Addr = DefaultAddr
+	}
+	ep, err := roce.OpenEndpoint(c.Addr)
+	if err != nil {
+		return nil, wrap(ErrInvalidArgument, "%v", err)
+	}
+	return ep, nil
 }
 
 // Accept waits for one connection request on ln and connects qp, in RESET or INIT,
@@ -58,7 +67,7 @@ func (qp *QP) Accept(ctx context.Context, ln *roce.CMListener, cfg UDPConfig) ([
 		return nil, err
 	}
 	defer func() { _ = ep.Close() }() // the port holds the endpoint while it lives
-	local.QPN, local.PSN = qp.qpn, qp.psn
+	local.QPN, local.PSN = qp.qpn, qp.PSN()
 	remote, cm, err := ln.Accept(ctx, local)
 	if err != nil {
 		return nil, err
@@ -75,7 +84,7 @@ func (qp *QP) Dial(ctx context.Context, addr string, cfg UDPConfig) ([]byte, err
 		return nil, err
 	}
 	defer func() { _ = ep.Close() }() // the port holds the endpoint while it lives
-	local.QPN, local.PSN = qp.qpn, qp.psn
+	local.QPN, local.PSN = qp.qpn, qp.PSN()
 	remote, cm, err := roce.DialCM(ctx, addr, local)
 	if err != nil {
 		return nil, err
@@ -83,28 +92,53 @@ func (qp *QP) Dial(ctx context.Context, addr string, cfg UDPConfig) ([]byte, err
 	return qp.connectUDP(ep, cm, cfg, local, remote)
 }
 
+// ConnectRoCE connects qp, in RESET or INIT, over RoCEv2/UDP to the peer QP remote
+// names at peer (port 4791 if peer names none), from the process's endpoint at local
+// (RoCEv2's is port 4791; port 0 lets the kernel pick one), without a connection
+// manager: the application exchanged QP numbers and PSNs itself, as verbs programs do
+// before ibv_modify_qp to RTR and RTS. The path MTU is mtu (256..4096), or less if the
+// route's IP MTU holds less. qp is in RTS after.
+func (qp *QP) ConnectRoCE(local, peer netip.AddrPort, remote Remote, mtu int) error {
+	ep, err := UDPConfig{Addr: local}.openEndpoint()
+	if err != nil {
+		return err
+	}
+	defer func() { _ = ep.Close() }() // the port holds the endpoint while it lives
+	if peer.Port() == 0 {
+		peer = netip.AddrPortFrom(peer.Addr(), roce.UDPPort)
+	}
+	return qp.attach(ep, peer, remote, mtu, 1<<31, roce.Loss{})
+}
+
+// attach connects qp through ep to the QP remote names at peer.
+func (qp *QP) attach(ep *roce.Endpoint, peer netip.AddrPort, remote Remote, mtu int, maxMsg uint32, loss roce.Loss) error {
+	// The path MTU fits both sides' offers and the route's IP MTU (each side asks
+	// its own route; routes between two hosts have the same MTU both ways).
+	route, err := roce.RouteMTU(ep.Addr(), peer)
+	if err != nil {
+		return fmt.Errorf("%w: no route from %v to %v: %w", ErrInvalidArgument, ep.Addr(), peer, err)
+	}
+	port, err := ep.Attach(roce.AttachConfig{QPN: qp.qpn, Peer: peer, Loss: loss, Link: qp.dev.cfg.Link.wire(),
+		Limits: roce.Limits{MTU: min(mtu, route), MaxMessage: maxMsg}})
+	if err != nil {
+		return wrap(ErrInvalidArgument, "%v", err)
+	}
+	if err := qp.Connect(port, remote); err != nil {
+		_ = port.Close() // not connected: ours to close
+		return err
+	}
+	return nil
+}
+
 // connectUDP connects qp through ep to remote's endpoint and keeps cm: when the peer
 // disconnects or its process ends, the QP moves to ERR and its work is flushed.
 func (qp *QP) connectUDP(ep *roce.Endpoint, cm *roce.CM, cfg UDPConfig, local, remote roce.ConnParams) ([]byte, error) {
-	// The path MTU fits both sides' offers and the route's IP MTU (each side asks
-	// its own route; routes between two hosts have the same MTU both ways).
-	route, err := roce.RouteMTU(ep.Addr(), remote.Addr)
-	if err != nil {
-		_ = cm.Disconnect()
-		return nil, err
-	}
 	maxMsg := cfg.MaxMessage
 	if maxMsg == 0 {
 		maxMsg = 1 << 30
 	}
-	port, err := ep.Attach(roce.AttachConfig{QPN: qp.qpn, Peer: remote.Addr, Loss: cfg.Loss, Link: qp.dev.cfg.Link.wire(),
-		Limits: roce.Limits{MTU: min(local.MTU, remote.MTU, route), MaxMessage: maxMsg}})
-	if err != nil {
-		_ = cm.Disconnect()
-		return nil, wrap(ErrInvalidArgument, "%v", err)
-	}
-	if err := qp.Connect(port, Remote{QPN: remote.QPN, PSN: remote.PSN}); err != nil {
-		_ = port.Close()    // not connected: ours to close
+	if err := qp.attach(ep, remote.Addr, Remote{QPN: remote.QPN, PSN: remote.PSN}, min(local.MTU, remote.MTU), maxMsg,
+		cfg.Loss); err != nil {
 		_ = cm.Disconnect() // tells the peer
 		return nil, err
 	}

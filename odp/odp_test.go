@@ -416,3 +416,26 @@ func TestReadThenWriteInOrder(t *testing.T) {
 		require.True(t, uniform(dst) && dst[0] == v+1)
 	}
 }
+
+// TestSetSendPSN: a QP sends from the PSN the application chose (as ibv_modify_qp's
+// sq_psn sets it), which the peer expects; once connected it cannot change.
+func TestSetSendPSN(t *testing.T) {
+	a, b := newNode(t, Config{}), newNode(t, Config{})
+	require.ErrorIs(t, a.qp.SetSendPSN(1<<24), ErrInvalidArgument)
+	const psn = 1<<24 - 2 // wraps after the second packet
+	require.NoError(t, a.qp.SetSendPSN(psn))
+	require.Equal(t, uint32(psn), a.qp.PSN())
+	require.NoError(t, ConnectLoopback(a.qp, b.qp))
+	require.ErrorIs(t, a.qp.SetSendPSN(5), ErrQPState)
+
+	src, smr := a.region(t, 3*4096, rw)
+	_, dmr := b.region(t, 3*4096, rw)
+	for i := range src {
+		src[i] = byte(i * 7)
+	}
+	require.NoError(t, a.qp.PostSend(SendWR{WRID: 1, Opcode: OpRDMAWrite, SGL: sge(smr, 0, len(src)),
+		Flags: SendSignaled, RemoteAddr: dmr.Addr(), RKey: dmr.RKey()}))
+	wc := wait(t, a.scq)
+	require.Equal(t, WCSuccess, wc.Status, wc.Detail)
+	require.Equal(t, src, dmr.mem)
+}

@@ -94,7 +94,33 @@ func (qp *QP) State() QPState {
 
 // PSN returns the first PSN the QP sends (random, as rdma_cm picks it): the peer's
 // Remote.PSN.
-func (qp *QP) PSN() uint32 { return qp.psn }
+func (qp *QP) PSN() uint32 {
+	qp.mu.Lock()
+	defer qp.mu.Unlock()
+	return qp.psn
+}
+
+// Config returns the QP's configuration, its defaults filled in (the capabilities
+// ibv_create_qp and ibv_query_qp report).
+func (qp *QP) Config() QPConfig { return qp.cfg }
+
+// SetSendPSN sets the first PSN the QP sends (ibv_modify_qp's sq_psn), in place of the
+// one CreateQP drew, before the QP is connected.
+func (qp *QP) SetSendPSN(psn uint32) error {
+	if psn >= 1<<24 {
+		return wrap(ErrInvalidArgument, "PSN %#x wider than 24 bits", psn)
+	}
+	qp.mu.Lock()
+	defer qp.mu.Unlock()
+	if qp.destroyed {
+		return ErrClosed
+	}
+	if qp.port != nil {
+		return wrap(ErrQPState, "QP %d already connected: its send PSN is in use", qp.qpn)
+	}
+	qp.psn = psn
+	return nil
+}
 
 // Connect attaches port, the wire to the peer QP remote, and moves the QP from RESET
 // or INIT to RTS. The port's MTU is the path MTU. From then on the QP owns the port:

@@ -33,7 +33,7 @@ type QP struct {
 	unlistLocked func()
 	qpn          uint32
 	cfg          QPConfig
-	psn          uint32       // the first PSN this QP sends
+	psn          uint32       // the first PSN this QP sends (SetSendPSN writes it under mu)
 	rc           rcCounters   // the QP's RC events
 	sq           sendQueue    // posted by PostSend, processed and retired by the engine
 	st           atomic.Int32 // the state, for the engine's loop (written under mu)

@@ -355,3 +355,37 @@ func TestHostilePeer(t *testing.T) {
 		})
 	}
 }
+
+// TestConnectRoCE connects two QPs as verbs programs do: QP numbers and PSNs exchanged
+// by the application, each QP on its process's RoCEv2 endpoint at port 4791.
+func TestConnectRoCE(t *testing.T) {
+	a, b := newNode(t, Config{}), newNode(t, Config{})
+	ea, eb := netip.MustParseAddrPort("127.0.0.6:4791"), netip.MustParseAddrPort("127.0.0.7:4791")
+	require.NoError(t, a.qp.SetSendPSN(77))
+	require.NoError(t, b.qp.SetSendPSN(1<<24-1))
+	require.ErrorIs(t, a.qp.ConnectRoCE(ea, netip.MustParseAddrPort("[::1]:4791"), Remote{QPN: b.qp.QPNum(), PSN: b.qp.PSN()},
+		4096), ErrInvalidArgument, "a peer of another address family")
+	require.NoError(t, a.qp.ConnectRoCE(ea, netip.AddrPortFrom(eb.Addr(), 0), Remote{QPN: b.qp.QPNum(), PSN: b.qp.PSN()}, 1024))
+	require.NoError(t, b.qp.ConnectRoCE(eb, ea, Remote{QPN: a.qp.QPNum(), PSN: a.qp.PSN()}, 1024))
+	require.Equal(t, StateRTS, a.qp.State())
+
+	src, smr := a.region(t, 5000, rw)
+	dst, dmr := b.region(t, 5000, rw)
+	for i := range src {
+		src[i] = byte(i * 3)
+	}
+	require.NoError(t, b.qp.PostRecv(RecvWR{WRID: 9, SGL: sge(dmr, 0, len(dst))}))
+	require.NoError(t, a.qp.PostSend(SendWR{WRID: 1, Opcode: OpSend, SGL: sge(smr, 0, len(src)), Flags: SendSignaled}))
+	wc := wait(t, a.scq)
+	require.Equal(t, WCSuccess, wc.Status, wc.Detail)
+	wc = wait(t, b.rcq)
+	require.Equal(t, WCSuccess, wc.Status, wc.Detail)
+	require.Equal(t, uint32(len(src)), wc.ByteLen)
+	require.Equal(t, src, dst)
+	// and back, from the PSN b chose
+	require.NoError(t, b.qp.PostSend(SendWR{WRID: 2, Opcode: OpRDMAWrite, SGL: sge(dmr, 0, 100), Flags: SendSignaled,
+		RemoteAddr: smr.Addr() + 4000, RKey: smr.RKey()}))
+	wc = wait(t, b.scq)
+	require.Equal(t, WCSuccess, wc.Status, wc.Detail)
+	require.Equal(t, dst[:100], src[4000:4100])
+}

@@ -45,15 +45,22 @@ func Build(moduleDir, dir string) error {
 	}
 	defer func() { _ = os.RemoveAll(work) }() // scratch files; a leftover is harmless
 
-	src := filepath.Join(moduleDir, "verbs", "libibverbs")
-	obj := filepath.Join(work, "verbs.o")
-	if err := run(moduleDir, "gcc", "-c", "-O2", "-g", "-fPIC", "-fvisibility=hidden", "-Wall", "-Wextra", "-Werror",
-		"-o", obj, filepath.Join(src, "verbs.c")); err != nil {
-		return err
-	}
-	defined, err := definedSymbols(obj)
+	sources, err := filepath.Glob(filepath.Join(moduleDir, "verbs", "libibverbs", "*.c"))
 	if err != nil {
 		return err
+	}
+	var objs []string
+	defined := map[string]bool{}
+	for _, src := range sources {
+		obj := filepath.Join(work, strings.TrimSuffix(filepath.Base(src), ".c")+".o")
+		if err := run(moduleDir, "gcc", "-c", "-O2", "-g", "-fPIC", "-fvisibility=hidden", "-Wall", "-Wextra", "-Werror",
+			"-o", obj, src); err != nil {
+			return err
+		}
+		if err := exportedSymbols(obj, defined); err != nil {
+			return err
+		}
+		objs = append(objs, obj)
 	}
 	exported := map[string]bool{}
 	var names []string
@@ -63,7 +70,7 @@ func Build(moduleDir, dir string) error {
 	}
 	for name := range defined {
 		if !exported[name] {
-			return fmt.Errorf("verbs: verbs.c defines %s, which %s does not export", name, system)
+			return fmt.Errorf("verbs: libibverbs/*.c export %s, which %s does not", name, system)
 		}
 	}
 	headers, err := preprocessedHeaders()
@@ -78,33 +85,35 @@ func Build(moduleDir, dir string) error {
 	if err := os.WriteFile(script, abi.VersionScript(), 0o644); err != nil {
 		return err
 	}
-	if err := run(moduleDir, "gcc", "-shared", "-O2", "-fPIC", "-fvisibility=hidden", "-o", filepath.Join(dir, LibraryName),
-		obj, stubs, "-Wl,-soname,"+LibraryName, "-Wl,--version-script="+script, "-Wl,-z,now", "-Wl,--no-undefined",
-		"-ldl", "-lpthread"); err != nil {
+	args := append([]string{"-shared", "-O2", "-fPIC", "-fvisibility=hidden", "-o", filepath.Join(dir, LibraryName)}, objs...)
+	args = append(args, stubs, "-Wl,-soname,"+LibraryName, "-Wl,--version-script="+script, "-Wl,-z,now",
+		"-Wl,--no-undefined", "-ldl", "-lpthread")
+	if err := run(moduleDir, "gcc", args...); err != nil {
 		return err
 	}
 	return run(moduleDir, "go", "build", "-buildmode=c-shared", "-o", filepath.Join(dir, BackendName),
 		"./verbs/emu")
 }
 
-// definedSymbols lists the global symbols an object file defines.
-func definedSymbols(obj string) (map[string]bool, error) {
+// exportedSymbols adds to out the global symbols of default visibility an object
+// file defines.
+func exportedSymbols(obj string, out map[string]bool) error {
 	f, err := elf.Open(obj)
 	if err != nil {
-		return nil, err
+		return err
 	}
 	defer func() { _ = f.Close() }() // read only
 	syms, err := f.Symbols()
 	if err != nil {
-		return nil, err
+		return err
 	}
-	out := map[string]bool{}
 	for _, s := range syms {
-		if s.Section != elf.SHN_UNDEF && elf.ST_BIND(s.Info) == elf.STB_GLOBAL {
+		if s.Section != elf.SHN_UNDEF && elf.ST_BIND(s.Info) == elf.STB_GLOBAL &&
+			elf.ST_VISIBILITY(s.Other) == elf.STV_DEFAULT {
 			out[s.Name] = true
 		}
 	}
-	return out, nil
+	return nil
 }
 
 // preprocessedHeaders is the installed verbs.h as the compiler sees it, every header

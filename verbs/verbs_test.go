@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"compress/gzip"
 	"io"
+	"net"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -12,6 +13,7 @@ import (
 	"strings"
 	"sync"
 	"testing"
+	"time"
 
 	"github.com/stretchr/testify/require"
 )
@@ -236,4 +238,71 @@ func copyTests(t *testing.T, from, to string) {
 		}
 		require.NoError(t, os.WriteFile(filepath.Join(to, name), data, 0o644))
 	}
+}
+
+// freePort returns a TCP port nothing listens on now.
+func freePort(t *testing.T) string {
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	require.NoError(t, err)
+	defer func() { _ = ln.Close() }() // the port is what is wanted
+	return strconv.Itoa(ln.Addr().(*net.TCPAddr).Port)
+}
+
+// pingpong runs rdma-core's ibv_rc_pingpong, unmodified, as a server and a client
+// process, each on its own address (port 4791 each, as on two hosts).
+func pingpong(t *testing.T, dir string, args ...string) (server, client string, serverErr, clientErr error) {
+	t.Helper()
+	if _, err := exec.LookPath("ibv_rc_pingpong"); err != nil {
+		t.Skip("needs ibv_rc_pingpong (Debian: ibverbs-utils):", err)
+	}
+	port := freePort(t)
+	common := append([]string{"-d", "odpemu0", "-p", port}, args...)
+	srv := verbsCmd(dir, []string{"ODPEMU_ADDR=127.0.0.8"}, "ibv_rc_pingpong", common...)
+	var srvOut bytes.Buffer
+	srv.Stdout, srv.Stderr = &srvOut, &srvOut
+	require.NoError(t, srv.Start())
+	done := make(chan error, 1)
+	go func() { done <- srv.Wait() }()
+	// The client retries its TCP connection until the server listens.
+	var cliOut string
+	for i := 0; ; i++ {
+		cli := verbsCmd(dir, []string{"ODPEMU_ADDR=127.0.0.9"}, "ibv_rc_pingpong", append(common, "127.0.0.1")...)
+		cliOut, clientErr = output(cli)
+		if !strings.Contains(cliOut, "Couldn't connect to") || i == 50 {
+			break
+		}
+		select {
+		case serverErr = <-done:
+			return srvOut.String(), cliOut, serverErr, clientErr
+		case <-time.After(100 * time.Millisecond):
+		}
+	}
+	select {
+	case serverErr = <-done:
+	case <-time.After(30 * time.Second):
+		_ = srv.Process.Kill()
+		serverErr = <-done
+	}
+	return srvOut.String(), cliOut, serverErr, clientErr
+}
+
+// TestRCPingpong: rdma-core's ibv_rc_pingpong, unmodified, SENDs between two
+// processes over RoCEv2 on the emulated NIC, pinned memory.
+func TestRCPingpong(t *testing.T) {
+	dir := library(t)
+	for _, args := range [][]string{{"-g", "0", "-n", "200"}, {"-g", "0", "-n", "20", "-s", "65536", "-m", "4096"}} {
+		server, client, serr, cerr := pingpong(t, dir, args...)
+		require.NoError(t, cerr, "client %v:\n%s\nserver:\n%s", args, client, server)
+		require.NoError(t, serr, "server %v:\n%s\nclient:\n%s", args, server, client)
+		for _, out := range []string{server, client} {
+			require.Regexp(t, `\d+ bytes in [\d.]+ seconds`, out)
+			require.Regexp(t, `\d+ iters in [\d.]+ seconds`, out)
+		}
+	}
+	// Without -g the QPs have no GRH, which RoCE needs: the server's RTR fails (then
+	// the client's exchange with it), as on a RoCE NIC.
+	server, client, serr, cerr := pingpong(t, dir, "-n", "5")
+	require.Error(t, serr, server)
+	require.Contains(t, server, "Failed to modify QP to RTR")
+	require.Error(t, cerr, client)
 }

@@ -100,17 +100,17 @@ func odpemu_alloc_pd(h C.odpemu_handle, out *C.odpemu_handle) C.int {
 	if err != nil {
 		return errno(err)
 	}
-	*out = C.odpemu_handle(cgo.NewHandle(pd))
+	*out = C.odpemu_handle(cgo.NewHandle(&protectionDomain{pd: pd, dev: d}))
 	return 0
 }
 
 //export odpemu_dealloc_pd
 func odpemu_dealloc_pd(h C.odpemu_handle) C.int {
-	pd, ok := lookup[*odp.PD](h)
+	pd, ok := lookup[*protectionDomain](h)
 	if !ok {
 		return C.int(syscall.EINVAL)
 	}
-	if err := pd.Dealloc(); err != nil {
+	if err := pd.pd.Dealloc(); err != nil {
 		return errno(err)
 	}
 	cgo.Handle(h).Delete()

@@ -4,7 +4,8 @@
  * C library loads with dlopen the first time a program opens a device: a program that
  * only links libibverbs, or lists devices, never starts the Go runtime.
  *
- * Every function returns 0 or a positive errno value, and on failure may write a
+ * Every function returns 0 or a positive errno value (odpemu_poll_cq: the number of
+ * completions, or a negative errno value), and odpemu_open on failure writes a
  * message (NUL-terminated, at most errlen bytes) into err. Objects are named by
  * handles (odpemu_handle): opaque non-zero values the Go half hands out and takes back.
  */
@@ -34,12 +35,73 @@ struct odpemu_device_attr {
 	uint32_t active_mtu; /* bytes */
 };
 
+/* A scatter/gather element: struct ibv_sge's layout. */
+struct odpemu_sge {
+	uint64_t addr;
+	uint32_t length;
+	uint32_t lkey;
+};
+
+/* A send work request (struct ibv_send_wr's fields for RC). */
+struct odpemu_send_wr {
+	uint64_t wr_id;
+	uint32_t opcode; /* enum ibv_wr_opcode */
+	uint32_t flags;  /* enum ibv_send_flags */
+	uint32_t imm;    /* as the application gave it (network order) */
+	uint32_t rkey;
+	uint64_t remote_addr;
+	uint64_t compare_add, swap;
+	const struct odpemu_sge *sg_list;
+	uint32_t num_sge;
+};
+
+/* A work completion. */
+struct odpemu_wc {
+	uint64_t wr_id;
+	uint32_t status; /* enum ibv_wc_status */
+	uint32_t opcode; /* enum ibv_wc_opcode */
+	uint32_t byte_len;
+	uint32_t qp_num;
+	uint32_t wc_flags; /* enum ibv_wc_flags */
+	uint32_t imm;      /* network order, as ibv_wc.imm_data */
+};
+
+/* A QP's capabilities: asked for (0: the emulator's default), then as granted. */
+struct odpemu_qp_caps {
+	uint32_t max_send_wr, max_recv_wr, max_sge, max_inline_data;
+};
+
+/* What a QP needs to connect, from ibv_modify_qp's RTR and RTS attributes. */
+struct odpemu_connect {
+	uint32_t dest_qp_num;
+	uint32_t rq_psn; /* the first PSN the peer sends */
+	uint32_t sq_psn; /* the first PSN this QP sends */
+	uint32_t mtu;    /* the path MTU in bytes */
+	uint8_t dgid[16];
+	uint8_t min_rnr_timer, timeout, retry_cnt, rnr_retry;
+};
+
 /* The Go half's entry points, looked up by name with dlsym. */
 #define ODPEMU_BACKEND_FUNCS(X)                                                                  \
 	X(int, odpemu_open, (const char *name, const char *addr, odpemu_handle *dev,             \
 			     struct odpemu_device_attr *attr, char *err, size_t errlen))          \
 	X(int, odpemu_close, (odpemu_handle dev))                                                \
 	X(int, odpemu_alloc_pd, (odpemu_handle dev, odpemu_handle *pd))                           \
-	X(int, odpemu_dealloc_pd, (odpemu_handle pd))
+	X(int, odpemu_dealloc_pd, (odpemu_handle pd))                                            \
+	X(int, odpemu_reg_mr, (odpemu_handle pd, void *addr, size_t length, uint32_t access,       \
+			       odpemu_handle *mr, uint32_t *key))                                  \
+	X(int, odpemu_dereg_mr, (odpemu_handle mr))                                              \
+	X(int, odpemu_create_cq, (odpemu_handle dev, int depth, odpemu_handle *cq))               \
+	X(int, odpemu_destroy_cq, (odpemu_handle cq))                                            \
+	X(int, odpemu_poll_cq, (odpemu_handle cq, int n, struct odpemu_wc *wcs))                  \
+	X(int, odpemu_create_qp, (odpemu_handle pd, odpemu_handle send_cq, odpemu_handle recv_cq, \
+				  struct odpemu_qp_caps *caps, uint32_t sig_all, odpemu_handle *qp,   \
+				  uint32_t *qpn))                                                     \
+	X(int, odpemu_connect_qp, (odpemu_handle qp, const struct odpemu_connect *c))              \
+	X(int, odpemu_modify_qp_state, (odpemu_handle qp, uint32_t state))                        \
+	X(int, odpemu_destroy_qp, (odpemu_handle qp))                                            \
+	X(int, odpemu_post_send, (odpemu_handle qp, const struct odpemu_send_wr *wr))              \
+	X(int, odpemu_post_recv, (odpemu_handle qp, uint64_t wr_id, const struct odpemu_sge *sg,   \
+				  uint32_t num_sge))
 
 #endif

@@ -8,7 +8,8 @@
  *
  * Objects are the structures verbs.h defines, allocated here, each with the handle of
  * its Go counterpart (backend.h) after it. The Go half is loaded on the first
- * ibv_open_device. Every function defined here is exported; helpers are static.
+ * ibv_open_device. This file has devices, contexts, queries and PDs; qp.c has MRs,
+ * CQs and QPs.
  */
 #define _GNU_SOURCE
 #include <dlfcn.h>
@@ -26,10 +27,7 @@
 
 #include <infiniband/verbs.h>
 
-#include "backend.h"
-
-#define EXPORT __attribute__((visibility("default")))
-#define container_of(p, type, member) ((type *)((char *)(p) - offsetof(type, member)))
+#include "emu.h"
 
 /* rdma-core's private declarations (driver.h, not installed) of what programs import. */
 enum ibv_gid_type_sysfs {
@@ -88,11 +86,7 @@ static void init_device(void)
 }
 
 /* The Go half (backend.h), loaded once. */
-static struct {
-#define X(ret, name, args) ret(*name) args;
-	ODPEMU_BACKEND_FUNCS(X)
-#undef X
-} be;
+struct emu_backend be;
 static pthread_once_t be_once = PTHREAD_ONCE_INIT;
 static char be_err[PATH_MAX + 128];
 
@@ -161,6 +155,10 @@ struct emu_pd {
 	struct ibv_pd pd;
 	odpemu_handle h;
 };
+
+odpemu_handle emu_dev_handle(struct ibv_context *ctx) { return ectx(ctx)->dev; }
+
+odpemu_handle emu_pd_handle(struct ibv_pd *pd) { return container_of(pd, struct emu_pd, pd)->h; }
 
 EXPORT struct ibv_device **ibv_get_device_list(int *num_devices)
 {
@@ -442,6 +440,7 @@ EXPORT struct ibv_context *ibv_open_device(struct ibv_device *device)
 	c->vctx.sz = sizeof(struct verbs_context);
 	c->vctx.query_device_ex = emu_query_device_ex;
 	c->vctx.query_port = emu_query_port;
+	emu_set_qp_ops(ctx);
 	return ctx;
 }
 

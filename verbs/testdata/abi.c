@@ -6,6 +6,7 @@
  */
 #include <errno.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 
 #include <infiniband/verbs.h>
@@ -27,6 +28,65 @@ struct verbs_device_prefix {
 	struct ibv_device device;
 	const void *ops;
 };
+
+/* objects checks MRs, CQs and a QP's life before it connects. */
+static void objects(struct ibv_context *ctx, struct ibv_pd *pd)
+{
+	size_t len = 3 * 4096;
+	char *buf = aligned_alloc(4096, len);
+	/* perftest asks for relaxed ordering: an optional flag, ignored */
+	struct ibv_mr *mr = ibv_reg_mr(pd, buf, len, IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_RELAXED_ORDERING);
+	CHECK(mr && mr->addr == buf && mr->length == len && mr->lkey == mr->rkey && mr->pd == pd, "reg_mr: %s",
+	      strerror(errno));
+	CHECK(ibv_reg_mr_iova2(pd, buf, len, 0, IBV_ACCESS_LOCAL_WRITE) == NULL && errno == EOPNOTSUPP,
+	      "a zero-based MR is EOPNOTSUPP");
+	CHECK(ibv_dealloc_pd(pd) == EBUSY, "a PD with an MR is busy");
+
+	struct ibv_cq *cq = ibv_create_cq(ctx, 16, NULL, NULL, 0);
+	CHECK(cq && cq->cqe >= 16, "create_cq: %s", strerror(errno));
+	CHECK(ibv_create_cq(ctx, 0, NULL, NULL, 0) == NULL && errno == EINVAL, "a CQ of no entries");
+	struct ibv_wc wc;
+	CHECK(cq && ibv_poll_cq(cq, 1, &wc) == 0, "an empty CQ polls nothing");
+
+	struct ibv_qp_init_attr init = {.send_cq = cq, .recv_cq = cq, .qp_type = IBV_QPT_RC,
+					.cap = {.max_send_wr = 4, .max_recv_wr = 8, .max_send_sge = 1, .max_recv_sge = 2}};
+	struct ibv_qp *qp = cq ? ibv_create_qp(pd, &init) : NULL;
+	CHECK(qp && qp->state == IBV_QPS_RESET && qp->qp_num != 0, "create_qp: %s", strerror(errno));
+	CHECK(init.cap.max_send_wr >= 4 && init.cap.max_recv_wr >= 8 && init.cap.max_recv_sge >= 2, "granted caps");
+	struct ibv_qp_init_attr ud = init;
+	ud.qp_type = IBV_QPT_UD;
+	CHECK(ibv_create_qp(pd, &ud) == NULL && errno == EOPNOTSUPP, "a UD QP is EOPNOTSUPP");
+	if (qp) {
+		struct ibv_qp_attr a = {.qp_state = IBV_QPS_INIT, .port_num = 1};
+		CHECK(ibv_modify_qp(qp, &a, IBV_QP_STATE) == EINVAL, "INIT needs port, P_Key and access flags");
+		CHECK(ibv_modify_qp(qp, &a, IBV_QP_STATE | IBV_QP_PKEY_INDEX | IBV_QP_PORT | IBV_QP_ACCESS_FLAGS) == 0 &&
+			      qp->state == IBV_QPS_INIT,
+		      "to INIT");
+		struct ibv_qp_attr rtr = {.qp_state = IBV_QPS_RTR, .path_mtu = IBV_MTU_1024, .dest_qp_num = 1,
+					  .ah_attr = {.is_global = 0, .port_num = 1}};
+		int rtr_mask = IBV_QP_STATE | IBV_QP_AV | IBV_QP_PATH_MTU | IBV_QP_DEST_QPN | IBV_QP_RQ_PSN |
+			       IBV_QP_MAX_DEST_RD_ATOMIC | IBV_QP_MIN_RNR_TIMER;
+		CHECK(ibv_modify_qp(qp, &rtr, rtr_mask) == EINVAL && qp->state == IBV_QPS_INIT,
+		      "RTR without a GRH is EINVAL on RoCE");
+		struct ibv_sge sge = {.addr = (uintptr_t)buf, .length = 64, .lkey = mr ? mr->lkey : 0};
+		struct ibv_send_wr wr = {.wr_id = 1, .sg_list = &sge, .num_sge = 1, .opcode = IBV_WR_SEND}, *bad = NULL;
+		CHECK(ibv_post_send(qp, &wr, &bad) != 0 && bad == &wr, "a send in INIT fails at its WR");
+		struct ibv_recv_wr rwr = {.wr_id = 2, .sg_list = &sge, .num_sge = 1}, *rbad = NULL;
+		CHECK(ibv_post_recv(qp, &rwr, &rbad) == 0, "a receive in INIT is posted");
+		struct ibv_qp_attr q;
+		struct ibv_qp_init_attr qi;
+		CHECK(ibv_query_qp(qp, &q, IBV_QP_STATE | IBV_QP_CAP, &qi) == 0 && q.qp_state == IBV_QPS_INIT &&
+			      qi.cap.max_send_wr == init.cap.max_send_wr && qi.send_cq == cq,
+		      "query_qp");
+		CHECK(ibv_destroy_cq(cq) == EBUSY, "a CQ with a QP is busy");
+		CHECK(ibv_destroy_qp(qp) == 0, "destroy_qp");
+	}
+	if (cq)
+		CHECK(ibv_destroy_cq(cq) == 0, "destroy_cq");
+	if (mr)
+		CHECK(ibv_dereg_mr(mr) == 0, "dereg_mr");
+	free(buf);
+}
 
 int main(void)
 {
@@ -88,6 +148,7 @@ int main(void)
 	if (pd) {
 		CHECK(ibv_advise_mr(pd, IBV_ADVISE_MR_ADVICE_PREFETCH, 0, NULL, 0) == EOPNOTSUPP,
 		      "an op not offered yet is EOPNOTSUPP");
+		objects(ctx, pd);
 		CHECK(ibv_dealloc_pd(pd) == 0, "dealloc_pd");
 	}
 	CHECK(ibv_create_srq(NULL, NULL) == NULL && errno == EOPNOTSUPP, "a stub returning a pointer");

@@ -1,0 +1,224 @@
+package main
+
+/*
+#include "backend.h"
+*/
+import "C"
+
+import (
+	"net/netip"
+	"runtime/cgo"
+	"syscall"
+	"unsafe"
+
+	"github.com/odpemu/odpemu/odp"
+	"github.com/odpemu/odpemu/transport/roce"
+)
+
+// A QP as the verbs library holds it: the odp QP and the device it was created on.
+type queuePair struct {
+	qp  *odp.QP
+	dev *device
+}
+
+// A PD as the verbs library holds it: the odp PD and its device.
+type protectionDomain struct {
+	pd  *odp.PD
+	dev *device
+}
+
+//export odpemu_reg_mr
+func odpemu_reg_mr(h C.odpemu_handle, addr unsafe.Pointer, length C.size_t, access C.uint32_t, out *C.odpemu_handle,
+	key *C.uint32_t) C.int {
+	pd, ok := lookup[*protectionDomain](h)
+	if !ok {
+		return C.int(syscall.EINVAL)
+	}
+	if addr == nil || length == 0 {
+		return C.int(syscall.EINVAL)
+	}
+	mr, err := pd.pd.RegMR(unsafe.Slice((*byte)(addr), int(length)), odp.Access(access))
+	if err != nil {
+		return errno(err)
+	}
+	*out = C.odpemu_handle(cgo.NewHandle(mr))
+	*key = C.uint32_t(mr.LKey())
+	return 0
+}
+
+//export odpemu_dereg_mr
+func odpemu_dereg_mr(h C.odpemu_handle) C.int {
+	mr, ok := lookup[*odp.MR](h)
+	if !ok {
+		return C.int(syscall.EINVAL)
+	}
+	if err := mr.Dereg(); err != nil {
+		return errno(err)
+	}
+	cgo.Handle(h).Delete()
+	return 0
+}
+
+//export odpemu_create_cq
+func odpemu_create_cq(h C.odpemu_handle, depth C.int, out *C.odpemu_handle) C.int {
+	d, ok := lookup[*device](h)
+	if !ok {
+		return C.int(syscall.EINVAL)
+	}
+	cq, err := d.dev.CreateCQ(int(depth))
+	if err != nil {
+		return errno(err)
+	}
+	*out = C.odpemu_handle(cgo.NewHandle(cq))
+	return 0
+}
+
+//export odpemu_destroy_cq
+func odpemu_destroy_cq(h C.odpemu_handle) C.int {
+	cq, ok := lookup[*odp.CQ](h)
+	if !ok {
+		return C.int(syscall.EINVAL)
+	}
+	if err := cq.Destroy(); err != nil {
+		return errno(err)
+	}
+	cgo.Handle(h).Delete()
+	return 0
+}
+
+// odpemu_poll_cq returns how many completions it wrote into wcs, or a negative errno
+// value.
+//
+//export odpemu_poll_cq
+func odpemu_poll_cq(h C.odpemu_handle, n C.int, out *C.struct_odpemu_wc) C.int {
+	cq, ok := lookup[*odp.CQ](h)
+	if !ok || n < 0 {
+		return -C.int(syscall.EINVAL)
+	}
+	var buf [16]odp.WC
+	wcs := unsafe.Slice(out, int(n))
+	done := 0
+	for done < len(wcs) {
+		k, err := cq.Poll(buf[:min(len(buf), len(wcs)-done)])
+		for _, wc := range buf[:k] {
+			wcs[done] = C.struct_odpemu_wc{wr_id: C.uint64_t(wc.WRID), status: C.uint32_t(wc.Status),
+				opcode: C.uint32_t(wc.Opcode), byte_len: C.uint32_t(wc.ByteLen), qp_num: C.uint32_t(wc.QPNum),
+				wc_flags: C.uint32_t(wc.Flags), imm: C.uint32_t(wc.ImmData)}
+			done++
+		}
+		if err != nil {
+			if done > 0 {
+				return C.int(done)
+			}
+			return -errno(err)
+		}
+		if k < len(buf) {
+			break
+		}
+	}
+	return C.int(done)
+}
+
+//export odpemu_create_qp
+func odpemu_create_qp(h, sendCQ, recvCQ C.odpemu_handle, caps *C.struct_odpemu_qp_caps, sigAll C.uint32_t,
+	out *C.odpemu_handle, qpn *C.uint32_t) C.int {
+	pd, ok := lookup[*protectionDomain](h)
+	scq, ok1 := lookup[*odp.CQ](sendCQ)
+	rcq, ok2 := lookup[*odp.CQ](recvCQ)
+	if !ok || !ok1 || !ok2 {
+		return C.int(syscall.EINVAL)
+	}
+	qp, err := pd.pd.CreateQP(odp.QPConfig{SendCQ: scq, RecvCQ: rcq, MaxSendWR: int(caps.max_send_wr),
+		MaxRecvWR: int(caps.max_recv_wr), MaxSGE: int(caps.max_sge), MaxInlineData: int(caps.max_inline_data),
+		SigAll: sigAll != 0})
+	if err != nil {
+		return errno(err)
+	}
+	got := qp.Config()
+	*caps = C.struct_odpemu_qp_caps{max_send_wr: C.uint32_t(got.MaxSendWR), max_recv_wr: C.uint32_t(got.MaxRecvWR),
+		max_sge: C.uint32_t(got.MaxSGE), max_inline_data: C.uint32_t(got.MaxInlineData)}
+	*out = C.odpemu_handle(cgo.NewHandle(&queuePair{qp: qp, dev: pd.dev}))
+	*qpn = C.uint32_t(qp.QPNum())
+	return 0
+}
+
+// odpemu_connect_qp connects a QP as ibv_modify_qp to RTS does after RTR: to the peer
+// QP at the address its GID holds, port 4791, from this device's address.
+//
+//export odpemu_connect_qp
+func odpemu_connect_qp(h C.odpemu_handle, c *C.struct_odpemu_connect) C.int {
+	q, ok := lookup[*queuePair](h)
+	if !ok {
+		return C.int(syscall.EINVAL)
+	}
+	var gid [16]byte
+	for i := range gid {
+		gid[i] = byte(c.dgid[i])
+	}
+	peer := netip.AddrFrom16(gid)
+	if !peer.Is4In6() {
+		return C.int(syscall.EINVAL) // RoCEv2 over IPv4 only: an IPv4-mapped GID
+	}
+	if err := q.qp.SetSendPSN(uint32(c.sq_psn)); err != nil {
+		return errno(err)
+	}
+	attr := odp.QPAttr{MinRNRTimer: uint8(c.min_rnr_timer), Timeout: uint8(c.timeout), RetryCnt: uint8(c.retry_cnt),
+		RNRRetry: uint8(c.rnr_retry)}
+	if err := q.qp.ModifyAttr(attr, odp.AttrMinRNRTimer|odp.AttrTimeout|odp.AttrRetryCnt|odp.AttrRNRRetry); err != nil {
+		return errno(err)
+	}
+	err := q.qp.ConnectRoCE(netip.AddrPortFrom(q.dev.addr, roce.UDPPort), netip.AddrPortFrom(peer.Unmap(), roce.UDPPort),
+		odp.Remote{QPN: uint32(c.dest_qp_num), PSN: uint32(c.rq_psn)}, int(c.mtu))
+	return errno(err)
+}
+
+//export odpemu_modify_qp_state
+func odpemu_modify_qp_state(h C.odpemu_handle, state C.uint32_t) C.int {
+	q, ok := lookup[*queuePair](h)
+	if !ok {
+		return C.int(syscall.EINVAL)
+	}
+	return errno(q.qp.Modify(odp.QPState(state)))
+}
+
+//export odpemu_destroy_qp
+func odpemu_destroy_qp(h C.odpemu_handle) C.int {
+	q, ok := lookup[*queuePair](h)
+	if !ok {
+		return C.int(syscall.EINVAL)
+	}
+	if err := q.qp.Destroy(); err != nil {
+		return errno(err)
+	}
+	cgo.Handle(h).Delete()
+	return 0
+}
+
+// sgl is the C SGL as odp's, without a copy: the layouts agree (TestSGELayout), and
+// odp copies a work request's SGL when it is posted.
+func sgl(sg *C.struct_odpemu_sge, n C.uint32_t) []odp.SGE {
+	if n == 0 || sg == nil {
+		return nil
+	}
+	return unsafe.Slice((*odp.SGE)(unsafe.Pointer(sg)), int(n))
+}
+
+//export odpemu_post_send
+func odpemu_post_send(h C.odpemu_handle, wr *C.struct_odpemu_send_wr) C.int {
+	q, ok := lookup[*queuePair](h)
+	if !ok {
+		return C.int(syscall.EINVAL)
+	}
+	return errno(q.qp.PostSend(odp.SendWR{WRID: uint64(wr.wr_id), Opcode: odp.Opcode(wr.opcode), Flags: odp.SendFlags(wr.flags),
+		SGL: sgl(wr.sg_list, wr.num_sge), RemoteAddr: uint64(wr.remote_addr), RKey: uint32(wr.rkey), Imm: uint32(wr.imm),
+		CompareAdd: uint64(wr.compare_add), Swap: uint64(wr.swap)}))
+}
+
+//export odpemu_post_recv
+func odpemu_post_recv(h C.odpemu_handle, wrID C.uint64_t, sg *C.struct_odpemu_sge, n C.uint32_t) C.int {
+	q, ok := lookup[*queuePair](h)
+	if !ok {
+		return C.int(syscall.EINVAL)
+	}
+	return errno(q.qp.PostRecv(odp.RecvWR{WRID: uint64(wrID), SGL: sgl(sg, n)}))
+}

@@ -1,0 +1,456 @@
+/*
+ * MRs, CQs and RC QPs of odpemu's libibverbs.so.1: the verbs objects over the Go
+ * half's (backend.h), and the data-path ops verbs.h's inline functions call
+ * (ibv_post_send, ibv_post_recv, ibv_poll_cq through ibv_context.ops).
+ */
+#define _GNU_SOURCE
+#include <errno.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include <infiniband/verbs.h>
+
+#include "emu.h"
+
+_Static_assert(sizeof(struct ibv_sge) == sizeof(struct odpemu_sge) &&
+		       offsetof(struct ibv_sge, length) == offsetof(struct odpemu_sge, length) &&
+		       offsetof(struct ibv_sge, lkey) == offsetof(struct odpemu_sge, lkey),
+	       "an ibv_sge is passed to the Go half as it is");
+
+struct emu_mr {
+	struct ibv_mr mr;
+	odpemu_handle h;
+};
+
+struct emu_cq {
+	struct ibv_cq cq;
+	odpemu_handle h;
+};
+
+/* A QP: as rdma-core's verbs_qp, an ibv_qp that is also the start of an ibv_qp_ex. */
+struct emu_qp {
+	union {
+		struct ibv_qp qp;
+		struct ibv_qp_ex qp_ex;
+	};
+	odpemu_handle h;
+	struct ibv_qp_cap cap;
+	int sq_sig_all;
+	struct ibv_qp_attr attr; /* the attributes modify_qp set, for query_qp */
+};
+
+/* Access flags a registration may ask for and the emulated NIC does not need: it
+ * ignores them, as rdma-core's ibv_reg_mr clears them for providers that do. */
+#define EMU_OPTIONAL_ACCESS IBV_ACCESS_OPTIONAL_RANGE
+
+static struct ibv_mr *reg_mr(struct ibv_pd *pd, void *addr, size_t length, uint64_t iova, unsigned int access)
+{
+	access &= ~EMU_OPTIONAL_ACCESS;
+	if (iova != (uintptr_t)addr) {
+		errno = EOPNOTSUPP; /* the emulated NIC addresses an MR by its virtual addresses */
+		return NULL;
+	}
+	if (!addr && (access & IBV_ACCESS_ON_DEMAND)) {
+		errno = EOPNOTSUPP; /* implicit ODP over the application's memory: not yet */
+		return NULL;
+	}
+	struct emu_mr *m = calloc(1, sizeof *m);
+	if (!m) {
+		errno = ENOMEM;
+		return NULL;
+	}
+	uint32_t key;
+	int e = be.odpemu_reg_mr(emu_pd_handle(pd), addr, length, access, &m->h, &key);
+	if (e) {
+		free(m);
+		errno = e;
+		return NULL;
+	}
+	m->mr.context = pd->context;
+	m->mr.pd = pd;
+	m->mr.addr = addr;
+	m->mr.length = length;
+	m->mr.handle = key;
+	m->mr.lkey = key;
+	m->mr.rkey = key;
+	return &m->mr;
+}
+
+#undef ibv_reg_mr
+EXPORT struct ibv_mr *ibv_reg_mr(struct ibv_pd *pd, void *addr, size_t length, int access)
+{
+	return reg_mr(pd, addr, length, (uintptr_t)addr, (unsigned int)access);
+}
+
+#undef ibv_reg_mr_iova
+EXPORT struct ibv_mr *ibv_reg_mr_iova(struct ibv_pd *pd, void *addr, size_t length, uint64_t iova, int access)
+{
+	return reg_mr(pd, addr, length, iova, (unsigned int)access);
+}
+
+EXPORT struct ibv_mr *ibv_reg_mr_iova2(struct ibv_pd *pd, void *addr, size_t length, uint64_t iova,
+				       unsigned int access)
+{
+	return reg_mr(pd, addr, length, iova, access);
+}
+
+EXPORT int ibv_dereg_mr(struct ibv_mr *mr)
+{
+	struct emu_mr *m = container_of(mr, struct emu_mr, mr);
+	int e = be.odpemu_dereg_mr(m->h);
+	if (e)
+		return e;
+	free(m);
+	return 0;
+}
+
+static int emu_poll_cq(struct ibv_cq *cq, int num_entries, struct ibv_wc *wc)
+{
+	struct emu_cq *c = container_of(cq, struct emu_cq, cq);
+	struct odpemu_wc buf[32];
+	int done = 0;
+	while (done < num_entries) {
+		int want = num_entries - done;
+		if (want > (int)(sizeof buf / sizeof buf[0]))
+			want = sizeof buf / sizeof buf[0];
+		int n = be.odpemu_poll_cq(c->h, want, buf);
+		if (n < 0)
+			return done ? done : -1; /* a CQ error: verbs' poll_cq returns < 0 */
+		for (int i = 0; i < n; i++) {
+			struct ibv_wc *w = &wc[done + i];
+			memset(w, 0, sizeof *w);
+			w->wr_id = buf[i].wr_id;
+			w->status = (enum ibv_wc_status)buf[i].status;
+			w->opcode = (enum ibv_wc_opcode)buf[i].opcode;
+			w->byte_len = buf[i].byte_len;
+			w->qp_num = buf[i].qp_num;
+			w->wc_flags = buf[i].wc_flags;
+			w->imm_data = htobe32(buf[i].imm);
+			w->pkey_index = 0;
+		}
+		done += n;
+		if (n < want)
+			break;
+	}
+	return done;
+}
+
+static int emu_req_notify_cq(struct ibv_cq *cq, int solicited_only)
+{
+	(void)cq, (void)solicited_only;
+	return EOPNOTSUPP; /* completion events: not yet */
+}
+
+EXPORT struct ibv_cq *ibv_create_cq(struct ibv_context *context, int cqe, void *cq_context,
+				    struct ibv_comp_channel *channel, int comp_vector)
+{
+	if (cqe < 1 || comp_vector < 0 || comp_vector >= context->num_comp_vectors) {
+		errno = EINVAL;
+		return NULL;
+	}
+	if (channel) {
+		errno = EOPNOTSUPP; /* completion events: not yet */
+		return NULL;
+	}
+	struct emu_cq *c = calloc(1, sizeof *c);
+	if (!c) {
+		errno = ENOMEM;
+		return NULL;
+	}
+	int e = be.odpemu_create_cq(emu_dev_handle(context), cqe, &c->h);
+	if (e) {
+		free(c);
+		errno = e;
+		return NULL;
+	}
+	c->cq.context = context;
+	c->cq.cq_context = cq_context;
+	c->cq.channel = channel;
+	c->cq.cqe = cqe;
+	c->cq.handle = (uint32_t)(uintptr_t)c;
+	pthread_mutex_init(&c->cq.mutex, NULL);
+	pthread_cond_init(&c->cq.cond, NULL);
+	return &c->cq;
+}
+
+EXPORT int ibv_destroy_cq(struct ibv_cq *cq)
+{
+	struct emu_cq *c = container_of(cq, struct emu_cq, cq);
+	int e = be.odpemu_destroy_cq(c->h);
+	if (e)
+		return e;
+	pthread_cond_destroy(&cq->cond);
+	pthread_mutex_destroy(&cq->mutex);
+	free(c);
+	return 0;
+}
+
+static int emu_post_send(struct ibv_qp *qp, struct ibv_send_wr *wr, struct ibv_send_wr **bad_wr)
+{
+	struct emu_qp *q = container_of(qp, struct emu_qp, qp);
+	for (; wr; wr = wr->next) {
+		struct odpemu_send_wr w = {
+			.wr_id = wr->wr_id,
+			.opcode = wr->opcode,
+			.flags = wr->send_flags,
+			.sg_list = (const struct odpemu_sge *)wr->sg_list,
+			.num_sge = wr->num_sge > 0 ? (uint32_t)wr->num_sge : 0,
+		};
+		if (wr->num_sge < 0) {
+			*bad_wr = wr;
+			return EINVAL;
+		}
+		switch (wr->opcode) {
+		case IBV_WR_RDMA_WRITE_WITH_IMM:
+		case IBV_WR_SEND_WITH_IMM:
+			w.imm = be32toh(wr->imm_data);
+			break;
+		default:
+			break;
+		}
+		switch (wr->opcode) {
+		case IBV_WR_RDMA_WRITE:
+		case IBV_WR_RDMA_WRITE_WITH_IMM:
+		case IBV_WR_RDMA_READ:
+			w.remote_addr = wr->wr.rdma.remote_addr;
+			w.rkey = wr->wr.rdma.rkey;
+			break;
+		case IBV_WR_ATOMIC_CMP_AND_SWP:
+		case IBV_WR_ATOMIC_FETCH_AND_ADD:
+			w.remote_addr = wr->wr.atomic.remote_addr;
+			w.rkey = wr->wr.atomic.rkey;
+			w.compare_add = wr->wr.atomic.compare_add;
+			w.swap = wr->wr.atomic.swap;
+			break;
+		default:
+			break;
+		}
+		int e = be.odpemu_post_send(q->h, &w);
+		if (e) {
+			*bad_wr = wr;
+			return e;
+		}
+	}
+	return 0;
+}
+
+static int emu_post_recv(struct ibv_qp *qp, struct ibv_recv_wr *wr, struct ibv_recv_wr **bad_wr)
+{
+	struct emu_qp *q = container_of(qp, struct emu_qp, qp);
+	for (; wr; wr = wr->next) {
+		int e = wr->num_sge < 0 ? EINVAL
+					: be.odpemu_post_recv(q->h, wr->wr_id, (const struct odpemu_sge *)wr->sg_list,
+							      (uint32_t)wr->num_sge);
+		if (e) {
+			*bad_wr = wr;
+			return e;
+		}
+	}
+	return 0;
+}
+
+void emu_set_qp_ops(struct ibv_context *ctx)
+{
+	ctx->ops.poll_cq = emu_poll_cq;
+	ctx->ops.req_notify_cq = emu_req_notify_cq;
+	ctx->ops.post_send = emu_post_send;
+	ctx->ops.post_recv = emu_post_recv;
+}
+
+EXPORT struct ibv_qp *ibv_create_qp(struct ibv_pd *pd, struct ibv_qp_init_attr *init)
+{
+	if (init->qp_type != IBV_QPT_RC || init->srq) {
+		errno = EOPNOTSUPP; /* RC QPs without an SRQ only */
+		return NULL;
+	}
+	if (!init->send_cq || !init->recv_cq) {
+		errno = EINVAL;
+		return NULL;
+	}
+	struct emu_qp *q = calloc(1, sizeof *q);
+	if (!q) {
+		errno = ENOMEM;
+		return NULL;
+	}
+	uint32_t sge = init->cap.max_send_sge > init->cap.max_recv_sge ? init->cap.max_send_sge : init->cap.max_recv_sge;
+	struct odpemu_qp_caps caps = {
+		.max_send_wr = init->cap.max_send_wr ? init->cap.max_send_wr : 1,
+		.max_recv_wr = init->cap.max_recv_wr ? init->cap.max_recv_wr : 1,
+		.max_sge = sge ? sge : 1,
+		.max_inline_data = init->cap.max_inline_data,
+	};
+	uint32_t qpn;
+	int e = be.odpemu_create_qp(emu_pd_handle(pd), container_of(init->send_cq, struct emu_cq, cq)->h,
+				    container_of(init->recv_cq, struct emu_cq, cq)->h, &caps, init->sq_sig_all != 0, &q->h,
+				    &qpn);
+	if (e) {
+		free(q);
+		errno = e;
+		return NULL;
+	}
+	q->cap = (struct ibv_qp_cap){.max_send_wr = caps.max_send_wr, .max_recv_wr = caps.max_recv_wr,
+				     .max_send_sge = caps.max_sge, .max_recv_sge = caps.max_sge,
+				     .max_inline_data = caps.max_inline_data};
+	init->cap = q->cap;
+	q->sq_sig_all = init->sq_sig_all;
+	struct ibv_qp *qp = &q->qp;
+	qp->context = pd->context;
+	qp->qp_context = init->qp_context;
+	qp->pd = pd;
+	qp->send_cq = init->send_cq;
+	qp->recv_cq = init->recv_cq;
+	qp->handle = qpn;
+	qp->qp_num = qpn;
+	qp->state = IBV_QPS_RESET;
+	qp->qp_type = IBV_QPT_RC;
+	pthread_mutex_init(&qp->mutex, NULL);
+	pthread_cond_init(&qp->cond, NULL);
+	q->attr.qp_state = IBV_QPS_RESET;
+	q->attr.cap = q->cap;
+	return qp;
+}
+
+EXPORT struct ibv_qp_ex *ibv_qp_to_qp_ex(struct ibv_qp *qp)
+{
+	(void)qp;
+	errno = EOPNOTSUPP; /* the ibv_wr_* API: not yet */
+	return NULL;
+}
+
+static int mtu_bytes(enum ibv_mtu m)
+{
+	return m >= IBV_MTU_256 && m <= IBV_MTU_4096 ? 128 << m : 0;
+}
+
+/* The attributes ibv_modify_qp needs for each RC transition, as the kernel checks them. */
+enum {
+	INIT_MASK = IBV_QP_STATE | IBV_QP_PKEY_INDEX | IBV_QP_PORT | IBV_QP_ACCESS_FLAGS,
+	RTR_MASK = IBV_QP_STATE | IBV_QP_AV | IBV_QP_PATH_MTU | IBV_QP_DEST_QPN | IBV_QP_RQ_PSN |
+		   IBV_QP_MAX_DEST_RD_ATOMIC | IBV_QP_MIN_RNR_TIMER,
+	RTS_MASK = IBV_QP_STATE | IBV_QP_SQ_PSN | IBV_QP_TIMEOUT | IBV_QP_RETRY_CNT | IBV_QP_RNR_RETRY |
+		   IBV_QP_MAX_QP_RD_ATOMIC,
+};
+
+/* save copies the attributes mask names into q->attr. */
+static void save(struct emu_qp *q, const struct ibv_qp_attr *a, int mask)
+{
+	struct ibv_qp_attr *s = &q->attr;
+	if (mask & IBV_QP_PKEY_INDEX)
+		s->pkey_index = a->pkey_index;
+	if (mask & IBV_QP_PORT)
+		s->port_num = a->port_num;
+	if (mask & IBV_QP_ACCESS_FLAGS)
+		s->qp_access_flags = a->qp_access_flags;
+	if (mask & IBV_QP_AV)
+		s->ah_attr = a->ah_attr;
+	if (mask & IBV_QP_PATH_MTU)
+		s->path_mtu = a->path_mtu;
+	if (mask & IBV_QP_DEST_QPN)
+		s->dest_qp_num = a->dest_qp_num;
+	if (mask & IBV_QP_RQ_PSN)
+		s->rq_psn = a->rq_psn;
+	if (mask & IBV_QP_MAX_DEST_RD_ATOMIC)
+		s->max_dest_rd_atomic = a->max_dest_rd_atomic;
+	if (mask & IBV_QP_MIN_RNR_TIMER)
+		s->min_rnr_timer = a->min_rnr_timer;
+	if (mask & IBV_QP_SQ_PSN)
+		s->sq_psn = a->sq_psn;
+	if (mask & IBV_QP_TIMEOUT)
+		s->timeout = a->timeout;
+	if (mask & IBV_QP_RETRY_CNT)
+		s->retry_cnt = a->retry_cnt;
+	if (mask & IBV_QP_RNR_RETRY)
+		s->rnr_retry = a->rnr_retry;
+	if (mask & IBV_QP_MAX_QP_RD_ATOMIC)
+		s->max_rd_atomic = a->max_rd_atomic;
+}
+
+EXPORT int ibv_modify_qp(struct ibv_qp *qp, struct ibv_qp_attr *attr, int mask)
+{
+	struct emu_qp *q = container_of(qp, struct emu_qp, qp);
+	if (!(mask & IBV_QP_STATE)) {
+		save(q, attr, mask); /* taken when the QP connects */
+		return 0;
+	}
+	enum ibv_qp_state to = attr->qp_state;
+	int e = 0;
+	switch (to) {
+	case IBV_QPS_INIT:
+		if (qp->state == IBV_QPS_RESET && (mask & INIT_MASK) != INIT_MASK)
+			return EINVAL;
+		if ((mask & IBV_QP_PORT) && attr->port_num != 1)
+			return EINVAL;
+		e = be.odpemu_modify_qp_state(q->h, IBV_QPS_INIT);
+		break;
+	case IBV_QPS_RTR:
+		if (qp->state != IBV_QPS_INIT || (mask & RTR_MASK) != RTR_MASK)
+			return EINVAL;
+		if (!attr->ah_attr.is_global || !mtu_bytes(attr->path_mtu))
+			return EINVAL; /* RoCE addresses by GID: a GRH is required */
+		break;		       /* the QP connects at RTS, when its send PSN is known */
+	case IBV_QPS_RTS:
+		if (qp->state == IBV_QPS_RTR) {
+			if ((mask & RTS_MASK) != RTS_MASK)
+				return EINVAL;
+			save(q, attr, mask);
+			struct odpemu_connect c = {
+				.dest_qp_num = q->attr.dest_qp_num,
+				.rq_psn = q->attr.rq_psn,
+				.sq_psn = q->attr.sq_psn,
+				.mtu = (uint32_t)mtu_bytes(q->attr.path_mtu),
+				.min_rnr_timer = q->attr.min_rnr_timer,
+				.timeout = q->attr.timeout,
+				.retry_cnt = q->attr.retry_cnt,
+				.rnr_retry = q->attr.rnr_retry,
+			};
+			memcpy(c.dgid, q->attr.ah_attr.grh.dgid.raw, sizeof c.dgid);
+			e = be.odpemu_connect_qp(q->h, &c);
+		} else {
+			e = be.odpemu_modify_qp_state(q->h, IBV_QPS_RTS); /* from SQD */
+		}
+		break;
+	default:
+		e = be.odpemu_modify_qp_state(q->h, to);
+		break;
+	}
+	if (e)
+		return e;
+	save(q, attr, mask);
+	q->attr.qp_state = to;
+	q->attr.cur_qp_state = to;
+	qp->state = to;
+	return 0;
+}
+
+EXPORT int ibv_query_qp(struct ibv_qp *qp, struct ibv_qp_attr *attr, int mask, struct ibv_qp_init_attr *init)
+{
+	(void)mask; /* every attribute is returned, as providers do */
+	struct emu_qp *q = container_of(qp, struct emu_qp, qp);
+	*attr = q->attr;
+	attr->qp_state = qp->state;
+	attr->cur_qp_state = qp->state;
+	attr->cap = q->cap;
+	attr->port_num = attr->port_num ? attr->port_num : 1;
+	memset(init, 0, sizeof *init);
+	init->qp_context = qp->qp_context;
+	init->send_cq = qp->send_cq;
+	init->recv_cq = qp->recv_cq;
+	init->cap = q->cap;
+	init->qp_type = IBV_QPT_RC;
+	init->sq_sig_all = q->sq_sig_all;
+	return 0;
+}
+
+EXPORT int ibv_destroy_qp(struct ibv_qp *qp)
+{
+	struct emu_qp *q = container_of(qp, struct emu_qp, qp);
+	int e = be.odpemu_destroy_qp(q->h);
+	if (e)
+		return e;
+	pthread_cond_destroy(&qp->cond);
+	pthread_mutex_destroy(&qp->mutex);
+	free(q);
+	return 0;
+}
