@@ -70,7 +70,26 @@ func (cq *CQ) Destroy() error {
 	if cq.users > 0 {
 		return wrap(ErrBusy, "CQ used by %d QPs", cq.users)
 	}
-	cq.dead = true
+	cq.dead, cq.armed = true, nil
 	cq.unlistLocked()
+	return nil
+}
+
+// RequestNotify arms the CQ, as ibv_req_notify_cq does: the next completion queued
+// after it calls notify, once, and disarms the CQ (completions already queued do not).
+// notify runs on the goroutine that queues the completion, under the CQ's lock: it
+// must return at once and call nothing of the CQ (a completion channel's write of an
+// event to a pipe is what it is for). Arming again before it fires replaces notify;
+// Destroy disarms.
+func (cq *CQ) RequestNotify(notify func()) error {
+	if notify == nil {
+		return wrap(ErrInvalidArgument, "RequestNotify without a function")
+	}
+	cq.mu.Lock()
+	defer cq.mu.Unlock()
+	if cq.dead {
+		return ErrClosed
+	}
+	cq.armed = notify
 	return nil
 }

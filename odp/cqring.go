@@ -18,6 +18,8 @@ type CQ struct {
 	overrun bool
 	users   int // QPs attached
 	dead    bool
+	// armed is called, once, for the next completion queued (RequestNotify).
+	armed func()
 }
 
 // push queues a completion; it reports false on overrun.
@@ -30,6 +32,10 @@ func (cq *CQ) push(wc WC) bool {
 	} else {
 		cq.overrun = true
 	}
+	if f := cq.armed; f != nil {
+		cq.armed = nil
+		f() // under CQ.mu: once Destroy returns, no notification is on its way
+	}
 	cq.mu.Unlock()
 	select {
 	case cq.notify <- struct{}{}:
@@ -41,7 +47,7 @@ func (cq *CQ) push(wc WC) bool {
 // killLocked marks the CQ destroyed, as Device.Close does. Called with Device.mu held.
 func (cq *CQ) killLocked() {
 	cq.mu.Lock()
-	cq.dead = true
+	cq.dead, cq.armed = true, nil
 	cq.mu.Unlock()
 }
 

@@ -58,7 +58,8 @@
 //	paging.Pager.rmu     the pager's region list (Alloc adds a region under space.mu)
 //	QP.mu                    a QP's state, queues and pending WRs
 //	CQ.mu                    a CQ's ring (completions are pushed under QP.mu; CreateQP
-//	                         and CQ.Destroy take it under Device.mu)
+//	                         and CQ.Destroy take it under Device.mu); an armed CQ's
+//	                         notification (RequestNotify) runs under it and takes nothing
 //
 // MRs over a shared file mapping (MapFile) are not registered with userfaultfd: their
 // faults populate the page cache with madvise and their DMA copies use

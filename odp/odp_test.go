@@ -6,6 +6,8 @@ import (
 	"errors"
 	"fmt"
 	"os"
+	"runtime"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -438,4 +440,44 @@ func TestSetSendPSN(t *testing.T) {
 	wc := wait(t, a.scq)
 	require.Equal(t, WCSuccess, wc.Status, wc.Detail)
 	require.Equal(t, src, dmr.mem)
+}
+
+// TestCQRequestNotify: an armed CQ calls its function for the next completion queued,
+// once; completions queued before arming do not; a destroyed CQ calls nothing.
+func TestCQRequestNotify(t *testing.T) {
+	a, b := pair(t, Config{})
+	src, smr := a.region(t, 4096, rw)
+	_, dmr := b.region(t, 4096, rw)
+	var calls atomic.Int32
+	write := func(id uint64) {
+		require.NoError(t, a.qp.PostSend(SendWR{WRID: id, Opcode: OpRDMAWrite, SGL: sge(smr, 0, len(src)),
+			Flags: SendSignaled, RemoteAddr: dmr.Addr(), RKey: dmr.RKey()}))
+	}
+	require.ErrorIs(t, a.scq.RequestNotify(nil), ErrInvalidArgument)
+	write(1) // queued before arming
+	queued := func() int {
+		a.scq.mu.Lock()
+		defer a.scq.mu.Unlock()
+		return a.scq.n
+	}
+	for queued() == 0 {
+		runtime.Gosched()
+	}
+	require.NoError(t, a.scq.RequestNotify(func() { calls.Add(1) }))
+	require.Equal(t, int32(0), calls.Load(), "a completion queued before arming")
+	write(2)
+	wait(t, a.scq)
+	wait(t, a.scq)
+	require.Equal(t, int32(1), calls.Load())
+	write(3) // not armed any more
+	wait(t, a.scq)
+	require.Equal(t, int32(1), calls.Load())
+
+	cq, err := a.dev.CreateCQ(4)
+	require.NoError(t, err)
+	require.NoError(t, cq.RequestNotify(func() { calls.Add(100) }))
+	require.NoError(t, cq.Destroy())
+	require.ErrorIs(t, cq.RequestNotify(func() {}), ErrClosed)
+	cq.push(WC{})
+	require.Equal(t, int32(1), calls.Load(), "a destroyed CQ notifies nobody")
 }

@@ -6,6 +6,7 @@ package main
 import "C"
 
 import (
+	"encoding/binary"
 	"net/netip"
 	"runtime/cgo"
 	"syscall"
@@ -117,6 +118,20 @@ func odpemu_poll_cq(h C.odpemu_handle, n C.int, out *C.struct_odpemu_wc) C.int {
 		}
 	}
 	return C.int(done)
+}
+
+// odpemu_req_notify_cq arms a CQ: the next completion writes event, 8 bytes, into fd
+// (a completion channel's pipe, non-blocking: a full pipe already holds events).
+//
+//export odpemu_req_notify_cq
+func odpemu_req_notify_cq(h C.odpemu_handle, fd C.int, event C.uint64_t) C.int {
+	cq, ok := lookup[*odp.CQ](h)
+	if !ok {
+		return C.int(syscall.EINVAL)
+	}
+	var b [8]byte
+	binary.NativeEndian.PutUint64(b[:], uint64(event))
+	return errno(cq.RequestNotify(func() { _, _ = syscall.Write(int(fd), b[:]) }))
 }
 
 //export odpemu_create_qp

@@ -94,6 +94,7 @@ struct odpemu_connect {
 	X(int, odpemu_create_cq, (odpemu_handle dev, int depth, odpemu_handle *cq))               \
 	X(int, odpemu_destroy_cq, (odpemu_handle cq))                                            \
 	X(int, odpemu_poll_cq, (odpemu_handle cq, int n, struct odpemu_wc *wcs))                  \
+	X(int, odpemu_req_notify_cq, (odpemu_handle cq, int fd, uint64_t event))                  \
 	X(int, odpemu_create_qp, (odpemu_handle pd, odpemu_handle send_cq, odpemu_handle recv_cq, \
 				  struct odpemu_qp_caps *caps, uint32_t sig_all, odpemu_handle *qp,   \
 				  uint32_t *qpn))                                                     \

@@ -5,10 +5,12 @@
  */
 #define _GNU_SOURCE
 #include <errno.h>
+#include <fcntl.h>
 #include <stddef.h>
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include <infiniband/verbs.h>
 
@@ -28,6 +30,76 @@ struct emu_cq {
 	struct ibv_cq cq;
 	odpemu_handle h;
 };
+
+/* A completion channel: a pipe. An armed CQ's next completion writes the CQ's
+ * address into it (the Go half does, non-blocking); ibv_get_cq_event reads it, as
+ * rdma-core reads the kernel's event from the channel's file. */
+struct emu_channel {
+	struct ibv_comp_channel ch; /* ch.fd is the read end */
+	int wr;
+};
+
+EXPORT struct ibv_comp_channel *ibv_create_comp_channel(struct ibv_context *context)
+{
+	struct emu_channel *c = calloc(1, sizeof *c);
+	if (!c) {
+		errno = ENOMEM;
+		return NULL;
+	}
+	int fds[2];
+	if (pipe2(fds, O_CLOEXEC)) {
+		int e = errno;
+		free(c);
+		errno = e;
+		return NULL;
+	}
+	/* The writer never blocks: a full pipe holds events enough to wake a reader. */
+	if (fcntl(fds[1], F_SETFL, O_NONBLOCK)) {
+		int e = errno;
+		close(fds[0]);
+		close(fds[1]);
+		free(c);
+		errno = e;
+		return NULL;
+	}
+	c->ch.context = context;
+	c->ch.fd = fds[0];
+	c->ch.refcnt = 0;
+	c->wr = fds[1];
+	return &c->ch;
+}
+
+EXPORT int ibv_destroy_comp_channel(struct ibv_comp_channel *channel)
+{
+	struct emu_channel *c = container_of(channel, struct emu_channel, ch);
+	if (channel->refcnt) {
+		errno = EBUSY;
+		return EBUSY;
+	}
+	close(c->ch.fd);
+	close(c->wr);
+	free(c);
+	return 0;
+}
+
+EXPORT int ibv_get_cq_event(struct ibv_comp_channel *channel, struct ibv_cq **cq, void **cq_context)
+{
+	uint64_t ev;
+	ssize_t n = read(channel->fd, &ev, sizeof ev);
+	if (n != (ssize_t)sizeof ev)
+		return -1; /* errno says why (EAGAIN on a non-blocking channel) */
+	*cq = (struct ibv_cq *)(uintptr_t)ev;
+	*cq_context = (*cq)->cq_context;
+	return 0;
+}
+
+EXPORT void ibv_ack_cq_events(struct ibv_cq *cq, unsigned int nevents)
+{
+	pthread_mutex_lock(&cq->mutex);
+	cq->comp_events_completed += nevents;
+	pthread_cond_signal(&cq->cond);
+	pthread_mutex_unlock(&cq->mutex);
+}
 
 /* A QP: as rdma-core's verbs_qp, an ibv_qp that is also the start of an ibv_qp_ex. */
 struct emu_qp {
@@ -139,8 +211,11 @@ static int emu_poll_cq(struct ibv_cq *cq, int num_entries, struct ibv_wc *wc)
 
 static int emu_req_notify_cq(struct ibv_cq *cq, int solicited_only)
 {
-	(void)cq, (void)solicited_only;
-	return EOPNOTSUPP; /* completion events: not yet */
+	(void)solicited_only; /* every completion is an event: no SEND is solicited here */
+	if (!cq->channel)
+		return 0; /* armed, with nowhere to report to */
+	struct emu_channel *ch = container_of(cq->channel, struct emu_channel, ch);
+	return be.odpemu_req_notify_cq(container_of(cq, struct emu_cq, cq)->h, ch->wr, (uint64_t)(uintptr_t)cq);
 }
 
 EXPORT struct ibv_cq *ibv_create_cq(struct ibv_context *context, int cqe, void *cq_context,
@@ -148,10 +223,6 @@ EXPORT struct ibv_cq *ibv_create_cq(struct ibv_context *context, int cqe, void *
 {
 	if (cqe < 1 || comp_vector < 0 || comp_vector >= context->num_comp_vectors) {
 		errno = EINVAL;
-		return NULL;
-	}
-	if (channel) {
-		errno = EOPNOTSUPP; /* completion events: not yet */
 		return NULL;
 	}
 	struct emu_cq *c = calloc(1, sizeof *c);
@@ -168,6 +239,8 @@ EXPORT struct ibv_cq *ibv_create_cq(struct ibv_context *context, int cqe, void *
 	c->cq.context = context;
 	c->cq.cq_context = cq_context;
 	c->cq.channel = channel;
+	if (channel)
+		channel->refcnt++;
 	c->cq.cqe = cqe;
 	c->cq.handle = (uint32_t)(uintptr_t)c;
 	pthread_mutex_init(&c->cq.mutex, NULL);
@@ -181,6 +254,8 @@ EXPORT int ibv_destroy_cq(struct ibv_cq *cq)
 	int e = be.odpemu_destroy_cq(c->h);
 	if (e)
 		return e;
+	if (cq->channel)
+		cq->channel->refcnt--;
 	pthread_cond_destroy(&cq->cond);
 	pthread_mutex_destroy(&cq->mutex);
 	free(c);

@@ -42,8 +42,12 @@ static void objects(struct ibv_context *ctx, struct ibv_pd *pd)
 	      "a zero-based MR is EOPNOTSUPP");
 	CHECK(ibv_dealloc_pd(pd) == EBUSY, "a PD with an MR is busy");
 
-	struct ibv_cq *cq = ibv_create_cq(ctx, 16, NULL, NULL, 0);
-	CHECK(cq && cq->cqe >= 16, "create_cq: %s", strerror(errno));
+	struct ibv_comp_channel *ch = ibv_create_comp_channel(ctx);
+	CHECK(ch && ch->fd >= 0, "create_comp_channel: %s", strerror(errno));
+	struct ibv_cq *cq = ibv_create_cq(ctx, 16, NULL, ch, 0);
+	CHECK(cq && cq->cqe >= 16 && cq->channel == ch, "create_cq: %s", strerror(errno));
+	CHECK(ibv_destroy_comp_channel(ch) == EBUSY, "a channel with a CQ is busy");
+	CHECK(cq && ibv_req_notify_cq(cq, 0) == 0, "req_notify_cq");
 	CHECK(ibv_create_cq(ctx, 0, NULL, NULL, 0) == NULL && errno == EINVAL, "a CQ of no entries");
 	struct ibv_wc wc;
 	CHECK(cq && ibv_poll_cq(cq, 1, &wc) == 0, "an empty CQ polls nothing");
@@ -83,6 +87,8 @@ static void objects(struct ibv_context *ctx, struct ibv_pd *pd)
 	}
 	if (cq)
 		CHECK(ibv_destroy_cq(cq) == 0, "destroy_cq");
+	if (ch)
+		CHECK(ibv_destroy_comp_channel(ch) == 0, "destroy_comp_channel");
 	if (mr)
 		CHECK(ibv_dereg_mr(mr) == 0, "dereg_mr");
 	free(buf);
