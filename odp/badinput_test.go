@@ -223,9 +223,11 @@ func TestBadWorkRequests(t *testing.T) {
 
 func TestBadRegistrations(t *testing.T) {
 	n := newNode(t, Config{})
-	heap := make([]byte, 1<<20)
-	_, err := n.pd.RegMR(heap, AccessLocalWrite|AccessOnDemand)
-	assert.ErrorIs(t, err, ErrNotMmapped, "Go heap memory for ODP")
+	gone, err := unix.Mmap(-1, 0, 2*ps, unix.PROT_READ|unix.PROT_WRITE, unix.MAP_PRIVATE|unix.MAP_ANONYMOUS)
+	require.NoError(t, err)
+	require.NoError(t, unix.Munmap(gone))
+	_, err = n.pd.RegMR(gone, AccessLocalWrite|AccessOnDemand)
+	assert.ErrorIs(t, err, ErrBadAddress, "ODP over memory no longer mapped")
 	buf, err := n.dev.Alloc(8192)
 	require.NoError(t, err)
 	_, err = n.pd.RegMR(buf[:0], AccessLocalWrite)

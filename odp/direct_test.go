@@ -4,6 +4,7 @@ import (
 	"fmt"
 	"math/rand/v2"
 	"runtime"
+	"strings"
 	"sync"
 	"testing"
 	"unsafe"
@@ -70,7 +71,10 @@ type directResult struct {
 // part old, part zero); no sentinel reaches the wire and no new mapping is written by
 // the NIC; the audit finds no stale DMA. Each WRITE fills each page with a value of
 // its own, never zero or the sentinel.
-func runDirect(t *testing.T, mode string, seed uint64, steps int, cfg Config) directResult {
+//
+// own puts the ODP region in memory the application mapped itself instead of a buffer
+// from Alloc.
+func runDirect(t *testing.T, mode string, seed uint64, steps int, cfg Config, own bool) directResult {
 	const pages = 64
 	const maxGone = 32
 	cfg.Audit = true
@@ -80,7 +84,16 @@ func runDirect(t *testing.T, mode string, seed uint64, steps int, cfg Config) di
 	// the same page, and one's check must not see the other's scatter in progress.
 	const maxBatch = 8
 	back, bmr := a.region(t, maxBatch*pages*ps, AccessLocalWrite)
-	dst, dmr := b.region(t, pages*ps, rw|AccessOnDemand)
+	var dst []byte
+	var dmr *MR
+	if own {
+		dst = anonymous(t, pages)
+		var err error
+		dmr, err = b.pd.RegMR(dst, rw|AccessOnDemand)
+		require.NoError(t, err)
+	} else {
+		dst, dmr = b.region(t, pages*ps, rw|AccessOnDemand)
+	}
 	base := addrOf(dst)
 	// Destinations for mremap, reserved up front so that nothing else lands there.
 	holes, err := unix.Mmap(-1, 0, maxGone*ps, unix.PROT_NONE, unix.MAP_PRIVATE|unix.MAP_ANONYMOUS)
@@ -314,11 +327,12 @@ func runDirect(t *testing.T, mode string, seed uint64, steps int, cfg Config) di
 // write into memory mapped where the MR's pages were.
 func TestDirectChangesUnderTraffic(t *testing.T) {
 	seed := stressSeed(t)
-	for _, mode := range []string{"madvise", "munmap", "mremap"} {
+	for _, mode := range []string{"madvise", "munmap", "mremap", "madvise/own", "munmap/own", "mremap/own"} {
 		for _, procs := range []int{1, 2} {
 			t.Run(fmt.Sprintf("%s/GOMAXPROCS=%d", mode, procs), func(t *testing.T) {
 				defer runtime.GOMAXPROCS(runtime.GOMAXPROCS(procs))
-				r := runDirect(t, mode, seed, 600, Config{FaultAround: 4})
+				m, own := strings.CutSuffix(mode, "/own") // own: the application's memory, not Alloc's
+				r := runDirect(t, m, seed, 600, Config{FaultAround: 4}, own)
 				st := r.st
 				t.Logf("seed %d: %d ops (%d refused), %d pages gone; events %d, audited DMAs %d, stale %d, faulted %d, torn and redone %d; gate: %d drains (mean %v, max %v), %d fault reads, %d events read with DMA in flight",
 					seed, r.ops, r.errors, r.gone, st.Events, st.AuditedDMAs, st.StaleDMAs, st.DMAFaults, st.TornDMAs,
@@ -332,7 +346,7 @@ func TestDirectChangesUnderTraffic(t *testing.T) {
 				// taken the mmap lock as the barrier passed. That is rare: at most one
 				// DMA in a hundred (one in 2663 was seen).
 				assert.LessOrEqual(t, st.TornDMAs*100, st.AuditedDMAs, "torn and redone DMAs")
-				if mode != "madvise" {
+				if m != "madvise" {
 					assert.NotZero(t, r.gone)
 				}
 			})

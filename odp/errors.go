@@ -19,8 +19,8 @@ var (
 	ErrQPState         = &verbsError{"operation not allowed in this QP state", unix.EINVAL}
 	ErrNotSupported    = &verbsError{"operation not supported", unix.EOPNOTSUPP}
 
-	// ErrNotMmapped: ODP registration needs memory from Device.Alloc (never the Go heap).
-	ErrNotMmapped = &verbsError{"ODP memory must come from Device.Alloc", unix.EFAULT}
+	// ErrNotMmapped: the memory is not a buffer from Device.Alloc (Discard needs one).
+	ErrNotMmapped = &verbsError{"memory is not a buffer from Device.Alloc", unix.EFAULT}
 	// ErrBadAddress: memory to register is not mapped, or not with the permissions the
 	// access flags need (ib_umem_get's EFAULT: pinning for write fails on read-only
 	// memory).

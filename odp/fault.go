@@ -59,7 +59,7 @@ func (mr *MR) faultWindow(lo, hi int, write, presentOnly bool) (int, error) {
 	switch {
 	case presentOnly:
 		err = d.as.pagemap.Read(addr, entries)
-	case mr.file != nil:
+	case mr.file != nil || mr.foreign:
 		err = d.as.pagemap.Populate(addr, entries, write)
 	case d.as.pager != nil:
 		// Paged memory has one installer, the CPU fault server's thread: an

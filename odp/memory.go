@@ -15,8 +15,8 @@ import (
 )
 
 // Alloc maps n bytes (rounded up to pages) of anonymous memory in the device's address
-// space, the only memory ODP regions accept; every device sharing the space can
-// register it. Pages are not touched: their first use faults. With paging
+// space, the memory whose ODP pages the emulator installs itself and can page out (see
+// RegMR for other memory); every device sharing the space can register it. Pages are not touched: their first use faults. With paging
 // (Config.Paging or a ResidentBudget) at most MaxPagedBuffers buffers of the space
 // are live at once: one more fails with ErrNoMemory, wrapping
 // pagefault.ErrRegionTable.

@@ -80,6 +80,9 @@ type MR struct {
 
 	// file is the file mapping an MR over one lies in (MapFile), pinned or ODP.
 	file *fileMap
+	// foreign: an ODP MR over memory the application mapped itself, not Alloc's
+	// (registerRangeLocked): registered for events only, faulted in with MADV_POPULATE.
+	foreign bool
 	// detached: a pinned file MR's copy of the pages the file let go of. Set under
 	// the table lock; read by DMAs without it (only ever set until Dereg).
 	detached atomic.Pointer[detachedPages]
@@ -213,6 +216,11 @@ func (mr *MR) Dereg() error {
 	s.regMu.Lock()
 	defer s.regMu.Unlock()
 	s.mu.Lock()
+	if mr.foreign {
+		s.releaseForeignLocked(mr.span(end))
+		s.mu.Unlock()
+		return nil
+	}
 	if mr.implicit {
 		for i, m := range s.implicitMRs {
 			if m == mr {

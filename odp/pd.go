@@ -50,8 +50,12 @@ func (pd *PD) dom() *domain {
 	return &pd.domain
 }
 
-// RegMR registers buf for NIC access. With AccessOnDemand buf must come from
-// Device.Alloc; otherwise any memory can be pinned (as ibv_reg_mr pins any mapping).
+// RegMR registers buf for NIC access: pinned, any memory (as ibv_reg_mr pins any
+// mapping), or with AccessOnDemand any anonymous memory of the process. A buffer from
+// Alloc then takes part in paging and the resident budget; other memory (malloc's,
+// the application's own mmap, the Go heap) is faulted in as hmm_range_fault does and
+// never evicted, and registering it changes nothing for the application's other data
+// in the same pages.
 func (pd *PD) RegMR(buf []byte, access Access) (*MR, error) { return pd.dom().regMR(buf, access) }
 
 // RegImplicitMR registers the whole address space on demand, as

@@ -25,18 +25,11 @@ func (mr *MR) registerODP(end uintptr, npages int) error {
 		return ErrClosed
 	}
 	s.mu.Lock()
-	if _, ok := s.bufferLocked(mr.start, uintptr(mr.length)); !ok {
+	if err := mr.registerRangeLocked(end); err != nil {
 		s.mu.Unlock()
 		d.mu.Unlock()
-		return wrap(ErrNotMmapped, "%#x+%d", mr.start, mr.length)
+		return err
 	}
-	if _, err := s.uffd.Register(mr.base, end-mr.base, pagefault.ModeMissing|pagefault.ModeWP); err != nil {
-		s.mu.Unlock()
-		d.mu.Unlock()
-		return fmt.Errorf("odp: register ODP range: %w", err)
-	}
-	s.odpRegs = append(s.odpRegs, mr.span(end))
-	s.syncEvictableLocked()
 	s.mu.Unlock()
 	key, ok := d.keys.alloc()
 	if !ok {
@@ -51,6 +44,50 @@ func (mr *MR) registerODP(end uintptr, npages int) error {
 	d.mu.Unlock()
 	mr.activateODP(end, t0)
 	return nil
+}
+
+// registerRangeLocked registers an ODP MR's pages with the userfaultfd. A buffer
+// from Alloc is registered for faults: the resolver installs its pages, and paging
+// works on them. Other memory, the application's own (malloc, its own mmap, the Go
+// heap), is registered for events only, with nothing write-protected, so that its
+// other data behaves as before (the CPU's faults stay the kernel's): what the
+// application unmaps, moves or discards still invalidates the NIC's entries, and a
+// network page fault populates the pages as hmm_range_fault does (MADV_POPULATE).
+// Called with space.mu held.
+func (mr *MR) registerRangeLocked(end uintptr) error {
+	s := mr.dev.as
+	span := mr.span(end)
+	if _, ok := s.bufferLocked(mr.start, uintptr(mr.length)); ok {
+		if _, err := s.uffd.Register(mr.base, end-mr.base, pagefault.ModeMissing|pagefault.ModeWP); err != nil {
+			return fmt.Errorf("odp: register ODP range: %w", err)
+		}
+		s.odpRegs = append(s.odpRegs, span)
+		s.syncEvictableLocked()
+		return nil
+	}
+	for _, b := range s.buffers {
+		if b.Overlaps(span) {
+			return wrap(ErrInvalidArgument, "%#x+%d spans a buffer from Alloc and other memory", mr.start, mr.length)
+		}
+	}
+	if _, err := s.uffd.Register(mr.base, end-mr.base, pagefault.ModeWP); err != nil {
+		// Not all anonymous memory this process maps (a file mapping, a hole, another
+		// address space's registration): the kernel's ib_umem_odp_get fails so too.
+		return wrap(ErrBadAddress, "ODP registration of %#x+%d: %v", mr.start, mr.length, err)
+	}
+	mr.foreign = true
+	s.foreignRegs = append(s.foreignRegs, span)
+	return nil
+}
+
+// releaseForeignLocked ends a foreign ODP MR's registration: its range leaves the
+// space's list and the pages no other foreign MR covers leave the userfaultfd.
+// Called with space.mu held.
+func (s *space) releaseForeignLocked(r interval.Range) {
+	s.foreignRegs = removeRange(s.foreignRegs, r)
+	for _, u := range interval.Uncovered(r, s.foreignRegs) {
+		_ = s.uffd.Unregister(u.Start, u.End-u.Start) // a part the application unmapped is not there to change
+	}
 }
 
 // activateODP subscribes a new ODP MR, registered from t0, to invalidations and maps
@@ -251,6 +288,10 @@ func (mr *MR) unregister(end uintptr) {
 	s := mr.dev.as
 	s.mu.Lock()
 	defer s.mu.Unlock()
+	if mr.foreign {
+		s.releaseForeignLocked(mr.span(end))
+		return
+	}
 	s.odpRegs = removeRange(s.odpRegs, mr.span(end))
 	s.syncEvictableLocked()
 	for _, r := range s.uncoveredLocked(mr.span(end)) {

@@ -47,6 +47,9 @@ type space struct {
 	files   []fileMap        // file mappings (MapFile), sorted by start
 	// fileRegs are the ranges of ODP MRs over file mappings, one per MR.
 	fileRegs []interval.Range
+	// foreignRegs are the ranges of ODP MRs over the application's own memory, one
+	// per MR (registered for events only; pages stay registered while one covers them).
+	foreignRegs []interval.Range
 	// implicitMRs are the implicit ODP MRs of all devices: while there is one, every
 	// buffer is registered for faults.
 	implicitMRs []remapper

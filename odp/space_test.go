@@ -106,5 +106,5 @@ func TestSpacesBySettings(t *testing.T) {
 	buf, err := a.dev.Alloc(ps)
 	require.NoError(t, err)
 	_, err = b.pd.RegMR(buf, rw|AccessOnDemand)
-	assert.ErrorIs(t, err, ErrNotMmapped)
+	assert.ErrorIs(t, err, ErrBadAddress)
 }

@@ -3,7 +3,9 @@
 // network page fault path, which never takes a CPU fault), and a CPU fault server that
 // serves application threads touching on-demand memory without needing a Go P.
 //
-// Only memory that odpemu mmaps itself may be registered; never the Go heap.
+// Only memory that odpemu mmaps itself may be registered for missing-page faults,
+// never the Go heap; any anonymous memory may be registered for events only (ModeWP
+// with nothing write-protected), which leaves its faults to the kernel.
 //
 // # Why CPU faults are served by a C thread
 //

@@ -287,12 +287,15 @@ func pingpong(t *testing.T, dir string, args ...string) (server, client string, 
 }
 
 // TestRCPingpong: rdma-core's ibv_rc_pingpong, unmodified, SENDs between two
-// processes over RoCEv2 on the emulated NIC, pinned memory, polling and with
+// processes over RoCEv2 on the emulated NIC, pinned and ODP, polling and with
 // completion events.
 func TestRCPingpong(t *testing.T) {
 	dir := library(t)
 	for _, args := range [][]string{{"-g", "0", "-n", "200"}, {"-g", "0", "-n", "20", "-s", "65536", "-m", "4096"},
-		{"-g", "0", "-n", "100", "-e"}} { // -e: completion channels
+		{"-g", "0", "-n", "100", "-e"},                                         // -e: completion channels
+		{"-g", "0", "-n", "100", "-o"},                                         // -o: ODP over its memalign'd buffer
+		{"-g", "0", "-n", "50", "-o", "-P", "-e", "-s", "65536", "-m", "4096"}, // -P: ibv_advise_mr prefetches it
+	} {
 		server, client, serr, cerr := pingpong(t, dir, args...)
 		require.NoError(t, cerr, "client %v:\n%s\nserver:\n%s", args, client, server)
 		require.NoError(t, serr, "server %v:\n%s\nclient:\n%s", args, server, client)

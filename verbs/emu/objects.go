@@ -60,6 +60,15 @@ func odpemu_dereg_mr(h C.odpemu_handle) C.int {
 	return 0
 }
 
+//export odpemu_advise_mr
+func odpemu_advise_mr(h C.odpemu_handle, advice, flags C.uint32_t, sg *C.struct_odpemu_sge, n C.uint32_t) C.int {
+	pd, ok := lookup[*protectionDomain](h)
+	if !ok {
+		return C.int(syscall.EINVAL)
+	}
+	return errno(pd.pd.AdviseMR(odp.Advice(advice), odp.AdviseFlags(flags), sgl(sg, n)))
+}
+
 //export odpemu_create_cq
 func odpemu_create_cq(h C.odpemu_handle, depth C.int, out *C.odpemu_handle) C.int {
 	d, ok := lookup[*device](h)

@@ -160,6 +160,13 @@ odpemu_handle emu_dev_handle(struct ibv_context *ctx) { return ectx(ctx)->dev; }
 
 odpemu_handle emu_pd_handle(struct ibv_pd *pd) { return container_of(pd, struct emu_pd, pd)->h; }
 
+static int emu_advise_mr(struct ibv_pd *pd, enum ibv_advise_mr_advice advice, uint32_t flags,
+			 struct ibv_sge *sg_list, uint32_t num_sge)
+{
+	_Static_assert(sizeof(struct ibv_sge) == sizeof(struct odpemu_sge), "an ibv_sge is an odpemu_sge");
+	return be.odpemu_advise_mr(emu_pd_handle(pd), advice, flags, (const struct odpemu_sge *)sg_list, num_sge);
+}
+
 EXPORT struct ibv_device **ibv_get_device_list(int *num_devices)
 {
 	pthread_once(&dev_once, init_device);
@@ -440,6 +447,7 @@ EXPORT struct ibv_context *ibv_open_device(struct ibv_device *device)
 	c->vctx.sz = sizeof(struct verbs_context);
 	c->vctx.query_device_ex = emu_query_device_ex;
 	c->vctx.query_port = emu_query_port;
+	c->vctx.advise_mr = emu_advise_mr;
 	emu_set_qp_ops(ctx);
 	return ctx;
 }

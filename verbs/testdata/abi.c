@@ -6,6 +6,7 @@
  */
 #include <errno.h>
 #include <stdio.h>
+#include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -41,6 +42,21 @@ static void objects(struct ibv_context *ctx, struct ibv_pd *pd)
 	CHECK(ibv_reg_mr_iova2(pd, buf, len, 0, IBV_ACCESS_LOCAL_WRITE) == NULL && errno == EOPNOTSUPP,
 	      "a zero-based MR is EOPNOTSUPP");
 	CHECK(ibv_dealloc_pd(pd) == EBUSY, "a PD with an MR is busy");
+	CHECK(ibv_advise_mr(pd, IBV_ADVISE_MR_ADVICE_PREFETCH, IB_UVERBS_ADVISE_MR_FLAG_FLUSH, NULL, 0) == EINVAL,
+	      "advise_mr of no SGE is EINVAL");
+
+	/* ODP over the application's own memory: the NIC faults pages in on demand,
+	 * and ibv_advise_mr prefetches them. */
+	char *odpbuf = aligned_alloc(4096, len);
+	struct ibv_mr *odp = ibv_reg_mr(pd, odpbuf + 100, len - 200, IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_ON_DEMAND);
+	CHECK(odp != NULL, "ODP reg_mr of malloc'd memory: %s", strerror(errno));
+	if (odp) {
+		struct ibv_sge s = {.addr = (uintptr_t)odpbuf + 100, .length = 4096, .lkey = odp->lkey};
+		CHECK(ibv_advise_mr(pd, IBV_ADVISE_MR_ADVICE_PREFETCH_WRITE, IB_UVERBS_ADVISE_MR_FLAG_FLUSH, &s, 1) == 0,
+		      "advise_mr prefetch");
+		CHECK(ibv_dereg_mr(odp) == 0, "dereg of the ODP MR");
+	}
+	free(odpbuf);
 
 	struct ibv_comp_channel *ch = ibv_create_comp_channel(ctx);
 	CHECK(ch && ch->fd >= 0, "create_comp_channel: %s", strerror(errno));
@@ -152,12 +168,12 @@ int main(void)
 	struct ibv_pd *pd = ibv_alloc_pd(ctx);
 	CHECK(pd && pd->context == ctx, "alloc_pd: %s", strerror(errno));
 	if (pd) {
-		CHECK(ibv_advise_mr(pd, IBV_ADVISE_MR_ADVICE_PREFETCH, 0, NULL, 0) == EOPNOTSUPP,
-		      "an op not offered yet is EOPNOTSUPP");
 		objects(ctx, pd);
 		CHECK(ibv_dealloc_pd(pd) == 0, "dealloc_pd");
 	}
 	CHECK(ibv_create_srq(NULL, NULL) == NULL && errno == EOPNOTSUPP, "a stub returning a pointer");
+	CHECK(ibv_reg_mr(NULL, NULL, SIZE_MAX, IBV_ACCESS_ON_DEMAND) == NULL && errno == EOPNOTSUPP,
+	      "implicit ODP is not offered yet");
 	CHECK(ibv_close_device(ctx) == 0, "close");
 	ibv_free_device_list(list);
 	if (failed)
