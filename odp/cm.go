@@ -99,6 +99,17 @@ func (qp *QP) Dial(ctx context.Context, addr string, cfg UDPConfig) ([]byte, err
 // before ibv_modify_qp to RTR and RTS. The path MTU is mtu (256..4096), or less if the
 // route's IP MTU holds less. qp is in RTS after.
 func (qp *QP) ConnectRoCE(local, peer netip.AddrPort, remote Remote, mtu int) error {
+	return qp.connectRoCE(local, peer, remote, mtu, StateRTS)
+}
+
+// AttachRoCE is ConnectRoCE into RTR, as ibv_modify_qp to RTR: the QP's responder
+// answers the peer from then on, and Modify(StateRTS) lets it send, from the PSN
+// SetSendPSN set meanwhile if the application chose one (ibv_modify_qp to RTS).
+func (qp *QP) AttachRoCE(local, peer netip.AddrPort, remote Remote, mtu int) error {
+	return qp.connectRoCE(local, peer, remote, mtu, StateRTR)
+}
+
+func (qp *QP) connectRoCE(local, peer netip.AddrPort, remote Remote, mtu int, to QPState) error {
 	ep, err := UDPConfig{Addr: local}.openEndpoint()
 	if err != nil {
 		return err
@@ -107,11 +118,12 @@ func (qp *QP) ConnectRoCE(local, peer netip.AddrPort, remote Remote, mtu int) er
 	if peer.Port() == 0 {
 		peer = netip.AddrPortFrom(peer.Addr(), roce.UDPPort)
 	}
-	return qp.attach(ep, peer, remote, mtu, 1<<31, roce.Loss{})
+	return qp.attach(ep, peer, remote, mtu, 1<<31, roce.Loss{}, to)
 }
 
-// attach connects qp through ep to the QP remote names at peer.
-func (qp *QP) attach(ep *roce.Endpoint, peer netip.AddrPort, remote Remote, mtu int, maxMsg uint32, loss roce.Loss) error {
+// attach connects qp through ep to the QP remote names at peer, into state to.
+func (qp *QP) attach(ep *roce.Endpoint, peer netip.AddrPort, remote Remote, mtu int, maxMsg uint32, loss roce.Loss,
+	to QPState) error {
 	// The path MTU fits both sides' offers and the route's IP MTU (each side asks
 	// its own route; routes between two hosts have the same MTU both ways).
 	route, err := roce.RouteMTU(ep.Addr(), peer)
@@ -123,7 +135,7 @@ func (qp *QP) attach(ep *roce.Endpoint, peer netip.AddrPort, remote Remote, mtu 
 	if err != nil {
 		return wrap(ErrInvalidArgument, "%v", err)
 	}
-	if err := qp.Connect(port, remote); err != nil {
+	if err := qp.connect(port, remote, to); err != nil {
 		_ = port.Close() // not connected: ours to close
 		return err
 	}
@@ -138,7 +150,7 @@ func (qp *QP) connectUDP(ep *roce.Endpoint, cm *roce.CM, cfg UDPConfig, local, r
 		maxMsg = 1 << 30
 	}
 	if err := qp.attach(ep, remote.Addr, Remote{QPN: remote.QPN, PSN: remote.PSN}, min(local.MTU, remote.MTU), maxMsg,
-		cfg.Loss); err != nil {
+		cfg.Loss, StateRTS); err != nil {
 		_ = cm.Disconnect() // tells the peer
 		return nil, err
 	}

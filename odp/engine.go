@@ -165,6 +165,17 @@ func (qp *QP) startLocked() {
 	go e.run()
 }
 
+// refresh takes what ModifyAttr and SetSendPSN changed into the requester: its retry
+// settings, and the first PSN while nothing was posted (SetSendPSN allows no later).
+func (e *engine) refresh() {
+	if g := e.qp.attrGen.Load(); g != e.attrGen {
+		e.attrGen = g
+		a := e.qp.Attr()
+		e.req.SetRetry(ackTimeout(a.Timeout), int(a.RetryCnt), int(a.RNRRetry))
+		e.req.SetFirstPSN(e.qp.PSN())
+	}
+}
+
 // maxRdAtomic is how many READs and atomics a responder keeps for their duplicates
 // (max_dest_rd_atomic), and how many a requester has outstanding at most
 // (max_rd_atomic), as on mlx5: a retransmission then always asks again for one the
@@ -212,11 +223,7 @@ func (e *engine) run() {
 		}
 		e.woken.Store(false)
 		e.now = time.Now()
-		if g := e.qp.attrGen.Load(); g != e.attrGen {
-			e.attrGen = g
-			a := e.qp.Attr()
-			e.req.SetRetry(ackTimeout(a.Timeout), int(a.RetryCnt), int(a.RNRRetry))
-		}
+		e.refresh()
 		e.faults()
 		if QPState(e.qp.st.Load()) == StateError && !e.errored {
 			e.toError()

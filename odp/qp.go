@@ -105,7 +105,7 @@ func (qp *QP) PSN() uint32 {
 func (qp *QP) Config() QPConfig { return qp.cfg }
 
 // SetSendPSN sets the first PSN the QP sends (ibv_modify_qp's sq_psn), in place of the
-// one CreateQP drew, before the QP is connected.
+// one CreateQP drew, before the QP can send: before it is connected, or in RTR.
 func (qp *QP) SetSendPSN(psn uint32) error {
 	if psn >= 1<<24 {
 		return wrap(ErrInvalidArgument, "PSN %#x wider than 24 bits", psn)
@@ -115,17 +115,21 @@ func (qp *QP) SetSendPSN(psn uint32) error {
 	if qp.destroyed {
 		return ErrClosed
 	}
-	if qp.port != nil {
-		return wrap(ErrQPState, "QP %d already connected: its send PSN is in use", qp.qpn)
+	if qp.port != nil && qp.state != StateRTR {
+		return wrap(ErrQPState, "QP %d in %v: its send PSN is in use", qp.qpn, qp.state)
 	}
 	qp.psn = psn
+	qp.attrGen.Add(1) // a started engine's requester takes it before its first post
 	return nil
 }
 
 // Connect attaches port, the wire to the peer QP remote, and moves the QP from RESET
 // or INIT to RTS. The port's MTU is the path MTU. From then on the QP owns the port:
 // Destroy closes it. If Connect fails, the caller keeps it.
-func (qp *QP) Connect(port roce.Port, remote Remote) error {
+func (qp *QP) Connect(port roce.Port, remote Remote) error { return qp.connect(port, remote, StateRTS) }
+
+// connect attaches port and starts the engine in state to (RTR or RTS).
+func (qp *QP) connect(port roce.Port, remote Remote, to QPState) error {
 	if remote.QPN >= 1<<24 || remote.PSN >= 1<<24 {
 		return wrap(ErrInvalidArgument, "remote QPN %#x or PSN %#x wider than 24 bits", remote.QPN, remote.PSN)
 	}
@@ -141,7 +145,7 @@ func (qp *QP) Connect(port roce.Port, remote Remote) error {
 		return wrap(ErrQPState, "connect in %v", qp.state)
 	}
 	qp.port, qp.remote = port, remote
-	qp.setStateLocked(StateRTS)
+	qp.setStateLocked(to)
 	qp.startLocked()
 	return nil
 }

@@ -21,6 +21,8 @@ import (
 func (e *engine) post() bool {
 	q := &e.qp.sq
 	tail := q.tail.Load()
+	// After the tail: a PostSend seen here follows the SetSendPSN and ModifyAttr before it.
+	e.refresh()
 	state := QPState(e.qp.st.Load())
 	busy := false
 	for e.sqNext < tail {

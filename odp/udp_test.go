@@ -357,17 +357,23 @@ func TestHostilePeer(t *testing.T) {
 }
 
 // TestConnectRoCE connects two QPs as verbs programs do: QP numbers and PSNs exchanged
-// by the application, each QP on its process's RoCEv2 endpoint at port 4791.
+// by the application, each QP on its process's RoCEv2 endpoint at port 4791, moved to
+// RTR (its responder answers from then on) and to RTS (it sends from the PSN the
+// application chose), or connected at once.
 func TestConnectRoCE(t *testing.T) {
 	a, b := newNode(t, Config{}), newNode(t, Config{})
 	ea, eb := netip.MustParseAddrPort("127.0.0.6:4791"), netip.MustParseAddrPort("127.0.0.7:4791")
-	require.NoError(t, a.qp.SetSendPSN(77))
-	require.NoError(t, b.qp.SetSendPSN(1<<24-1))
-	require.ErrorIs(t, a.qp.ConnectRoCE(ea, netip.MustParseAddrPort("[::1]:4791"), Remote{QPN: b.qp.QPNum(), PSN: b.qp.PSN()},
+	const pa, pb = 77, 1<<24 - 1
+	require.ErrorIs(t, a.qp.AttachRoCE(ea, netip.MustParseAddrPort("[::1]:4791"), Remote{QPN: b.qp.QPNum(), PSN: pb},
 		4096), ErrInvalidArgument, "a peer of another address family")
-	require.NoError(t, a.qp.ConnectRoCE(ea, netip.AddrPortFrom(eb.Addr(), 0), Remote{QPN: b.qp.QPNum(), PSN: b.qp.PSN()}, 1024))
-	require.NoError(t, b.qp.ConnectRoCE(eb, ea, Remote{QPN: a.qp.QPNum(), PSN: a.qp.PSN()}, 1024))
-	require.Equal(t, StateRTS, a.qp.State())
+	require.NoError(t, a.qp.AttachRoCE(ea, netip.AddrPortFrom(eb.Addr(), 0), Remote{QPN: b.qp.QPNum(), PSN: pb}, 1024))
+	require.Equal(t, StateRTR, a.qp.State())
+	require.ErrorIs(t, a.qp.PostSend(SendWR{Opcode: OpSend}), ErrQPState, "RTR cannot send")
+	require.NoError(t, a.qp.SetSendPSN(pa))
+	require.NoError(t, a.qp.Modify(StateRTS))
+	require.ErrorIs(t, a.qp.SetSendPSN(5), ErrQPState, "its PSN is in use in RTS")
+	// b stays in RTR, as perftest's server does: its responder answers.
+	require.NoError(t, b.qp.AttachRoCE(eb, ea, Remote{QPN: a.qp.QPNum(), PSN: pa}, 1024))
 
 	src, smr := a.region(t, 5000, rw)
 	dst, dmr := b.region(t, 5000, rw)
@@ -382,10 +388,22 @@ func TestConnectRoCE(t *testing.T) {
 	require.Equal(t, WCSuccess, wc.Status, wc.Detail)
 	require.Equal(t, uint32(len(src)), wc.ByteLen)
 	require.Equal(t, src, dst)
-	// and back, from the PSN b chose
+	// and back, from the PSN b chose in RTR
+	require.NoError(t, b.qp.SetSendPSN(pb))
+	require.NoError(t, b.qp.Modify(StateRTS))
 	require.NoError(t, b.qp.PostSend(SendWR{WRID: 2, Opcode: OpRDMAWrite, SGL: sge(dmr, 0, 100), Flags: SendSignaled,
 		RemoteAddr: smr.Addr() + 4000, RKey: smr.RKey()}))
 	wc = wait(t, b.scq)
 	require.Equal(t, WCSuccess, wc.Status, wc.Detail)
 	require.Equal(t, dst[:100], src[4000:4100])
+
+	// ConnectRoCE: both steps at once.
+	c, d := newNode(t, Config{}), newNode(t, Config{})
+	require.NoError(t, c.qp.ConnectRoCE(ea, eb, Remote{QPN: d.qp.QPNum(), PSN: d.qp.PSN()}, 4096))
+	require.NoError(t, d.qp.ConnectRoCE(eb, ea, Remote{QPN: c.qp.QPNum(), PSN: c.qp.PSN()}, 4096))
+	_, cmr := c.region(t, 4096, rw)
+	_, xmr := d.region(t, 4096, rw)
+	require.NoError(t, c.qp.PostSend(SendWR{WRID: 3, Opcode: OpRDMAWrite, SGL: sge(cmr, 0, 4096), Flags: SendSignaled,
+		RemoteAddr: xmr.Addr(), RKey: xmr.RKey()}))
+	require.Equal(t, WCSuccess, wait(t, c.scq).Status)
 }

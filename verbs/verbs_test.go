@@ -248,27 +248,28 @@ func freePort(t *testing.T) string {
 	return strconv.Itoa(ln.Addr().(*net.TCPAddr).Port)
 }
 
-// pingpong runs rdma-core's ibv_rc_pingpong, unmodified, as a server and a client
-// process, each on its own address (port 4791 each, as on two hosts).
-func pingpong(t *testing.T, dir string, args ...string) (server, client string, serverErr, clientErr error) {
+// serverClient runs a verbs program, unmodified, as a server and a client process
+// (the client's last argument: the server's host), each on its own address (port
+// 4791 each, as on two hosts). It skips the test when the program is missing.
+func serverClient(t *testing.T, dir, prog string, args ...string) (server, client string, serverErr, clientErr error) {
 	t.Helper()
-	if _, err := exec.LookPath("ibv_rc_pingpong"); err != nil {
-		t.Skip("needs ibv_rc_pingpong (Debian: ibverbs-utils):", err)
+	if _, err := exec.LookPath(prog); err != nil {
+		t.Skipf("needs %s: %v", prog, err)
 	}
 	port := freePort(t)
 	common := append([]string{"-d", "odpemu0", "-p", port}, args...)
-	srv := verbsCmd(dir, []string{"ODPEMU_ADDR=127.0.0.8"}, "ibv_rc_pingpong", common...)
+	srv := verbsCmd(dir, []string{"ODPEMU_ADDR=127.0.0.8"}, prog, common...)
 	var srvOut bytes.Buffer
 	srv.Stdout, srv.Stderr = &srvOut, &srvOut
 	require.NoError(t, srv.Start())
 	done := make(chan error, 1)
 	go func() { done <- srv.Wait() }()
-	// The client retries its TCP connection until the server listens.
+	// The client tries again until the server listens.
 	var cliOut string
 	for i := 0; ; i++ {
-		cli := verbsCmd(dir, []string{"ODPEMU_ADDR=127.0.0.9"}, "ibv_rc_pingpong", append(common, "127.0.0.1")...)
+		cli := verbsCmd(dir, []string{"ODPEMU_ADDR=127.0.0.9"}, prog, append(common, "127.0.0.1")...)
 		cliOut, clientErr = output(cli)
-		if !strings.Contains(cliOut, "Couldn't connect to") || i == 50 {
+		if !strings.Contains(cliOut, "Couldn't connect to") && !strings.Contains(cliOut, "Unable to open file descriptor") || i == 50 {
 			break
 		}
 		select {
@@ -284,6 +285,12 @@ func pingpong(t *testing.T, dir string, args ...string) (server, client string, 
 		serverErr = <-done
 	}
 	return srvOut.String(), cliOut, serverErr, clientErr
+}
+
+// pingpong runs rdma-core's ibv_rc_pingpong as a server and a client.
+func pingpong(t *testing.T, dir string, args ...string) (server, client string, serverErr, clientErr error) {
+	t.Helper()
+	return serverClient(t, dir, "ibv_rc_pingpong", args...)
 }
 
 // TestRCPingpong: rdma-core's ibv_rc_pingpong, unmodified, SENDs between two
@@ -310,4 +317,37 @@ func TestRCPingpong(t *testing.T) {
 	require.Error(t, serr, server)
 	require.Contains(t, server, "Failed to modify QP to RTR")
 	require.Error(t, cerr, client)
+}
+
+// TestPerftest: perftest's bandwidth tests, unmodified, between two processes: WRITE,
+// READ and SEND, pinned and ODP, atomics pinned, several QPs.
+func TestPerftest(t *testing.T) {
+	dir := library(t)
+	runs := []struct {
+		prog string
+		args []string
+	}{
+		{"ib_write_bw", []string{"-n", "200"}}, {"ib_write_bw", []string{"-n", "200", "--odp"}},
+		{"ib_write_bw", []string{"-n", "50", "-s", "1048576", "--odp"}}, {"ib_write_bw", []string{"-n", "100", "-q", "4"}},
+		{"ib_read_bw", []string{"-n", "200"}}, {"ib_read_bw", []string{"-n", "200", "--odp", "-s", "4096"}},
+		{"ib_send_bw", []string{"-n", "200"}}, {"ib_send_bw", []string{"-n", "200", "--odp"}},
+		{"ib_atomic_bw", []string{"-n", "200"}},
+	}
+	row := regexp.MustCompile(`(?m)^\s*(\d+)\s+(\d+)\s+([\d.]+)\s+([\d.]+)\s+([\d.]+)\s*$`)
+	for _, r := range runs {
+		args := append([]string{"-x", "0", "-F"}, r.args...)
+		server, client, serr, cerr := serverClient(t, dir, r.prog, args...)
+		require.NoError(t, cerr, "%s %v client:\n%s\nserver:\n%s", r.prog, r.args, client, server)
+		require.NoError(t, serr, "%s %v server:\n%s\nclient:\n%s", r.prog, r.args, server, client)
+		m := row.FindStringSubmatch(client)
+		require.NotNil(t, m, "%s %v: no results row:\n%s", r.prog, r.args, client)
+		avg, err := strconv.ParseFloat(m[4], 64)
+		require.NoError(t, err)
+		require.Positive(t, avg, "%s %v: BW average", r.prog, r.args)
+		t.Logf("%s %v: %s bytes, %s iterations, BW average %s MB/s", r.prog, r.args, m[1], m[2], m[4])
+	}
+	// perftest itself refuses atomics on ODP memory.
+	_, client, _, cerr := serverClient(t, dir, "ib_atomic_bw", "-x", "0", "-F", "-n", "10", "--odp")
+	require.Error(t, cerr)
+	require.Contains(t, client, "ODP does not support ATOMICS")
 }

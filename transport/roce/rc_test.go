@@ -440,3 +440,17 @@ func TestRequesterAckDuringGoBackN(t *testing.T) {
 	require.NoError(t, err)
 	assert.Equal(t, []uint32{11}, sendAll(t, q, now))
 }
+
+// TestRequesterSetFirstPSN: a requester nothing was posted to starts where it is told
+// (ibv_modify_qp's sq_psn after RTR); once a request is posted, its PSN stays.
+func TestRequesterSetFirstPSN(t *testing.T) {
+	q := NewRequester(RequesterConfig{MTU: 1024, FirstPSN: 10, Timeout: time.Millisecond, RetryCnt: 7, RNRRetry: 7})
+	require.True(t, q.SetFirstPSN(psnMask)) // wraps after the first packet
+	_, err := q.Post(Request{ID: 1, Kind: KindWrite, Length: 2048}, time.Unix(0, 0))
+	require.NoError(t, err)
+	tx, ok := q.Next(16)
+	require.True(t, ok)
+	require.Equal(t, uint32(psnMask), tx.Seg.PSN)
+	require.False(t, q.SetFirstPSN(5))
+	require.Equal(t, 2, q.InFlight())
+}

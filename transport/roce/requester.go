@@ -103,6 +103,7 @@ type Requester struct {
 	paused    bool // an RNR NAK came: nothing is sent until Resume
 	deadline  time.Time
 	failed    bool
+	posted    bool // a request was posted: the first PSN is in use
 	// confirmed is the PSN the responder last said it expects: the newest ACK's
 	// PSN + 1, or the PSN of the NAK that came last. A NAK may go back: a
 	// responder that answers RNR NAK expects that PSN again, and the NAK itself may
@@ -130,6 +131,19 @@ func NewRequester(cfg RequesterConfig) *Requester {
 
 // Stats returns the counters.
 func (q *Requester) Stats() RequesterStats { return q.stats }
+
+// SetFirstPSN makes a requester to which nothing was ever posted start at psn, as
+// ibv_modify_qp to RTS sets sq_psn of a QP whose responder RTR already started. It
+// reports false, changing nothing, once a request was posted.
+func (q *Requester) SetFirstPSN(psn uint32) bool {
+	if q.posted {
+		return false
+	}
+	psn &= psnMask
+	q.cfg.FirstPSN = psn
+	q.nextPSN, q.cursor, q.fresh, q.confirmed = psn, psn, psn, psn
+	return true
+}
 
 // Failed reports whether the requester is in the error state.
 func (q *Requester) Failed() bool { return q.failed }
@@ -195,6 +209,7 @@ func (q *Requester) Post(r Request, now time.Time) (Output, error) {
 		}
 		q.ring, q.head = grown, 0
 	}
+	q.posted = true
 	o := q.at(q.n)
 	*o = outstanding{Request: r, first: q.nextPSN}
 	o.last = (o.first + uint32(q.Span(&r)) - 1) & psnMask

@@ -166,11 +166,12 @@ func odpemu_create_qp(h, sendCQ, recvCQ C.odpemu_handle, caps *C.struct_odpemu_q
 	return 0
 }
 
-// odpemu_connect_qp connects a QP as ibv_modify_qp to RTS does after RTR: to the peer
-// QP at the address its GID holds, port 4791, from this device's address.
+// odpemu_rtr_qp moves a QP to RTR as ibv_modify_qp does: attached to the peer QP at
+// the address its GID holds, port 4791, from this device's address; its responder
+// answers from then on.
 //
-//export odpemu_connect_qp
-func odpemu_connect_qp(h C.odpemu_handle, c *C.struct_odpemu_connect) C.int {
+//export odpemu_rtr_qp
+func odpemu_rtr_qp(h C.odpemu_handle, c *C.struct_odpemu_connect) C.int {
 	q, ok := lookup[*queuePair](h)
 	if !ok {
 		return C.int(syscall.EINVAL)
@@ -183,17 +184,31 @@ func odpemu_connect_qp(h C.odpemu_handle, c *C.struct_odpemu_connect) C.int {
 	if !peer.Is4In6() {
 		return C.int(syscall.EINVAL) // RoCEv2 over IPv4 only: an IPv4-mapped GID
 	}
+	if err := q.qp.ModifyAttr(odp.QPAttr{MinRNRTimer: uint8(c.min_rnr_timer)}, odp.AttrMinRNRTimer); err != nil {
+		return errno(err)
+	}
+	err := q.qp.AttachRoCE(netip.AddrPortFrom(q.dev.addr, roce.UDPPort), netip.AddrPortFrom(peer.Unmap(), roce.UDPPort),
+		odp.Remote{QPN: uint32(c.dest_qp_num), PSN: uint32(c.rq_psn)}, int(c.mtu))
+	return errno(err)
+}
+
+// odpemu_rts_qp moves a QP from RTR to RTS as ibv_modify_qp does: it sends from
+// sq_psn, with the retry settings given.
+//
+//export odpemu_rts_qp
+func odpemu_rts_qp(h C.odpemu_handle, c *C.struct_odpemu_connect) C.int {
+	q, ok := lookup[*queuePair](h)
+	if !ok {
+		return C.int(syscall.EINVAL)
+	}
 	if err := q.qp.SetSendPSN(uint32(c.sq_psn)); err != nil {
 		return errno(err)
 	}
-	attr := odp.QPAttr{MinRNRTimer: uint8(c.min_rnr_timer), Timeout: uint8(c.timeout), RetryCnt: uint8(c.retry_cnt),
-		RNRRetry: uint8(c.rnr_retry)}
-	if err := q.qp.ModifyAttr(attr, odp.AttrMinRNRTimer|odp.AttrTimeout|odp.AttrRetryCnt|odp.AttrRNRRetry); err != nil {
+	attr := odp.QPAttr{Timeout: uint8(c.timeout), RetryCnt: uint8(c.retry_cnt), RNRRetry: uint8(c.rnr_retry)}
+	if err := q.qp.ModifyAttr(attr, odp.AttrTimeout|odp.AttrRetryCnt|odp.AttrRNRRetry); err != nil {
 		return errno(err)
 	}
-	err := q.qp.ConnectRoCE(netip.AddrPortFrom(q.dev.addr, roce.UDPPort), netip.AddrPortFrom(peer.Unmap(), roce.UDPPort),
-		odp.Remote{QPN: uint32(c.dest_qp_num), PSN: uint32(c.rq_psn)}, int(c.mtu))
-	return errno(err)
+	return errno(q.qp.Modify(odp.StateRTS))
 }
 
 //export odpemu_modify_qp_state

@@ -71,7 +71,9 @@ struct odpemu_qp_caps {
 	uint32_t max_send_wr, max_recv_wr, max_sge, max_inline_data;
 };
 
-/* What a QP needs to connect, from ibv_modify_qp's RTR and RTS attributes. */
+/* What a QP needs to connect, from ibv_modify_qp's RTR attributes (odpemu_rtr_qp:
+ * the peer, the path, the responder's side) and RTS attributes (odpemu_rts_qp: the
+ * requester's side). */
 struct odpemu_connect {
 	uint32_t dest_qp_num;
 	uint32_t rq_psn; /* the first PSN the peer sends */
@@ -100,7 +102,8 @@ struct odpemu_connect {
 	X(int, odpemu_create_qp, (odpemu_handle pd, odpemu_handle send_cq, odpemu_handle recv_cq, \
 				  struct odpemu_qp_caps *caps, uint32_t sig_all, odpemu_handle *qp,   \
 				  uint32_t *qpn))                                                     \
-	X(int, odpemu_connect_qp, (odpemu_handle qp, const struct odpemu_connect *c))              \
+	X(int, odpemu_rtr_qp, (odpemu_handle qp, const struct odpemu_connect *c))                  \
+	X(int, odpemu_rts_qp, (odpemu_handle qp, const struct odpemu_connect *c))                  \
 	X(int, odpemu_modify_qp_state, (odpemu_handle qp, uint32_t state))                        \
 	X(int, odpemu_destroy_qp, (odpemu_handle qp))                                            \
 	X(int, odpemu_post_send, (odpemu_handle qp, const struct odpemu_send_wr *wr))              \

@@ -464,24 +464,28 @@ EXPORT int ibv_modify_qp(struct ibv_qp *qp, struct ibv_qp_attr *attr, int mask)
 			return EINVAL;
 		if (!attr->ah_attr.is_global || !mtu_bytes(attr->path_mtu))
 			return EINVAL; /* RoCE addresses by GID: a GRH is required */
-		break;		       /* the QP connects at RTS, when its send PSN is known */
+		{
+			struct odpemu_connect c = {
+				.dest_qp_num = attr->dest_qp_num,
+				.rq_psn = attr->rq_psn,
+				.mtu = (uint32_t)mtu_bytes(attr->path_mtu),
+				.min_rnr_timer = attr->min_rnr_timer,
+			};
+			memcpy(c.dgid, attr->ah_attr.grh.dgid.raw, sizeof c.dgid);
+			e = be.odpemu_rtr_qp(q->h, &c);
+		}
+		break;
 	case IBV_QPS_RTS:
 		if (qp->state == IBV_QPS_RTR) {
 			if ((mask & RTS_MASK) != RTS_MASK)
 				return EINVAL;
-			save(q, attr, mask);
 			struct odpemu_connect c = {
-				.dest_qp_num = q->attr.dest_qp_num,
-				.rq_psn = q->attr.rq_psn,
-				.sq_psn = q->attr.sq_psn,
-				.mtu = (uint32_t)mtu_bytes(q->attr.path_mtu),
-				.min_rnr_timer = q->attr.min_rnr_timer,
-				.timeout = q->attr.timeout,
-				.retry_cnt = q->attr.retry_cnt,
-				.rnr_retry = q->attr.rnr_retry,
+				.sq_psn = attr->sq_psn,
+				.timeout = attr->timeout,
+				.retry_cnt = attr->retry_cnt,
+				.rnr_retry = attr->rnr_retry,
 			};
-			memcpy(c.dgid, q->attr.ah_attr.grh.dgid.raw, sizeof c.dgid);
-			e = be.odpemu_connect_qp(q->h, &c);
+			e = be.odpemu_rts_qp(q->h, &c);
 		} else {
 			e = be.odpemu_modify_qp_state(q->h, IBV_QPS_RTS); /* from SQD */
 		}
