@@ -481,3 +481,39 @@ func TestCQRequestNotify(t *testing.T) {
 	cq.push(WC{})
 	require.Equal(t, int32(1), calls.Load(), "a destroyed CQ notifies nobody")
 }
+
+// TestQPAccessFlags: a responder refuses what its QP's access flags do not allow,
+// whatever the MR allows, with an invalid request NAK (as rxe does); what they allow
+// goes on.
+func TestQPAccessFlags(t *testing.T) {
+	require.ErrorIs(t, newNode(t, Config{}).qp.ModifyAttr(QPAttr{Access: AccessOnDemand}, AttrAccess), ErrInvalidArgument)
+	for _, tc := range []struct {
+		allow Access
+		op    Opcode
+		ok    bool
+	}{
+		{AccessRemoteRead, OpRDMAWrite, false}, {AccessRemoteRead, OpRDMARead, true},
+		{AccessRemoteWrite, OpRDMARead, false}, {AccessLocalWrite | AccessRemoteWrite, OpRDMAWrite, true},
+		{AccessRemoteWrite | AccessRemoteRead, OpAtomicFetchAdd, false}, {AccessRemoteAtomic, OpAtomicFetchAdd, true},
+		{0, OpSend, true},
+	} {
+		a, b := pair(t, Config{})
+		require.NoError(t, b.qp.ModifyAttr(QPAttr{Access: tc.allow}, AttrAccess))
+		require.Equal(t, tc.allow, b.qp.Attr().Access)
+		_, smr := a.region(t, ps, rw)
+		_, dmr := b.region(t, ps, rw|AccessRemoteAtomic)
+		require.NoError(t, b.qp.PostRecv(RecvWR{WRID: 7, SGL: sge(dmr, 0, ps)}))
+		wr := SendWR{WRID: 1, Opcode: tc.op, SGL: sge(smr, 0, 64), Flags: SendSignaled, RemoteAddr: dmr.Addr(), RKey: dmr.RKey()}
+		if tc.op.atomic() {
+			wr.SGL = sge(smr, 0, 8)
+		}
+		require.NoError(t, a.qp.PostSend(wr))
+		wc := wait(t, a.scq)
+		if tc.ok {
+			require.Equal(t, WCSuccess, wc.Status, "%v with %v: %s", tc.op, tc.allow, wc.Detail)
+		} else {
+			require.Equal(t, WCRemInvReqErr, wc.Status, "%v with %v", tc.op, tc.allow)
+			require.Contains(t, b.qp.RespError(), "does not allow")
+		}
+	}
+}

@@ -59,6 +59,7 @@ func (pd *PD) CreateQP(cfg QPConfig) (*QP, error) {
 	}
 	qp := &QP{pd: &pd.domain, dev: &d.nic, qpn: nextQPN(), cfg: cfg, attr: DefaultQPAttr, done: make(chan struct{}),
 		psn: rand.Uint32() & (1<<24 - 1)}
+	qp.access.Store(uint32(DefaultQPAttr.Access))
 	qp.sq.slots = make([]wqe, cfg.MaxSendWR)
 	qp.rq.slots = make([]rqe, cfg.MaxRecvWR)
 	qp.unlistLocked = func() {
@@ -90,14 +91,6 @@ func (qp *QP) State() QPState {
 	qp.mu.Lock()
 	defer qp.mu.Unlock()
 	return qp.state
-}
-
-// PSN returns the first PSN the QP sends (random, as rdma_cm picks it): the peer's
-// Remote.PSN.
-func (qp *QP) PSN() uint32 {
-	qp.mu.Lock()
-	defer qp.mu.Unlock()
-	return qp.psn
 }
 
 // Config returns the QP's configuration, its defaults filled in (the capabilities
@@ -346,8 +339,10 @@ func (qp *QP) Destroy() error {
 // attribute bits. Values out of their fields' ranges fail with ErrInvalidArgument.
 func (qp *QP) ModifyAttr(attr QPAttr, mask QPAttrMask) error {
 	switch {
-	case mask&^(AttrMinRNRTimer|AttrRNRRetry|AttrTimeout|AttrRetryCnt) != 0:
+	case mask&^(AttrMinRNRTimer|AttrRNRRetry|AttrTimeout|AttrRetryCnt|AttrAccess) != 0:
 		return wrap(ErrInvalidArgument, "attribute mask %#x", uint32(mask))
+	case mask&AttrAccess != 0 && attr.Access&^(AccessLocalWrite|AccessRemoteWrite|AccessRemoteRead|AccessRemoteAtomic) != 0:
+		return wrap(ErrInvalidArgument, "QP access flags %v", attr.Access)
 	case mask&AttrMinRNRTimer != 0 && attr.MinRNRTimer > 31, mask&AttrTimeout != 0 && attr.Timeout > 31:
 		return wrap(ErrInvalidArgument, "timer encodings are 0..31")
 	case mask&AttrRNRRetry != 0 && attr.RNRRetry > 7, mask&AttrRetryCnt != 0 && attr.RetryCnt > 7:
@@ -373,6 +368,10 @@ func (qp *QP) ModifyAttr(attr QPAttr, mask QPAttrMask) error {
 	}
 	if mask&AttrRetryCnt != 0 {
 		qp.attr.RetryCnt = attr.RetryCnt
+	}
+	if mask&AttrAccess != 0 {
+		qp.attr.Access = attr.Access
+		qp.access.Store(uint32(attr.Access)) // the responder reads it per request
 	}
 	qp.attrGen.Add(1)
 	if qp.eng != nil {

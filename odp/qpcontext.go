@@ -42,7 +42,9 @@ type QP struct {
 	gone atomic.Bool
 	// attrGen counts ModifyAttr calls, for the engine to see new retry settings.
 	attrGen atomic.Uint64
-	wg      sync.WaitGroup // the connection manager watch
+	// access is attr.Access, for the responder's check of every request.
+	access atomic.Uint32
+	wg     sync.WaitGroup // the connection manager watch
 
 	attrMu sync.Mutex // orders ModifyAttr calls; taken before QP.mu
 
@@ -238,4 +240,12 @@ func (qp *QP) Attr() QPAttr {
 	qp.mu.Lock()
 	defer qp.mu.Unlock()
 	return qp.attr
+}
+
+// PSN returns the first PSN the QP sends (random, as rdma_cm picks it): the peer's
+// Remote.PSN.
+func (qp *QP) PSN() uint32 {
+	qp.mu.Lock()
+	defer qp.mu.Unlock()
+	return qp.psn
 }

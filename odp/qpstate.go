@@ -91,6 +91,12 @@ type QPAttr struct {
 	// the retransmissions it allows (lost packets, a lost peer).
 	Timeout  uint8
 	RetryCnt uint8
+	// Access is what the QP's responder accepts of the peer (ibv_qp_attr's
+	// qp_access_flags): AccessRemoteWrite, AccessRemoteRead, AccessRemoteAtomic. A
+	// request for another is refused with an invalid request NAK, as rxe refuses it,
+	// whatever its MR allows; SENDs are always accepted. AccessLocalWrite may be given
+	// and means nothing here.
+	Access Access
 }
 
 // QPAttrMask says which QPAttr fields ModifyAttr changes (ibv_qp_attr_mask's role).
@@ -102,6 +108,7 @@ const (
 	AttrRNRRetry
 	AttrTimeout
 	AttrRetryCnt
+	AttrAccess
 )
 
 // DefaultQPAttr are a new QP's attributes: a 0.64 ms RNR timer (encoding 12) and
@@ -111,7 +118,11 @@ const (
 // under the race detector, has gone without answering for longer than 7 times that,
 // so a lost peer is declared after about 8 s instead. Experiments on loss set
 // shorter timeouts.
-var DefaultQPAttr = QPAttr{MinRNRTimer: 12, RNRRetry: 7, Timeout: 18, RetryCnt: 7}
+//
+// A new QP accepts every remote operation its MRs allow; a verbs program restricts
+// that with qp_access_flags when it moves the QP to INIT.
+var DefaultQPAttr = QPAttr{MinRNRTimer: 12, RNRRetry: 7, Timeout: 18, RetryCnt: 7,
+	Access: AccessRemoteWrite | AccessRemoteRead | AccessRemoteAtomic}
 
 // RNRTimer decodes an RNR timer value (IBTA encoding, 0..31).
 func RNRTimer(enc uint8) time.Duration { return roce.RNRTimer(enc) }

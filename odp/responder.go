@@ -166,6 +166,9 @@ func (e *engine) placeRun(s *roce.Segment, v *roce.Verdict) bool {
 		if starts {
 			var off uint64
 			var why string
+			if !e.allows(s, AccessRemoteWrite) {
+				return true
+			}
 			if mr, off, why = e.qp.remoteMR(v.Msg.RKey, v.Msg.VA, uint64(v.Msg.Length), AccessRemoteWrite); mr == nil {
 				e.release(s)
 				e.refuse(e.resp.Fail(roce.SynNAKRemoteAccess), why)
@@ -352,9 +355,24 @@ func dmaOutcome(miss int, err error) fault {
 	return faultNone
 }
 
+// allows reports whether the QP's access flags (QPAttr.Access) allow a request that
+// needs need; if not, it refuses the request as rxe does, with an invalid request NAK
+// (the operation is not supported on this QP).
+func (e *engine) allows(s *roce.Segment, need Access) bool {
+	if Access(e.qp.access.Load())&need != 0 {
+		return true
+	}
+	e.release(s)
+	e.refuse(e.resp.Fail(roce.SynNAKInvalidRequest), fmt.Sprintf("QP %d does not allow %v", e.qp.qpn, need))
+	return false
+}
+
 // read takes a new READ: its MR is checked, its pages must be present (a READ is
 // not RNR NAKed: the responder waits for its fault), and its response is queued.
 func (e *engine) read(s *roce.Segment, v *roce.Verdict) bool {
+	if !e.allows(s, AccessRemoteRead) {
+		return true
+	}
 	mr, off, why := e.qp.remoteMR(v.Msg.RKey, v.Msg.VA, uint64(v.Msg.Length), AccessRemoteRead)
 	if mr == nil {
 		e.release(s)
@@ -375,6 +393,9 @@ func (e *engine) read(s *roce.Segment, v *roce.Verdict) bool {
 // atomic executes a compare-and-swap or fetch-and-add, once: a duplicate is
 // answered from its saved result.
 func (e *engine) atomic(s *roce.Segment, v *roce.Verdict) bool {
+	if !e.allows(s, AccessRemoteAtomic) {
+		return true
+	}
 	if v.Msg.VA%8 != 0 {
 		e.release(s)
 		e.refuse(e.resp.Fail(roce.SynNAKInvalidRequest), fmt.Sprintf("atomic at %#x is not 8-byte aligned", v.Msg.VA))

@@ -220,6 +220,18 @@ func odpemu_modify_qp_state(h C.odpemu_handle, state C.uint32_t) C.int {
 	return errno(q.qp.Modify(odp.QPState(state)))
 }
 
+// odpemu_set_qp_access sets what the QP's responder accepts (qp_access_flags).
+//
+//export odpemu_set_qp_access
+func odpemu_set_qp_access(h C.odpemu_handle, access C.uint32_t) C.int {
+	q, ok := lookup[*queuePair](h)
+	if !ok {
+		return C.int(syscall.EINVAL)
+	}
+	remote := odp.Access(access) & (odp.AccessRemoteWrite | odp.AccessRemoteRead | odp.AccessRemoteAtomic)
+	return errno(q.qp.ModifyAttr(odp.QPAttr{Access: remote}, odp.AttrAccess))
+}
+
 //export odpemu_destroy_qp
 func odpemu_destroy_qp(h C.odpemu_handle) C.int {
 	q, ok := lookup[*queuePair](h)

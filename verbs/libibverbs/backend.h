@@ -105,6 +105,7 @@ struct odpemu_connect {
 	X(int, odpemu_rtr_qp, (odpemu_handle qp, const struct odpemu_connect *c))                  \
 	X(int, odpemu_rts_qp, (odpemu_handle qp, const struct odpemu_connect *c))                  \
 	X(int, odpemu_modify_qp_state, (odpemu_handle qp, uint32_t state))                        \
+	X(int, odpemu_set_qp_access, (odpemu_handle qp, uint32_t access))                          \
 	X(int, odpemu_destroy_qp, (odpemu_handle qp))                                            \
 	X(int, odpemu_post_send, (odpemu_handle qp, const struct odpemu_send_wr *wr))              \
 	X(int, odpemu_post_recv, (odpemu_handle qp, uint64_t wr_id, const struct odpemu_sge *sg,   \

@@ -120,6 +120,11 @@ struct emu_qp {
 static struct ibv_mr *reg_mr(struct ibv_pd *pd, void *addr, size_t length, uint64_t iova, unsigned int access)
 {
 	access &= ~EMU_OPTIONAL_ACCESS;
+	if (access & (IBV_ACCESS_MW_BIND | IBV_ACCESS_ZERO_BASED)) {
+		errno = EOPNOTSUPP; /* no memory windows, no zero-based MRs */
+		return NULL;
+	}
+	access &= ~IBV_ACCESS_HUGETLB; /* a hint about the memory: the NIC's pages are 4 KiB anyway */
 	if (iova != (uintptr_t)addr) {
 		errno = EOPNOTSUPP; /* the emulated NIC addresses an MR by its virtual addresses */
 		return NULL;
@@ -445,6 +450,11 @@ static void save(struct emu_qp *q, const struct ibv_qp_attr *a, int mask)
 EXPORT int ibv_modify_qp(struct ibv_qp *qp, struct ibv_qp_attr *attr, int mask)
 {
 	struct emu_qp *q = container_of(qp, struct emu_qp, qp);
+	if (mask & IBV_QP_ACCESS_FLAGS) {
+		int e = be.odpemu_set_qp_access(q->h, attr->qp_access_flags);
+		if (e)
+			return e;
+	}
 	if (!(mask & IBV_QP_STATE)) {
 		save(q, attr, mask); /* taken when the QP connects */
 		return 0;
