@@ -14,7 +14,7 @@
 // libodpemu-verbs.so is Go (package emu, built with -buildmode=c-shared): the
 // emulator, loaded by the C half with dlopen when a program first opens a device.
 //
-// Build makes both; the command verbs/cmd/libibverbs runs it.
+// Build makes both; the command cmd/odpemu (odpemu run -- PROGRAM) runs it.
 package verbs
 
 import (

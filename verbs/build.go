@@ -18,8 +18,9 @@ const (
 // Build builds libibverbs.so.1 and libodpemu-verbs.so into dir, for the installed
 // rdma-core (SystemLibrary): the C half with gcc, its version script and stubs
 // generated from the installed library, the Go half with go build -buildmode=c-shared.
-// moduleDir is the odpemu module's root. A program then runs on the emulator with
-// LD_LIBRARY_PATH=dir.
+// moduleDir is the odpemu module's root (ModuleDir). A program then runs on the
+// emulator with LD_LIBRARY_PATH=dir. The files are replaced by rename: a program
+// running on the old ones keeps them.
 func Build(moduleDir, dir string) error {
 	moduleDir, err := filepath.Abs(moduleDir)
 	if err != nil {
@@ -85,14 +86,45 @@ func Build(moduleDir, dir string) error {
 	if err := os.WriteFile(script, abi.VersionScript(), 0o644); err != nil {
 		return err
 	}
-	args := append([]string{"-shared", "-O2", "-fPIC", "-fvisibility=hidden", "-o", filepath.Join(dir, LibraryName)}, objs...)
+	out, err := os.MkdirTemp(dir, ".build-")
+	if err != nil {
+		return err
+	}
+	defer func() { _ = os.RemoveAll(out) }() // empty after the renames, or a failed build's
+	args := append([]string{"-shared", "-O2", "-fPIC", "-fvisibility=hidden", "-o", filepath.Join(out, LibraryName)}, objs...)
 	args = append(args, stubs, "-Wl,-soname,"+LibraryName, "-Wl,--version-script="+script, "-Wl,-z,now",
 		"-Wl,--no-undefined", "-ldl", "-lpthread")
 	if err := run(moduleDir, "gcc", args...); err != nil {
 		return err
 	}
-	return run(moduleDir, "go", "build", "-buildmode=c-shared", "-o", filepath.Join(dir, BackendName),
-		"./verbs/emu")
+	if err := run(moduleDir, "go", "build", "-buildmode=c-shared", "-o", filepath.Join(out, BackendName),
+		"./verbs/emu"); err != nil {
+		return err
+	}
+	for _, name := range []string{BackendName, LibraryName} {
+		if err := os.Rename(filepath.Join(out, name), filepath.Join(dir, name)); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// ModuleDir returns the root of the odpemu module the go command finds from the
+// working directory: Build needs its sources.
+func ModuleDir() (string, error) {
+	gomod, err := exec.Command("go", "env", "GOMOD").Output()
+	if err != nil {
+		return "", fmt.Errorf("verbs: go env GOMOD: %w", err)
+	}
+	mod := strings.TrimSpace(string(gomod))
+	if mod == "" || mod == os.DevNull {
+		return "", fmt.Errorf("verbs: run inside the odpemu module: its sources are built")
+	}
+	dir := filepath.Dir(mod)
+	if _, err := os.Stat(filepath.Join(dir, "verbs", "libibverbs", "verbs.c")); err != nil {
+		return "", fmt.Errorf("verbs: %s is not the odpemu module: %w", dir, err)
+	}
+	return dir, nil
 }
 
 // exportedSymbols adds to out the global symbols of default visibility an object

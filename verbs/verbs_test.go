@@ -146,18 +146,25 @@ func TestABI(t *testing.T) {
 	out, err := exec.Command("gcc", "-Wall", "-Werror", "-o", bin, "testdata/abi.c", "-L"+dir,
 		"-l:"+LibraryName).CombinedOutput()
 	require.NoError(t, err, "%s", out)
-	got, err := output(verbsCmd(dir, nil, bin))
-	require.NoError(t, err, got)
-	require.Equal(t, "ok\n", got)
+	cmd := verbsCmd(dir, nil, bin)
+	var stderr bytes.Buffer
+	cmd.Stderr = &stderr
+	got, err := cmd.Output()
+	require.NoError(t, err, "%s%s", got, stderr.String())
+	require.Equal(t, "ok\n", string(got), stderr.String())
+	require.Contains(t, stderr.String(), "verbs in a forked child", "the child's open says why it fails")
 }
 
-// TestDevinfo: rdma-core's ibv_devinfo, unmodified, shows the emulated device.
+// TestDevinfo: rdma-core's ibv_devices and ibv_devinfo, unmodified, show the emulated device.
 func TestDevinfo(t *testing.T) {
 	dir := library(t)
 	if _, err := exec.LookPath("ibv_devinfo"); err != nil {
 		t.Skip("needs ibv_devinfo (Debian: ibverbs-utils):", err)
 	}
-	out, err := output(verbsCmd(dir, []string{"ODPEMU_ADDR=127.0.0.2"}, "ibv_devinfo", "-v"))
+	out, err := output(verbsCmd(dir, nil, "ibv_devices"))
+	require.NoError(t, err, out)
+	require.Regexp(t, `odpemu0\s+026f64ff7f000001`, out, "the device and its GUID")
+	out, err = output(verbsCmd(dir, []string{"ODPEMU_ADDR=127.0.0.2"}, "ibv_devinfo", "-v"))
 	require.NoError(t, err, out)
 	for _, want := range []string{
 		`hca_id:\s+odpemu0`, `vendor_id:\s+0xffffff`, `general_odp_caps:\s+ODP_SUPPORT\s+rc_odp_caps`,
@@ -306,11 +313,14 @@ func pingpong(t *testing.T, dir string, args ...string) (server, client string, 
 // completion events.
 func TestRCPingpong(t *testing.T) {
 	dir := library(t)
-	for _, args := range [][]string{{"-g", "0", "-n", "200"}, {"-g", "0", "-n", "20", "-s", "65536", "-m", "4096"},
-		{"-g", "0", "-n", "100", "-e"},                                         // -e: completion channels
-		{"-g", "0", "-n", "100", "-o"},                                         // -o: ODP over its memalign'd buffer
-		{"-g", "0", "-n", "50", "-o", "-P", "-e", "-s", "65536", "-m", "4096"}, // -P: ibv_advise_mr prefetches it
+	for _, args := range [][]string{{"-n", "200"}, {"-n", "20", "-s", "65536", "-m", "4096"},
+		{"-n", "100", "-e"}, // -e: completion channels
+		{"-n", "100", "-o"}, // -o: ODP over its memalign'd buffer
+		{"-n", "100", "-o", "-e"},
+		{"-n", "50", "-o", "-P", "-s", "65536", "-m", "4096"}, // -P: ibv_advise_mr prefetches it
+		{"-n", "50", "-o", "-P", "-e"},
 	} {
+		args = append([]string{"-g", "0", "-c"}, args...) // -c: each side checks the data it received
 		server, client, serr, cerr := pingpong(t, dir, args...)
 		require.NoError(t, cerr, "client %v:\n%s\nserver:\n%s", args, client, server)
 		require.NoError(t, serr, "server %v:\n%s\nclient:\n%s", args, server, client)

@@ -124,8 +124,47 @@ static void load_backend(void)
 #undef X
 }
 
+/*
+ * A forked child has none of the emulator's threads (the Go runtime's, the fault
+ * server's): once the parent loaded the emulator, every call into it fails in the
+ * child with ENODEV instead of hanging in a runtime that is not there. A child of a
+ * parent that never opened a device loads the emulator afresh.
+ */
+static int forked;
+
+#pragma GCC diagnostic push
+#pragma GCC diagnostic ignored "-Wunused-parameter"
+#define X(ret, name, args) \
+	static ret dead_##name args { return ENODEV; }
+ODPEMU_BACKEND_FUNCS(X)
+#undef X
+#pragma GCC diagnostic pop
+
+static int dead_poll(odpemu_handle cq, int n, struct odpemu_wc *wcs)
+{
+	(void)cq, (void)n, (void)wcs;
+	return -ENODEV;
+}
+
+static void atfork_child(void)
+{
+	if (!be.odpemu_open)
+		return;
+	forked = 1;
+#define X(ret, name, args) be.name = dead_##name;
+	ODPEMU_BACKEND_FUNCS(X)
+#undef X
+	be.odpemu_poll_cq = dead_poll;
+}
+
+__attribute__((constructor)) static void init_library(void) { pthread_atfork(NULL, NULL, atfork_child); }
+
 static int backend(void)
 {
+	if (forked) {
+		fprintf(stderr, "odpemu: libibverbs: verbs in a forked child: the emulator runs in the parent\n");
+		return ENODEV;
+	}
 	pthread_once(&be_once, load_backend);
 	if (!be.odpemu_open) {
 		fprintf(stderr, "odpemu: libibverbs: cannot load the emulator: %s\n", be_err);

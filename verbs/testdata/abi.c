@@ -9,6 +9,8 @@
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/wait.h>
+#include <unistd.h>
 
 #include <infiniband/verbs.h>
 
@@ -174,6 +176,22 @@ int main(void)
 	CHECK(ibv_create_srq(NULL, NULL) == NULL && errno == EOPNOTSUPP, "a stub returning a pointer");
 	CHECK(ibv_reg_mr(NULL, NULL, SIZE_MAX, IBV_ACCESS_ON_DEMAND) == NULL && errno == EOPNOTSUPP,
 	      "implicit ODP is not offered yet");
+	/* A forked child has no emulator: its verbs fail with ENODEV, and nothing hangs. */
+	pid_t child = fork();
+	if (child == 0) {
+		struct ibv_pd *p = ibv_alloc_pd(ctx);
+		int ok = p == NULL && errno == ENODEV;
+		ok = ok && ibv_open_device(list[0]) == NULL && errno == ENODEV;
+		_exit(ok ? 0 : 1);
+	}
+	int status = 0;
+	CHECK(child > 0 && waitpid(child, &status, 0) == child && WIFEXITED(status) && WEXITSTATUS(status) == 0,
+	      "verbs in a forked child fail with ENODEV (status %#x)", status);
+	struct ibv_pd *after = ibv_alloc_pd(ctx);
+	CHECK(after != NULL, "the parent's verbs still work after a fork");
+	if (after)
+		ibv_dealloc_pd(after);
+
 	CHECK(ibv_close_device(ctx) == 0, "close");
 	ibv_free_device_list(list);
 	if (failed)
