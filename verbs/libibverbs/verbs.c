@@ -564,6 +564,13 @@ EXPORT int ibv_read_sysfs_file(const char *dir, const char *file, char *buf, siz
 
 EXPORT const char *ibv_get_sysfs_path(void) { return "/sys"; }
 
+/* name_of returns names[i], or "unknown" past the table or for a hole in it. */
+static const char *name_of(const char *const *names, size_t n, unsigned i)
+{
+	return i < n && names[i] ? names[i] : "unknown";
+}
+#define NAME_OF(names, i) name_of(names, sizeof names / sizeof names[0], (unsigned)(i))
+
 EXPORT const char *ibv_node_type_str(enum ibv_node_type node_type)
 {
 	static const char *const names[] = {
@@ -572,18 +579,14 @@ EXPORT const char *ibv_node_type_str(enum ibv_node_type node_type)
 		[IBV_NODE_USNIC] = "usNIC",                    [IBV_NODE_USNIC_UDP] = "usNIC UDP",
 		[IBV_NODE_UNSPECIFIED] = "unspecified",
 	};
-	if (node_type < IBV_NODE_CA || node_type > IBV_NODE_UNSPECIFIED)
-		return "unknown";
-	return names[node_type];
+	return NAME_OF(names, node_type); /* IBV_NODE_UNKNOWN (-1) is past the table */
 }
 
 EXPORT const char *ibv_port_state_str(enum ibv_port_state port_state)
 {
 	static const char *const names[] = {"no state change (NOP)", "down", "init", "armed", "active",
 					    "active defer"};
-	if ((unsigned)port_state >= sizeof names / sizeof names[0])
-		return "unknown";
-	return names[port_state];
+	return NAME_OF(names, port_state);
 }
 
 EXPORT const char *ibv_event_type_str(enum ibv_event_type event)
@@ -610,9 +613,7 @@ EXPORT const char *ibv_event_type_str(enum ibv_event_type event)
 		[IBV_EVENT_GID_CHANGE] = "GID table change",
 		[IBV_EVENT_WQ_FATAL] = "WQ fatal",
 	};
-	if ((unsigned)event >= sizeof names / sizeof names[0] || !names[event])
-		return "unknown";
-	return names[event];
+	return NAME_OF(names, event);
 }
 
 EXPORT const char *ibv_wc_status_str(enum ibv_wc_status status)
@@ -643,9 +644,7 @@ EXPORT const char *ibv_wc_status_str(enum ibv_wc_status status)
 		[IBV_WC_TM_ERR] = "TM error",
 		[IBV_WC_TM_RNDV_INCOMPLETE] = "TM software rendezvous",
 	};
-	if ((unsigned)status >= sizeof names / sizeof names[0] || !names[status])
-		return "unknown";
-	return names[status];
+	return NAME_OF(names, status);
 }
 
 /* The IB rates: enum value, multiple of 2.5 Gb/s (0: not a multiple), Mb/s. */

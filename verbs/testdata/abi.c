@@ -193,6 +193,16 @@ int main(void)
 		ibv_dealloc_pd(after);
 
 	CHECK(ibv_close_device(ctx) == 0, "close");
+	CHECK(strcmp(ibv_wc_status_str(IBV_WC_SUCCESS), "success") == 0 &&
+		      strcmp(ibv_wc_status_str((enum ibv_wc_status)999), "unknown") == 0 &&
+		      strcmp(ibv_node_type_str(IBV_NODE_UNKNOWN), "unknown") == 0 &&
+		      strcmp(ibv_port_state_str(IBV_PORT_ACTIVE), "active") == 0 &&
+		      strcmp(ibv_event_type_str(IBV_EVENT_PORT_ACTIVE), "port active") == 0,
+	      "the string helpers");
+	CHECK(ibv_rate_to_mbps(IBV_RATE_100_GBPS) == 103125 && ibv_rate_to_mult(IBV_RATE_10_GBPS) == 4 &&
+		      mult_to_ibv_rate(4) == IBV_RATE_10_GBPS && mbps_to_ibv_rate(25781) == IBV_RATE_25_GBPS &&
+		      ibv_rate_to_mult(IBV_RATE_14_GBPS) == -1,
+	      "the rate helpers");
 	ibv_free_device_list(list);
 	if (failed)
 		return 1;
