@@ -35,8 +35,9 @@ func odpemu_reg_mr(h C.odpemu_handle, addr unsafe.Pointer, length C.size_t, acce
 	if !ok {
 		return C.int(syscall.EINVAL)
 	}
-	if addr == nil || length == 0 {
-		return C.int(syscall.EINVAL)
+	if addr == nil || length == 0 || uint64(length) > pd.dev.dev.QueryDevice().MaxMRSize ||
+		uintptr(addr)+uintptr(length) < uintptr(addr) {
+		return C.int(syscall.EINVAL) // also what no slice can hold
 	}
 	mr, err := pd.pd.RegMR(unsafe.Slice((*byte)(addr), int(length)), odp.Access(access))
 	if err != nil {

@@ -44,6 +44,8 @@ static void objects(struct ibv_context *ctx, struct ibv_pd *pd)
 	CHECK(ibv_reg_mr_iova2(pd, buf, len, 0, IBV_ACCESS_LOCAL_WRITE) == NULL && errno == EOPNOTSUPP,
 	      "a zero-based MR is EOPNOTSUPP");
 	CHECK(ibv_dealloc_pd(pd) == EBUSY, "a PD with an MR is busy");
+	CHECK(ibv_reg_mr(pd, buf, SIZE_MAX, IBV_ACCESS_LOCAL_WRITE) == NULL && errno == EINVAL,
+	      "an MR longer than the address space is EINVAL");
 	CHECK(ibv_advise_mr(pd, IBV_ADVISE_MR_ADVICE_PREFETCH, IB_UVERBS_ADVISE_MR_FLAG_FLUSH, NULL, 0) == EINVAL,
 	      "advise_mr of no SGE is EINVAL");
 
