@@ -376,3 +376,23 @@ func TestPerftest(t *testing.T) {
 	require.Error(t, cerr)
 	require.Contains(t, client, "ODP does not support ATOMICS")
 }
+
+// TestPoll runs testdata/poll.c: ibv_poll_cq over the CQ's doorbell, a busy poller
+// sleeping on an empty CQ, several threads polling one CQ, and a CQ armed for its
+// channel while it is polled.
+func TestPoll(t *testing.T) {
+	dir := library(t)
+	bin := filepath.Join(t.TempDir(), "poll")
+	out, err := exec.Command("gcc", "-Wall", "-Werror", "-pthread", "-o", bin, "testdata/poll.c", "-L"+dir,
+		"-l:"+LibraryName).CombinedOutput()
+	require.NoError(t, err, "%s", out)
+	for i := 0; i < 3; i++ {
+		cmd := verbsCmd(dir, []string{"ODPEMU_ADDR=127.0.0.10"}, bin)
+		var stderr bytes.Buffer
+		cmd.Stderr = &stderr
+		got, err := cmd.Output()
+		require.NoError(t, err, "%s%s", got, stderr.String())
+		require.Equal(t, "ok\n", string(got), stderr.String())
+		t.Log(strings.TrimSpace(stderr.String()))
+	}
+}

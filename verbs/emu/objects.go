@@ -1,6 +1,8 @@
 package main
 
 /*
+#include <linux/futex.h>
+#include <sys/syscall.h>
 #include "backend.h"
 */
 import "C"
@@ -9,8 +11,12 @@ import (
 	"encoding/binary"
 	"net/netip"
 	"runtime/cgo"
+	"sync"
+	"sync/atomic"
 	"syscall"
 	"unsafe"
+
+	"golang.org/x/sys/unix"
 
 	"github.com/odpemu/odpemu/odp"
 	"github.com/odpemu/odpemu/transport/roce"
@@ -70,27 +76,68 @@ func odpemu_advise_mr(h C.odpemu_handle, advice, flags C.uint32_t, sg *C.struct_
 	return errno(pd.pd.AdviseMR(odp.Advice(advice), odp.AdviseFlags(flags), sgl(sg, n)))
 }
 
+// A CQ as the verbs library holds it: the odp CQ, and what its next completion is to
+// notify (RequestNotify holds one function; the doorbell and a completion channel
+// share it through ring).
+type completionQueue struct {
+	cq   *odp.CQ
+	bell *uint32 // the doorbell: C memory (backend.h)
+
+	mu      sync.Mutex // protects the two fields below; taken under odp's CQ lock (in ring)
+	channel func()     // a completion channel's event, armed by ibv_req_notify_cq
+	ringing bool       // the doorbell is armed
+}
+
+// ring is what the CQ's next completion calls: it sets the doorbell and writes the
+// channel's event if either is armed, and disarms them.
+func (c *completionQueue) ring() {
+	c.mu.Lock()
+	channel, ringing := c.channel, c.ringing
+	c.channel, c.ringing = nil, false
+	c.mu.Unlock()
+	// 2: a poller sleeps on the word (the C library's emu_poll_cq), to be woken.
+	if ringing && atomic.SwapUint32(c.bell, 1) == 2 {
+		_, _, _ = unix.Syscall6(C.SYS_futex, uintptr(unsafe.Pointer(c.bell)), C.FUTEX_WAKE_PRIVATE, 1, 0, 0, 0)
+	}
+	if channel != nil {
+		channel()
+	}
+}
+
+// arm arms the doorbell, or the channel's event if channel is not nil, for the next
+// completion.
+func (c *completionQueue) arm(channel func()) error {
+	c.mu.Lock()
+	if channel != nil {
+		c.channel = channel
+	} else {
+		c.ringing = true
+	}
+	c.mu.Unlock()
+	return c.cq.RequestNotify(c.ring)
+}
+
 //export odpemu_create_cq
-func odpemu_create_cq(h C.odpemu_handle, depth C.int, out *C.odpemu_handle) C.int {
+func odpemu_create_cq(h C.odpemu_handle, depth C.int, bell *C.uint32_t, out *C.odpemu_handle) C.int {
 	d, ok := lookup[*device](h)
-	if !ok {
+	if !ok || bell == nil {
 		return C.int(syscall.EINVAL)
 	}
 	cq, err := d.dev.CreateCQ(int(depth))
 	if err != nil {
 		return errno(err)
 	}
-	*out = C.odpemu_handle(cgo.NewHandle(cq))
+	*out = C.odpemu_handle(cgo.NewHandle(&completionQueue{cq: cq, bell: (*uint32)(unsafe.Pointer(bell))}))
 	return 0
 }
 
 //export odpemu_destroy_cq
 func odpemu_destroy_cq(h C.odpemu_handle) C.int {
-	cq, ok := lookup[*odp.CQ](h)
+	c, ok := lookup[*completionQueue](h)
 	if !ok {
 		return C.int(syscall.EINVAL)
 	}
-	if err := cq.Destroy(); err != nil {
+	if err := c.cq.Destroy(); err != nil {
 		return errno(err)
 	}
 	cgo.Handle(h).Delete()
@@ -98,16 +145,34 @@ func odpemu_destroy_cq(h C.odpemu_handle) C.int {
 }
 
 // odpemu_poll_cq returns how many completions it wrote into wcs, or a negative errno
-// value.
+// value. When it returns fewer than n, it has armed the CQ's doorbell: it arms it,
+// then polls once more, so that a completion queued between its poll and its arming
+// is either returned or rings.
 //
 //export odpemu_poll_cq
 func odpemu_poll_cq(h C.odpemu_handle, n C.int, out *C.struct_odpemu_wc) C.int {
-	cq, ok := lookup[*odp.CQ](h)
+	c, ok := lookup[*completionQueue](h)
 	if !ok || n < 0 {
 		return -C.int(syscall.EINVAL)
 	}
-	var buf [16]odp.WC
 	wcs := unsafe.Slice(out, int(n))
+	done, err := poll(c.cq, wcs)
+	if err == nil && done < len(wcs) {
+		if err = c.arm(nil); err == nil {
+			var k int
+			k, err = poll(c.cq, wcs[done:])
+			done += k
+		}
+	}
+	if err != nil && done == 0 {
+		return -errno(err)
+	}
+	return C.int(done)
+}
+
+// poll moves up to len(wcs) of cq's completions into wcs.
+func poll(cq *odp.CQ, wcs []C.struct_odpemu_wc) (int, error) {
+	var buf [16]odp.WC
 	done := 0
 	for done < len(wcs) {
 		k, err := cq.Poll(buf[:min(len(buf), len(wcs)-done)])
@@ -117,17 +182,11 @@ func odpemu_poll_cq(h C.odpemu_handle, n C.int, out *C.struct_odpemu_wc) C.int {
 				wc_flags: C.uint32_t(wc.Flags), imm: C.uint32_t(wc.ImmData)}
 			done++
 		}
-		if err != nil {
-			if done > 0 {
-				return C.int(done)
-			}
-			return -errno(err)
-		}
-		if k < len(buf) {
-			break
+		if err != nil || k < len(buf) {
+			return done, err
 		}
 	}
-	return C.int(done)
+	return done, nil
 }
 
 // odpemu_req_notify_cq arms a CQ: the next completion writes event, 8 bytes, into fd
@@ -135,25 +194,25 @@ func odpemu_poll_cq(h C.odpemu_handle, n C.int, out *C.struct_odpemu_wc) C.int {
 //
 //export odpemu_req_notify_cq
 func odpemu_req_notify_cq(h C.odpemu_handle, fd C.int, event C.uint64_t) C.int {
-	cq, ok := lookup[*odp.CQ](h)
+	c, ok := lookup[*completionQueue](h)
 	if !ok {
 		return C.int(syscall.EINVAL)
 	}
 	var b [8]byte
 	binary.NativeEndian.PutUint64(b[:], uint64(event))
-	return errno(cq.RequestNotify(func() { _, _ = syscall.Write(int(fd), b[:]) }))
+	return errno(c.arm(func() { _, _ = syscall.Write(int(fd), b[:]) }))
 }
 
 //export odpemu_create_qp
 func odpemu_create_qp(h, sendCQ, recvCQ C.odpemu_handle, caps *C.struct_odpemu_qp_caps, sigAll C.uint32_t,
 	out *C.odpemu_handle, qpn *C.uint32_t) C.int {
 	pd, ok := lookup[*protectionDomain](h)
-	scq, ok1 := lookup[*odp.CQ](sendCQ)
-	rcq, ok2 := lookup[*odp.CQ](recvCQ)
+	scq, ok1 := lookup[*completionQueue](sendCQ)
+	rcq, ok2 := lookup[*completionQueue](recvCQ)
 	if !ok || !ok1 || !ok2 {
 		return C.int(syscall.EINVAL)
 	}
-	qp, err := pd.pd.CreateQP(odp.QPConfig{SendCQ: scq, RecvCQ: rcq, MaxSendWR: int(caps.max_send_wr),
+	qp, err := pd.pd.CreateQP(odp.QPConfig{SendCQ: scq.cq, RecvCQ: rcq.cq, MaxSendWR: int(caps.max_send_wr),
 		MaxRecvWR: int(caps.max_recv_wr), MaxSGE: int(caps.max_sge), MaxInlineData: int(caps.max_inline_data),
 		SigAll: sigAll != 0})
 	if err != nil {

@@ -83,6 +83,16 @@ struct odpemu_connect {
 	uint8_t min_rnr_timer, timeout, retry_cnt, rnr_retry;
 };
 
+/*
+ * A CQ's doorbell: a word in the C library's memory that the Go half sets to 1 when it
+ * queues a completion after a poll that emptied the CQ (odpemu_poll_cq arms it whenever
+ * it returns fewer completions than asked for). While the word is 0 after such a poll,
+ * the CQ is empty, and the C library answers ibv_poll_cq without entering Go: a program
+ * that polls an empty CQ in a busy loop, as perftest does, reads memory as it would on
+ * hardware instead of holding one of the Go runtime's Ps that the emulated NIC's engines
+ * need. The C library clears the word before it polls the Go half.
+ */
+
 /* The Go half's entry points, looked up by name with dlsym. */
 #define ODPEMU_BACKEND_FUNCS(X)                                                                  \
 	X(int, odpemu_open, (const char *name, const char *addr, odpemu_handle *dev,             \
@@ -95,7 +105,7 @@ struct odpemu_connect {
 	X(int, odpemu_dereg_mr, (odpemu_handle mr))                                              \
 	X(int, odpemu_advise_mr, (odpemu_handle pd, uint32_t advice, uint32_t flags,               \
 				  const struct odpemu_sge *sg, uint32_t num_sge))                     \
-	X(int, odpemu_create_cq, (odpemu_handle dev, int depth, odpemu_handle *cq))               \
+	X(int, odpemu_create_cq, (odpemu_handle dev, int depth, uint32_t *bell, odpemu_handle *cq))  \
 	X(int, odpemu_destroy_cq, (odpemu_handle cq))                                            \
 	X(int, odpemu_poll_cq, (odpemu_handle cq, int n, struct odpemu_wc *wcs))                  \
 	X(int, odpemu_req_notify_cq, (odpemu_handle cq, int fd, uint64_t event))                  \

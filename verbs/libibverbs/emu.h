@@ -20,6 +20,10 @@ extern struct emu_backend {
 #undef X
 } be;
 
+/* Set in a forked child of a process that loaded the Go half: the child's verbs fail
+ * with ENODEV (verbs.c). */
+extern int emu_forked;
+
 /* The Go half's handles of a context's device and of a PD. */
 odpemu_handle emu_dev_handle(struct ibv_context *ctx);
 odpemu_handle emu_pd_handle(struct ibv_pd *pd);

@@ -6,10 +6,14 @@
 #define _GNU_SOURCE
 #include <errno.h>
 #include <fcntl.h>
+#include <linux/futex.h>
+#include <sched.h>
 #include <stddef.h>
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/syscall.h>
+#include <time.h>
 #include <unistd.h>
 
 #include <infiniband/verbs.h>
@@ -26,9 +30,15 @@ struct emu_mr {
 	odpemu_handle h;
 };
 
+/* A CQ. Its doorbell (backend.h) lets an empty CQ answer ibv_poll_cq from C: after a
+ * poll of the Go half that returned fewer completions than asked for (idle), the CQ is
+ * empty until the Go half sets bell. The poll that goes to the Go half holds lock, so
+ * that idle describes the last of them. */
 struct emu_cq {
 	struct ibv_cq cq;
 	odpemu_handle h;
+	uint32_t bell, idle; /* read and written with __atomic builtins */
+	pthread_mutex_t lock;
 };
 
 /* A completion channel: a pipe. An armed CQ's next completion writes the CQ's
@@ -183,18 +193,74 @@ EXPORT int ibv_dereg_mr(struct ibv_mr *mr)
 	return 0;
 }
 
+/*
+ * A thread that polls one CQ in a busy loop, as perftest does, would take a CPU from
+ * the emulated NIC's engines, which a hardware NIC does not need: while the CQ stays
+ * empty, emu_poll_cq yields the CPU, and once the loop has found it empty for
+ * SPIN_NS, sleeps on the doorbell, at most SLEEP_NS a poll, until a completion rings
+ * it. A loop counts as one while the same thread polls the same CQ again within
+ * LOOP_NS; a program that polls now and then, or polls two CQs in turn, never sleeps.
+ */
+enum { SPIN_NS = 50000, SLEEP_NS = 1000000, LOOP_NS = 10000 };
+
+static __thread struct {
+	struct emu_cq *cq;
+	uint64_t start, last; /* the loop's first and last empty poll */
+} empty_loop;
+
+static uint64_t now_ns(void)
+{
+	struct timespec ts;
+	clock_gettime(CLOCK_MONOTONIC, &ts);
+	return (uint64_t)ts.tv_sec * 1000000000u + (uint64_t)ts.tv_nsec;
+}
+
+/* wait_empty is called when c was empty: it yields or sleeps, as above. */
+static void wait_empty(struct emu_cq *c)
+{
+	uint64_t now = now_ns();
+	if (empty_loop.cq != c || now - empty_loop.last > LOOP_NS) {
+		empty_loop.cq = c;
+		empty_loop.start = now;
+	}
+	empty_loop.last = now;
+	if (now - empty_loop.start < SPIN_NS) {
+		sched_yield();
+		return;
+	}
+	uint32_t empty = 0; /* 2: a poller sleeps (backend.h) */
+	if (__atomic_compare_exchange_n(&c->bell, &empty, 2, 0, __ATOMIC_ACQ_REL, __ATOMIC_ACQUIRE)) {
+		struct timespec t = {0, SLEEP_NS};
+		syscall(SYS_futex, &c->bell, FUTEX_WAIT_PRIVATE, 2, &t, NULL, 0);
+		uint32_t sleeping = 2; /* no ring: take the mark away */
+		__atomic_compare_exchange_n(&c->bell, &sleeping, 0, 0, __ATOMIC_ACQ_REL, __ATOMIC_ACQUIRE);
+	}
+	empty_loop.last = now_ns();
+}
+
 static int emu_poll_cq(struct ibv_cq *cq, int num_entries, struct ibv_wc *wc)
 {
 	struct emu_cq *c = container_of(cq, struct emu_cq, cq);
+	if (__atomic_load_n(&c->idle, __ATOMIC_ACQUIRE) && !emu_forked) {
+		if (!__atomic_load_n(&c->bell, __ATOMIC_ACQUIRE))
+			wait_empty(c);
+		if (__atomic_load_n(&c->bell, __ATOMIC_ACQUIRE) != 1)
+			return 0; /* empty, as the doorbell says */
+	}
+	pthread_mutex_lock(&c->lock);
+	__atomic_store_n(&c->bell, 0, __ATOMIC_RELEASE);
 	struct odpemu_wc buf[32];
-	int done = 0;
+	int done = 0, drained = 0;
 	while (done < num_entries) {
 		int want = num_entries - done;
 		if (want > (int)(sizeof buf / sizeof buf[0]))
 			want = sizeof buf / sizeof buf[0];
 		int n = be.odpemu_poll_cq(c->h, want, buf);
-		if (n < 0)
+		if (n < 0) {
+			__atomic_store_n(&c->idle, 0, __ATOMIC_RELEASE);
+			pthread_mutex_unlock(&c->lock);
 			return done ? done : -1; /* a CQ error: verbs' poll_cq returns < 0 */
+		}
 		for (int i = 0; i < n; i++) {
 			struct ibv_wc *w = &wc[done + i];
 			memset(w, 0, sizeof *w);
@@ -208,9 +274,13 @@ static int emu_poll_cq(struct ibv_cq *cq, int num_entries, struct ibv_wc *wc)
 			w->pkey_index = 0;
 		}
 		done += n;
-		if (n < want)
+		if (n < want) {
+			drained = 1; /* and the doorbell armed */
 			break;
+		}
 	}
+	__atomic_store_n(&c->idle, (uint32_t)drained, __ATOMIC_RELEASE);
+	pthread_mutex_unlock(&c->lock);
 	return done;
 }
 
@@ -235,12 +305,13 @@ EXPORT struct ibv_cq *ibv_create_cq(struct ibv_context *context, int cqe, void *
 		errno = ENOMEM;
 		return NULL;
 	}
-	int e = be.odpemu_create_cq(emu_dev_handle(context), cqe, &c->h);
+	int e = be.odpemu_create_cq(emu_dev_handle(context), cqe, &c->bell, &c->h);
 	if (e) {
 		free(c);
 		errno = e;
 		return NULL;
 	}
+	pthread_mutex_init(&c->lock, NULL);
 	c->cq.context = context;
 	c->cq.cq_context = cq_context;
 	c->cq.channel = channel;
@@ -263,6 +334,7 @@ EXPORT int ibv_destroy_cq(struct ibv_cq *cq)
 		cq->channel->refcnt--;
 	pthread_cond_destroy(&cq->cond);
 	pthread_mutex_destroy(&cq->mutex);
+	pthread_mutex_destroy(&c->lock);
 	free(c);
 	return 0;
 }

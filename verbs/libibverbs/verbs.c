@@ -130,7 +130,7 @@ static void load_backend(void)
  * child with ENODEV instead of hanging in a runtime that is not there. A child of a
  * parent that never opened a device loads the emulator afresh.
  */
-static int forked;
+int emu_forked;
 
 #pragma GCC diagnostic push
 #pragma GCC diagnostic ignored "-Wunused-parameter"
@@ -150,7 +150,7 @@ static void atfork_child(void)
 {
 	if (!be.odpemu_open)
 		return;
-	forked = 1;
+	emu_forked = 1;
 #define X(ret, name, args) be.name = dead_##name;
 	ODPEMU_BACKEND_FUNCS(X)
 #undef X
@@ -161,7 +161,7 @@ __attribute__((constructor)) static void init_library(void) { pthread_atfork(NUL
 
 static int backend(void)
 {
-	if (forked) {
+	if (emu_forked) {
 		fprintf(stderr, "odpemu: libibverbs: verbs in a forked child: the emulator runs in the parent\n");
 		return ENODEV;
 	}

@@ -1,0 +1,262 @@
+/*
+ * Built against the installed rdma-core headers and linked with odpemu's
+ * libibverbs.so.1 (verbs_test.go: TestPoll): ibv_poll_cq over the CQ's doorbell, which
+ * answers an empty CQ without entering the emulator and lets a busy poller sleep.
+ * Two RC QPs of one context, connected to each other, move data while threads poll:
+ *   - a poller that finds its CQ empty long enough to sleep gets every completion, in
+ *     order, when messages come with pauses between them;
+ *   - several threads polling one CQ at once get each completion exactly once;
+ *   - a CQ armed for a completion channel and polled at the same time reports both.
+ * Prints "ok" and exits 0, or says what is wrong and exits 1.
+ */
+#include <errno.h>
+#include <poll.h>
+#include <pthread.h>
+#include <stdio.h>
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+#include <unistd.h>
+
+#include <infiniband/verbs.h>
+
+#define DIE(...)                                      \
+	do {                                          \
+		fprintf(stderr, "FAIL: " __VA_ARGS__); \
+		fprintf(stderr, "\n");                \
+		exit(1);                              \
+	} while (0)
+
+enum { MSG = 256, SLOTS = 64, WRITES = 4000, POLLERS = 3 };
+
+static struct ibv_context *ctx;
+static struct ibv_pd *pd;
+static struct ibv_mr *mr;
+static char *buf;
+static struct ibv_cq *scq, *rcq;
+static struct ibv_comp_channel *channel;
+static struct ibv_qp *a, *b; /* a sends to b */
+
+static void connect_qp(struct ibv_qp *qp, uint32_t dest)
+{
+	union ibv_gid gid;
+	if (ibv_query_gid(ctx, 1, 0, &gid))
+		DIE("query_gid");
+	struct ibv_qp_attr init = {.qp_state = IBV_QPS_INIT, .port_num = 1,
+				   .qp_access_flags = IBV_ACCESS_REMOTE_WRITE};
+	if (ibv_modify_qp(qp, &init, IBV_QP_STATE | IBV_QP_PKEY_INDEX | IBV_QP_PORT | IBV_QP_ACCESS_FLAGS))
+		DIE("INIT");
+	struct ibv_qp_attr rtr = {.qp_state = IBV_QPS_RTR, .path_mtu = IBV_MTU_4096, .dest_qp_num = dest,
+				  .max_dest_rd_atomic = 1, .min_rnr_timer = 1,
+				  .ah_attr = {.is_global = 1, .port_num = 1, .grh = {.dgid = gid, .hop_limit = 64}}};
+	if (ibv_modify_qp(qp, &rtr, IBV_QP_STATE | IBV_QP_AV | IBV_QP_PATH_MTU | IBV_QP_DEST_QPN | IBV_QP_RQ_PSN |
+					     IBV_QP_MAX_DEST_RD_ATOMIC | IBV_QP_MIN_RNR_TIMER))
+		DIE("RTR");
+	struct ibv_qp_attr rts = {.qp_state = IBV_QPS_RTS, .timeout = 14, .retry_cnt = 7, .rnr_retry = 7,
+				  .max_rd_atomic = 1};
+	if (ibv_modify_qp(qp, &rts, IBV_QP_STATE | IBV_QP_SQ_PSN | IBV_QP_TIMEOUT | IBV_QP_RETRY_CNT |
+					     IBV_QP_RNR_RETRY | IBV_QP_MAX_QP_RD_ATOMIC))
+		DIE("RTS");
+}
+
+static struct ibv_qp *create_qp(void)
+{
+	struct ibv_qp_init_attr init = {.send_cq = scq, .recv_cq = rcq, .qp_type = IBV_QPT_RC,
+					.cap = {.max_send_wr = 256, .max_recv_wr = 256, .max_send_sge = 1,
+						.max_recv_sge = 1}};
+	struct ibv_qp *qp = ibv_create_qp(pd, &init);
+	if (!qp)
+		DIE("create_qp: %s", strerror(errno));
+	return qp;
+}
+
+static void post_recv(uint64_t id)
+{
+	struct ibv_sge sge = {(uintptr_t)(buf + SLOTS * MSG + (id % SLOTS) * MSG), MSG, mr->lkey};
+	struct ibv_recv_wr wr = {.wr_id = id, .sg_list = &sge, .num_sge = 1}, *bad;
+	if (ibv_post_recv(b, &wr, &bad))
+		DIE("post_recv");
+}
+
+static void post_send(uint64_t id, enum ibv_wr_opcode op)
+{
+	struct ibv_sge sge = {(uintptr_t)(buf + (id % SLOTS) * MSG), MSG, mr->lkey};
+	struct ibv_send_wr wr = {.wr_id = id, .sg_list = &sge, .num_sge = 1, .opcode = op,
+				 .send_flags = IBV_SEND_SIGNALED},
+			   *bad;
+	wr.wr.rdma.remote_addr = (uintptr_t)(buf + SLOTS * MSG + (id % SLOTS) * MSG);
+	wr.wr.rdma.rkey = mr->rkey;
+	int e;
+	while ((e = ibv_post_send(a, &wr, &bad)) == ENOMEM)
+		sched_yield(); /* the send queue is full: the pollers make room */
+	if (e)
+		DIE("post_send: %s", strerror(e));
+}
+
+enum { SLEEPER_MSGS = 40 };
+
+static double thread_seconds(clockid_t c)
+{
+	struct timespec t;
+	clock_gettime(c, &t);
+	return (double)t.tv_sec + (double)t.tv_nsec / 1e9;
+}
+
+/* sleepy_poller polls the receive CQ in a busy loop for every SEND, checking order,
+ * and returns the share of its wall time it spent on a CPU. */
+static void *sleepy_poller(void *out)
+{
+	double wall = thread_seconds(CLOCK_MONOTONIC), cpu = thread_seconds(CLOCK_THREAD_CPUTIME_ID);
+	for (uint64_t i = 0; i < SLEEPER_MSGS; i++) {
+		struct ibv_wc wc;
+		int n;
+		while ((n = ibv_poll_cq(rcq, 1, &wc)) == 0)
+			;
+		if (n < 0 || wc.status != IBV_WC_SUCCESS || wc.wr_id != i || wc.byte_len != MSG ||
+		    wc.opcode != IBV_WC_RECV)
+			DIE("receive %lu: n %d status %d wr_id %lu", (unsigned long)i, n, wc.status,
+			    (unsigned long)wc.wr_id);
+	}
+	*(double *)out = (thread_seconds(CLOCK_THREAD_CPUTIME_ID) - cpu) / (thread_seconds(CLOCK_MONOTONIC) - wall);
+	return NULL;
+}
+
+/* A thread polling an empty CQ in a busy loop sleeps on its doorbell, and gets every
+ * SEND, in order, though they come with pauses far longer than it spins. */
+static void sleeper(void)
+{
+	for (uint64_t i = 0; i < SLEEPER_MSGS; i++)
+		post_recv(i);
+	double busy;
+	pthread_t t;
+	pthread_create(&t, NULL, sleepy_poller, &busy);
+	for (uint64_t i = 0; i < SLEEPER_MSGS; i++) {
+		struct timespec pause = {0, 3000000}; /* 3 ms */
+		nanosleep(&pause, NULL);
+		post_send(i, IBV_WR_SEND);
+		struct ibv_wc wc;
+		int n;
+		while ((n = ibv_poll_cq(scq, 1, &wc)) == 0)
+			;
+		if (n < 0 || wc.status != IBV_WC_SUCCESS || wc.wr_id != i)
+			DIE("send %lu: n %d status %d", (unsigned long)i, n, wc.status);
+	}
+	pthread_join(t, NULL);
+	/* Spinning, it would be on a CPU all the time it is not preempted. */
+	if (busy > 0.25)
+		DIE("the poller of an empty CQ was on a CPU %.0f%% of the time: it did not sleep", busy * 100);
+	fprintf(stderr, "poll: the poller of an empty CQ was on a CPU %.1f%% of the time\n", busy * 100);
+}
+
+static unsigned char seen[WRITES];
+static int done_count;
+static pthread_mutex_t seen_mu = PTHREAD_MUTEX_INITIALIZER;
+
+static void *poller(void *arg)
+{
+	(void)arg;
+	struct ibv_wc wc[8];
+	for (;;) {
+		pthread_mutex_lock(&seen_mu);
+		int all = done_count == WRITES;
+		pthread_mutex_unlock(&seen_mu);
+		if (all)
+			return NULL;
+		int n = ibv_poll_cq(scq, 8, wc);
+		if (n < 0)
+			DIE("poll_cq: %d", n);
+		pthread_mutex_lock(&seen_mu);
+		for (int i = 0; i < n; i++) {
+			if (wc[i].status != IBV_WC_SUCCESS || wc[i].wr_id >= WRITES || seen[wc[i].wr_id]++)
+				DIE("completion of %lu: status %d, seen %d times", (unsigned long)wc[i].wr_id, wc[i].status,
+				    wc[i].wr_id < WRITES ? seen[wc[i].wr_id] : -1);
+			done_count++;
+		}
+		pthread_mutex_unlock(&seen_mu);
+	}
+}
+
+/* Threads polling one CQ at once get each completion once. */
+static void pollers(void)
+{
+	pthread_t t[POLLERS];
+	for (int i = 0; i < POLLERS; i++)
+		pthread_create(&t[i], NULL, poller, NULL);
+	for (uint64_t i = 0; i < WRITES; i++) {
+		if (i % 500 == 0) {
+			struct timespec pause = {0, 2000000}; /* let the pollers sleep now and then */
+			nanosleep(&pause, NULL);
+		}
+		for (;;) { /* at most a send queue's worth of completions unpolled: the CQ holds them */
+			pthread_mutex_lock(&seen_mu);
+			int room = (int)i - done_count < 256;
+			pthread_mutex_unlock(&seen_mu);
+			if (room)
+				break;
+			sched_yield();
+		}
+		post_send(i, IBV_WR_RDMA_WRITE);
+	}
+	for (int i = 0; i < POLLERS; i++)
+		pthread_join(t[i], NULL);
+}
+
+/* A CQ armed for its channel while it is polled: the completion is polled and the
+ * channel's event comes too. */
+static void channel_and_poll(void)
+{
+	post_recv(1000);
+	if (ibv_req_notify_cq(rcq, 0))
+		DIE("req_notify_cq");
+	struct ibv_wc wc;
+	if (ibv_poll_cq(rcq, 1, &wc) != 0)
+		DIE("the receive CQ is not empty");
+	post_send(1000, IBV_WR_SEND);
+	int n;
+	while ((n = ibv_poll_cq(rcq, 1, &wc)) == 0)
+		;
+	if (n != 1 || wc.wr_id != 1000 || wc.status != IBV_WC_SUCCESS)
+		DIE("channel receive: n %d", n);
+	struct pollfd p = {.fd = channel->fd, .events = POLLIN};
+	if (poll(&p, 1, 10000) != 1)
+		DIE("no channel event");
+	struct ibv_cq *ev_cq;
+	void *ev_ctx;
+	if (ibv_get_cq_event(channel, &ev_cq, &ev_ctx) || ev_cq != rcq)
+		DIE("get_cq_event");
+	ibv_ack_cq_events(rcq, 1);
+	while ((n = ibv_poll_cq(scq, 1, &wc)) == 0)
+		;
+	if (n != 1 || wc.wr_id != 1000)
+		DIE("channel send: n %d", n);
+}
+
+int main(void)
+{
+	struct ibv_device **list = ibv_get_device_list(NULL);
+	if (!list || !list[0] || !(ctx = ibv_open_device(list[0])))
+		DIE("open_device");
+	ibv_free_device_list(list);
+	pd = ibv_alloc_pd(ctx);
+	buf = aligned_alloc(4096, 2 * SLOTS * MSG);
+	mr = ibv_reg_mr(pd, buf, 2 * SLOTS * MSG, IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_WRITE);
+	channel = ibv_create_comp_channel(ctx);
+	scq = ibv_create_cq(ctx, 512, NULL, NULL, 0);
+	rcq = ibv_create_cq(ctx, 512, NULL, channel, 0);
+	if (!pd || !mr || !channel || !scq || !rcq)
+		DIE("setup: %s", strerror(errno));
+	a = create_qp();
+	b = create_qp();
+	connect_qp(a, b->qp_num);
+	connect_qp(b, a->qp_num);
+	sleeper();
+	pollers();
+	channel_and_poll();
+	if (ibv_destroy_qp(a) || ibv_destroy_qp(b) || ibv_destroy_cq(scq) || ibv_destroy_cq(rcq) ||
+	    ibv_destroy_comp_channel(channel) || ibv_dereg_mr(mr) || ibv_dealloc_pd(pd) || ibv_close_device(ctx))
+		DIE("teardown");
+	free(buf);
+	printf("ok\n");
+	return 0;
+}
