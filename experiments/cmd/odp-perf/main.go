@@ -4,6 +4,8 @@
 //	odp-perf write_bw|read_bw|send_bw [--odp] [-s|--size N | -a|--all] [-n|--iters N] [-t|--tx-depth N]
 //	                          [-Q|--cq-mod N] [--warm] [--json] ...
 //	odp-perf compare [--test write_bw|read_bw] [-n|--iters N] [--reps N] [--csv FILE] [--quiet]
+//	odp-perf wire [-s|--size N] [-n|--iters N] [-t|--tx-depth N] [--reps N]
+//	odp-perf perftest [--tests write,read,send] [--sizes 64,4K,64K,1M] [--modes pinned,odp] [--reps N]
 //
 // Flags take perftest's short forms next to the long ones. Progress goes to stderr:
 // a bar on a terminal, a line per finished run otherwise, nothing with --quiet.
@@ -39,6 +41,7 @@ const usage = `usage:
                                       one perftest-style measurement
   odp-perf compare [flags]            pinned vs ODP, cold and warm, side by side
   odp-perf wire [flags]               the RoCEv2 wire between two processes against a plain UDP stream
+  odp-perf perftest [flags]           perftest on odpemu's libibverbs.so.1 against odp-perf, side by side
 
 Run "odp-perf <command> --help" for the flags of a command.
 `
@@ -66,6 +69,8 @@ func run(args []string, stdout, stderr io.Writer) error {
 		return compare(args[1:], stdout, stderr)
 	case "wire":
 		return wire(args[1:], stdout, stderr)
+	case "perftest":
+		return perftest(args[1:], stdout, stderr)
 	case "wire-server": // started by wire
 		return wireServer(args[1:], stdout, stderr)
 	case "-h", "--help", "help":

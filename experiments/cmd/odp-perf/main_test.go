@@ -95,6 +95,8 @@ func TestBadArguments(t *testing.T) {
 		{"write_bw", "--server", "127.0.0.1:0", "--loss", "1.5"}, {"write_bw", "--connect", "x", "--bind", "0.0.0.0"},
 		{"write_bw", "--server", "127.0.0.1:0", "--timeout", "40"}, {"wire", "--reps", "0"},
 		{"write_bw", "--min-memcpy-ratio", "0.4", "--server", ":0"}, {"write_bw", "--roce-port", "70000"},
+		{"perftest", "--sizes", "4Q"}, {"perftest", "--modes", "implicit"}, {"perftest", "--tests", "atomic"},
+		{"perftest", "--reps", "0"},
 	} {
 		_, _, err := runArgs(args...)
 		assert.Error(t, err, "%v", args)

@@ -1,0 +1,219 @@
+package main
+
+import (
+	"bytes"
+	"errors"
+	"fmt"
+	"io"
+	"net"
+	"os"
+	"os/exec"
+	"regexp"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/odpemu/odpemu/experiments/cmdflag"
+	"github.com/odpemu/odpemu/experiments/stats"
+	"github.com/odpemu/odpemu/verbs"
+)
+
+// perftest measures perftest's own bandwidth tests, unmodified, on odpemu's
+// libibverbs.so.1 against odp-perf's two-process tests on the same data path (the
+// same device settings and link, RoCEv2 between 127.0.0.1 and 127.0.0.2), in rounds
+// that run the two side by side: what a verbs program pays for crossing from C into
+// the emulator.
+func perftest(args []string, stdout, stderr io.Writer) error {
+	fs := newFlagSet("perftest", stderr)
+	tests := fs.StringSlice("tests", []string{"write", "read", "send"}, "perftest's tests to run (ib_<test>_bw)")
+	sizeList := fs.StringSlice("sizes", []string{"64", "4K", "64K", "1M"}, "message sizes (K, M suffixes)")
+	modes := fs.StringSlice("modes", []string{"pinned", "odp"}, "registrations: pinned, odp (--odp) or both")
+	iters := fs.IntP("iters", "n", 5000, "iterations per run")
+	reps := fs.Int("reps", 3, "rounds: each runs perftest, then odp-perf")
+	lib := fs.String("lib", "", "a directory holding odpemu's built libibverbs.so.1 (default: build it into a temporary directory; needs the odpemu module's sources)")
+	if err := fs.Parse(args); err != nil {
+		return err
+	}
+	var sizes []int
+	for _, s := range *sizeList {
+		var v cmdflag.Size
+		if err := v.Set(s); err != nil || v < 1 {
+			return fmt.Errorf("--sizes: %q is not a size", s)
+		}
+		sizes = append(sizes, int(v))
+	}
+	for _, m := range *modes {
+		if m != "pinned" && m != "odp" {
+			return fmt.Errorf("--modes: %q: want pinned or odp", m)
+		}
+	}
+	for _, t := range *tests {
+		if t != "write" && t != "read" && t != "send" {
+			return fmt.Errorf("--tests: %q: want write, read or send", t)
+		}
+		if _, err := exec.LookPath("ib_" + t + "_bw"); err != nil {
+			return fmt.Errorf("needs perftest (Debian: perftest): %w", err)
+		}
+	}
+	if *reps < 1 || *iters < 1 {
+		return errors.New("--reps and --iters must be positive")
+	}
+	self, err := os.Executable()
+	if err != nil {
+		return err
+	}
+	if *lib == "" {
+		dir, err := os.MkdirTemp("", "odp-perf-verbs")
+		if err != nil {
+			return err
+		}
+		defer func() { _ = os.RemoveAll(dir) }() // a temporary directory
+		mod, err := verbs.ModuleDir()
+		if err != nil {
+			return err
+		}
+		if err := verbs.Build(mod, dir); err != nil {
+			return err
+		}
+		*lib = dir
+	}
+	fmt.Fprintf(stdout, "# perftest on odpemu's libibverbs.so.1 against odp-perf, two processes each (127.0.0.1, 127.0.0.2), %d iterations, tx depth 128, a completion every 100, buffers written before the run; MiB/s, medians of %d rounds (ratio: of the rounds' ratios)\n", *iters, *reps)
+	fmt.Fprintf(stdout, "%-6s %8s %-7s %12s %12s %8s\n", "test", "bytes", "reg", "perftest", "odp-perf", "ratio")
+	for _, t := range *tests {
+		for _, size := range sizes {
+			for _, mode := range *modes {
+				var pt, op []float64
+				for r := 0; r < *reps; r++ {
+					a, err := perftestRun(*lib, t, size, *iters, mode == "odp")
+					if err != nil {
+						return err
+					}
+					b, err := odpPerfRun(self, t, size, *iters, mode == "odp")
+					if err != nil {
+						return err
+					}
+					pt, op = append(pt, a), append(op, b)
+					fmt.Fprintf(stderr, "odp-perf perftest: %s %d %s round %d: perftest %.1f, odp-perf %.1f MiB/s\n", t, size, mode, r+1, a, b)
+				}
+				fmt.Fprintf(stdout, "%-6s %8d %-7s %12.1f %12.1f %8.2f\n", t, size, mode, stats.Median(pt), stats.Median(op),
+					stats.Median(stats.Ratios(pt, op)))
+			}
+		}
+	}
+	return nil
+}
+
+// perftestRow is a results row of perftest's bandwidth tests: bytes, iterations, BW
+// peak, BW average, message rate.
+var perftestRow = regexp.MustCompile(`(?m)^\s*\d+\s+\d+\s+[\d.]+\s+([\d.]+)\s+[\d.]+\s*$`)
+
+// perftestRun runs ib_<test>_bw as a server and a client process on odpemu's library
+// from lib and returns the client's average bandwidth.
+func perftestRun(lib, test string, size, iters int, odp bool) (float64, error) {
+	port, err := freeTCPPort()
+	if err != nil {
+		return 0, err
+	}
+	args := []string{"-d", "odpemu0", "-x", "0", "-F", "-p", port, "-s", strconv.Itoa(size), "-n", strconv.Itoa(iters),
+		"-Q", "100"}
+	if odp {
+		args = append(args, "--odp")
+	}
+	prog := "ib_" + test + "_bw"
+	env := append(os.Environ(), "LD_LIBRARY_PATH="+lib)
+	srv := exec.Command(prog, args...)
+	srv.Env = append(env, "ODPEMU_ADDR=127.0.0.1")
+	var srvOut bytes.Buffer
+	srv.Stdout, srv.Stderr = &srvOut, &srvOut
+	if err := srv.Start(); err != nil {
+		return 0, err
+	}
+	done := make(chan error, 1)
+	go func() { done <- srv.Wait() }()
+	defer func() {
+		select {
+		case <-done:
+		case <-time.After(30 * time.Second):
+			_ = srv.Process.Kill()
+			<-done
+		}
+	}()
+	for try := 0; ; try++ { // until the server listens
+		cli := exec.Command(prog, append(args, "127.0.0.1")...)
+		cli.Env = append(env, "ODPEMU_ADDR=127.0.0.2")
+		out, err := cli.CombinedOutput()
+		if err != nil && strings.Contains(string(out), "Couldn't connect to") && try < 50 {
+			time.Sleep(100 * time.Millisecond)
+			continue
+		}
+		if err != nil {
+			return 0, fmt.Errorf("%s %v: %w\n%s\nserver:\n%s", prog, args, err, out, srvOut.String())
+		}
+		return parseRow(perftestRow, out, prog)
+	}
+}
+
+// odpPerfRow is a results row of odp-perf's bandwidth tests: bytes, iterations, BW
+// peak, BW average, ...
+var odpPerfRow = regexp.MustCompile(`(?m)^\s*\d+\s+\d+\s+[\d.]+\s+([\d.]+)\s`)
+
+// odpPerfRun runs this program's <test>_bw as a server and a client process and
+// returns the client's average bandwidth.
+func odpPerfRun(self, test string, size, iters int, odp bool) (float64, error) {
+	port, err := freeTCPPort()
+	if err != nil {
+		return 0, err
+	}
+	// --warm: perftest writes its buffers before it registers them, so that no page
+	// faults in the timed run.
+	args := []string{test + "_bw", "-s", strconv.Itoa(size), "-n", strconv.Itoa(iters), "-Q", "100", "--warm"}
+	if odp {
+		args = append(args, "--odp")
+	}
+	srv := exec.Command(self, append(args, "--server", "127.0.0.1:"+port)...)
+	var srvOut bytes.Buffer
+	srv.Stdout, srv.Stderr = &srvOut, &srvOut
+	if err := srv.Start(); err != nil {
+		return 0, err
+	}
+	done := make(chan error, 1)
+	go func() { done <- srv.Wait() }()
+	defer func() {
+		select {
+		case <-done:
+		case <-time.After(30 * time.Second):
+			_ = srv.Process.Kill()
+			<-done
+		}
+	}()
+	for try := 0; ; try++ {
+		out, err := exec.Command(self, append(args, "--connect", "127.0.0.1:"+port)...).CombinedOutput()
+		if err != nil && strings.Contains(string(out), "connection refused") && try < 50 {
+			time.Sleep(100 * time.Millisecond)
+			continue
+		}
+		if err != nil {
+			return 0, fmt.Errorf("odp-perf %v: %w\n%s\nserver:\n%s", args, err, out, srvOut.String())
+		}
+		return parseRow(odpPerfRow, out, "odp-perf")
+	}
+}
+
+// parseRow returns the average bandwidth of the last results row in out.
+func parseRow(row *regexp.Regexp, out []byte, prog string) (float64, error) {
+	m := row.FindAllSubmatch(out, -1)
+	if m == nil {
+		return 0, fmt.Errorf("%s printed no results row:\n%s", prog, out)
+	}
+	return strconv.ParseFloat(string(m[len(m)-1][1]), 64)
+}
+
+// freeTCPPort returns a TCP port on 127.0.0.1 nothing listens on now.
+func freeTCPPort() (string, error) {
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		return "", err
+	}
+	defer func() { _ = ln.Close() }() // the port is what is wanted
+	return strconv.Itoa(ln.Addr().(*net.TCPAddr).Port), nil
+}
