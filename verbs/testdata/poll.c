@@ -21,12 +21,7 @@
 
 #include <infiniband/verbs.h>
 
-#define DIE(...)                                      \
-	do {                                          \
-		fprintf(stderr, "FAIL: " __VA_ARGS__); \
-		fprintf(stderr, "\n");                \
-		exit(1);                              \
-	} while (0)
+#include "pair.h"
 
 enum { MSG = 256, SLOTS = 64, WRITES = 4000, POLLERS = 3 };
 
@@ -37,39 +32,6 @@ static char *buf;
 static struct ibv_cq *scq, *rcq;
 static struct ibv_comp_channel *channel;
 static struct ibv_qp *a, *b; /* a sends to b */
-
-static void connect_qp(struct ibv_qp *qp, uint32_t dest)
-{
-	union ibv_gid gid;
-	if (ibv_query_gid(ctx, 1, 0, &gid))
-		DIE("query_gid");
-	struct ibv_qp_attr init = {.qp_state = IBV_QPS_INIT, .port_num = 1,
-				   .qp_access_flags = IBV_ACCESS_REMOTE_WRITE};
-	if (ibv_modify_qp(qp, &init, IBV_QP_STATE | IBV_QP_PKEY_INDEX | IBV_QP_PORT | IBV_QP_ACCESS_FLAGS))
-		DIE("INIT");
-	struct ibv_qp_attr rtr = {.qp_state = IBV_QPS_RTR, .path_mtu = IBV_MTU_4096, .dest_qp_num = dest,
-				  .max_dest_rd_atomic = 1, .min_rnr_timer = 1,
-				  .ah_attr = {.is_global = 1, .port_num = 1, .grh = {.dgid = gid, .hop_limit = 64}}};
-	if (ibv_modify_qp(qp, &rtr, IBV_QP_STATE | IBV_QP_AV | IBV_QP_PATH_MTU | IBV_QP_DEST_QPN | IBV_QP_RQ_PSN |
-					     IBV_QP_MAX_DEST_RD_ATOMIC | IBV_QP_MIN_RNR_TIMER))
-		DIE("RTR");
-	struct ibv_qp_attr rts = {.qp_state = IBV_QPS_RTS, .timeout = 14, .retry_cnt = 7, .rnr_retry = 7,
-				  .max_rd_atomic = 1};
-	if (ibv_modify_qp(qp, &rts, IBV_QP_STATE | IBV_QP_SQ_PSN | IBV_QP_TIMEOUT | IBV_QP_RETRY_CNT |
-					     IBV_QP_RNR_RETRY | IBV_QP_MAX_QP_RD_ATOMIC))
-		DIE("RTS");
-}
-
-static struct ibv_qp *create_qp(void)
-{
-	struct ibv_qp_init_attr init = {.send_cq = scq, .recv_cq = rcq, .qp_type = IBV_QPT_RC,
-					.cap = {.max_send_wr = 256, .max_recv_wr = 256, .max_send_sge = 1,
-						.max_recv_sge = 1}};
-	struct ibv_qp *qp = ibv_create_qp(pd, &init);
-	if (!qp)
-		DIE("create_qp: %s", strerror(errno));
-	return qp;
-}
 
 static void post_recv(uint64_t id)
 {
@@ -246,10 +208,10 @@ int main(void)
 	rcq = ibv_create_cq(ctx, 512, NULL, channel, 0);
 	if (!pd || !mr || !channel || !scq || !rcq)
 		DIE("setup: %s", strerror(errno));
-	a = create_qp();
-	b = create_qp();
-	connect_qp(a, b->qp_num);
-	connect_qp(b, a->qp_num);
+	a = create_qp(pd, scq, rcq);
+	b = create_qp(pd, scq, rcq);
+	connect_qp(ctx, a, b->qp_num, IBV_ACCESS_REMOTE_WRITE);
+	connect_qp(ctx, b, a->qp_num, IBV_ACCESS_REMOTE_WRITE);
 	sleeper();
 	pollers();
 	channel_and_poll();
