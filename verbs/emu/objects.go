@@ -315,14 +315,22 @@ func sgl(sg *C.struct_odpemu_sge, n C.uint32_t) []odp.SGE {
 }
 
 //export odpemu_post_send
-func odpemu_post_send(h C.odpemu_handle, wr *C.struct_odpemu_send_wr) C.int {
+func odpemu_post_send(h C.odpemu_handle, wrs *C.struct_odpemu_send_wr, n C.uint32_t, posted *C.uint32_t) C.int {
+	*posted = 0
 	q, ok := lookup[*queuePair](h)
 	if !ok {
 		return C.int(syscall.EINVAL)
 	}
-	return errno(q.qp.PostSend(odp.SendWR{WRID: uint64(wr.wr_id), Opcode: odp.Opcode(wr.opcode), Flags: odp.SendFlags(wr.flags),
-		SGL: sgl(wr.sg_list, wr.num_sge), RemoteAddr: uint64(wr.remote_addr), RKey: uint32(wr.rkey), Imm: uint32(wr.imm),
-		CompareAdd: uint64(wr.compare_add), Swap: uint64(wr.swap)}))
+	for i, wr := range unsafe.Slice(wrs, int(n)) {
+		err := q.qp.PostSend(odp.SendWR{WRID: uint64(wr.wr_id), Opcode: odp.Opcode(wr.opcode), Flags: odp.SendFlags(wr.flags),
+			SGL: sgl(wr.sg_list, wr.num_sge), RemoteAddr: uint64(wr.remote_addr), RKey: uint32(wr.rkey), Imm: uint32(wr.imm),
+			CompareAdd: uint64(wr.compare_add), Swap: uint64(wr.swap)})
+		if err != nil {
+			return errno(err)
+		}
+		*posted = C.uint32_t(i + 1)
+	}
+	return 0
 }
 
 //export odpemu_post_recv

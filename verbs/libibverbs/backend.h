@@ -8,6 +8,8 @@
  * completions, or a negative errno value), and odpemu_open on failure writes a
  * message (NUL-terminated, at most errlen bytes) into err. Objects are named by
  * handles (odpemu_handle): opaque non-zero values the Go half hands out and takes back.
+ * odpemu_post_send posts n work requests in order, stopping at the first that fails:
+ * *posted says how many were posted.
  */
 #ifndef ODPEMU_BACKEND_H
 #define ODPEMU_BACKEND_H
@@ -117,7 +119,8 @@ struct odpemu_connect {
 	X(int, odpemu_modify_qp_state, (odpemu_handle qp, uint32_t state))                        \
 	X(int, odpemu_set_qp_access, (odpemu_handle qp, uint32_t access))                          \
 	X(int, odpemu_destroy_qp, (odpemu_handle qp))                                            \
-	X(int, odpemu_post_send, (odpemu_handle qp, const struct odpemu_send_wr *wr))              \
+	X(int, odpemu_post_send, (odpemu_handle qp, const struct odpemu_send_wr *wrs, uint32_t n,  \
+				  uint32_t *posted))                                                  \
 	X(int, odpemu_post_recv, (odpemu_handle qp, uint64_t wr_id, const struct odpemu_sge *sg,   \
 				  uint32_t num_sge))
 

@@ -28,6 +28,40 @@ extern int emu_forked;
 odpemu_handle emu_dev_handle(struct ibv_context *ctx);
 odpemu_handle emu_pd_handle(struct ibv_pd *pd);
 
+/* Send flags the emulated NIC accepts and ignores: every completion is an event, so a
+ * solicited one is too. */
+#define EMU_IGNORED_SEND_FLAGS IBV_SEND_SOLICITED
+
+/* A work request of the ibv_wr_* API being built (wr.c), between ibv_wr_start and
+ * ibv_wr_complete or ibv_wr_abort, which post or drop the whole batch. */
+struct emu_wr_batch {
+	pthread_mutex_t lock; /* held from wr_start to wr_complete or wr_abort */
+	struct odpemu_send_wr *wrs; /* max_send_wr of them */
+	struct odpemu_sge *sges;    /* max_send_wr x max_sge */
+	char *inl;                  /* max_send_wr x max_inline_data bytes */
+	uint32_t n, nsge;
+	size_t ninl;
+	int err; /* the first error of the batch, reported by wr_complete */
+};
+
+/* A QP: as rdma-core's verbs_qp, an ibv_qp that is also the start of an ibv_qp_ex. */
+struct emu_qp {
+	union {
+		struct ibv_qp qp;
+		struct ibv_qp_ex qp_ex;
+	};
+	odpemu_handle h;
+	struct ibv_qp_cap cap;
+	int sq_sig_all;
+	struct ibv_qp_attr attr;    /* the attributes modify_qp set, for query_qp */
+	struct emu_wr_batch *batch; /* a QP created with send_ops_flags: the ibv_wr_* API */
+};
+
+/* emu_wr_init gives q the ibv_wr_* API for the operations in ops (enum
+ * ibv_qp_create_send_ops_flags); emu_wr_free frees what it allocated. */
+int emu_wr_init(struct emu_qp *q, uint64_t ops);
+void emu_wr_free(struct emu_qp *q);
+
 /* emu_set_qp_ops gives a new context the data-path ops (qp.c). */
 void emu_set_qp_ops(struct ibv_context *ctx);
 

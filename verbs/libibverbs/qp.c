@@ -111,18 +111,6 @@ EXPORT void ibv_ack_cq_events(struct ibv_cq *cq, unsigned int nevents)
 	pthread_mutex_unlock(&cq->mutex);
 }
 
-/* A QP: as rdma-core's verbs_qp, an ibv_qp that is also the start of an ibv_qp_ex. */
-struct emu_qp {
-	union {
-		struct ibv_qp qp;
-		struct ibv_qp_ex qp_ex;
-	};
-	odpemu_handle h;
-	struct ibv_qp_cap cap;
-	int sq_sig_all;
-	struct ibv_qp_attr attr; /* the attributes modify_qp set, for query_qp */
-};
-
 /* Access flags a registration may ask for and the emulated NIC does not need: it
  * ignores them, as rdma-core's ibv_reg_mr clears them for providers that do. */
 #define EMU_OPTIONAL_ACCESS IBV_ACCESS_OPTIONAL_RANGE
@@ -339,47 +327,68 @@ EXPORT int ibv_destroy_cq(struct ibv_cq *cq)
 	return 0;
 }
 
+/* to_emu_wr turns a verbs send WR into the Go half's form (its SGL as it is). */
+static int to_emu_wr(const struct ibv_send_wr *wr, struct odpemu_send_wr *w)
+{
+	if (wr->num_sge < 0)
+		return EINVAL;
+	*w = (struct odpemu_send_wr){
+		.wr_id = wr->wr_id,
+		.opcode = wr->opcode,
+		.flags = wr->send_flags & ~EMU_IGNORED_SEND_FLAGS,
+		.sg_list = (const struct odpemu_sge *)wr->sg_list,
+		.num_sge = (uint32_t)wr->num_sge,
+	};
+	switch (wr->opcode) {
+	case IBV_WR_RDMA_WRITE_WITH_IMM:
+	case IBV_WR_SEND_WITH_IMM:
+		w->imm = be32toh(wr->imm_data);
+		break;
+	default:
+		break;
+	}
+	switch (wr->opcode) {
+	case IBV_WR_RDMA_WRITE:
+	case IBV_WR_RDMA_WRITE_WITH_IMM:
+	case IBV_WR_RDMA_READ:
+		w->remote_addr = wr->wr.rdma.remote_addr;
+		w->rkey = wr->wr.rdma.rkey;
+		break;
+	case IBV_WR_ATOMIC_CMP_AND_SWP:
+	case IBV_WR_ATOMIC_FETCH_AND_ADD:
+		w->remote_addr = wr->wr.atomic.remote_addr;
+		w->rkey = wr->wr.atomic.rkey;
+		w->compare_add = wr->wr.atomic.compare_add;
+		w->swap = wr->wr.atomic.swap;
+		break;
+	default:
+		break;
+	}
+	return 0;
+}
+
+/* emu_post_send posts a chain of WRs, up to 32 of them in one call to the Go half. */
 static int emu_post_send(struct ibv_qp *qp, struct ibv_send_wr *wr, struct ibv_send_wr **bad_wr)
 {
 	struct emu_qp *q = container_of(qp, struct emu_qp, qp);
-	for (; wr; wr = wr->next) {
-		struct odpemu_send_wr w = {
-			.wr_id = wr->wr_id,
-			.opcode = wr->opcode,
-			.flags = wr->send_flags,
-			.sg_list = (const struct odpemu_sge *)wr->sg_list,
-			.num_sge = wr->num_sge > 0 ? (uint32_t)wr->num_sge : 0,
-		};
-		if (wr->num_sge < 0) {
-			*bad_wr = wr;
-			return EINVAL;
+	struct odpemu_send_wr batch[32];
+	struct ibv_send_wr *first[32];
+	while (wr) {
+		uint32_t n = 0;
+		int e = 0;
+		for (; wr && n < sizeof batch / sizeof batch[0]; wr = wr->next) {
+			if ((e = to_emu_wr(wr, &batch[n])))
+				break;
+			first[n++] = wr;
 		}
-		switch (wr->opcode) {
-		case IBV_WR_RDMA_WRITE_WITH_IMM:
-		case IBV_WR_SEND_WITH_IMM:
-			w.imm = be32toh(wr->imm_data);
-			break;
-		default:
-			break;
+		uint32_t posted = 0;
+		if (n) {
+			int pe = be.odpemu_post_send(q->h, batch, n, &posted);
+			if (pe) {
+				*bad_wr = first[posted];
+				return pe;
+			}
 		}
-		switch (wr->opcode) {
-		case IBV_WR_RDMA_WRITE:
-		case IBV_WR_RDMA_WRITE_WITH_IMM:
-		case IBV_WR_RDMA_READ:
-			w.remote_addr = wr->wr.rdma.remote_addr;
-			w.rkey = wr->wr.rdma.rkey;
-			break;
-		case IBV_WR_ATOMIC_CMP_AND_SWP:
-		case IBV_WR_ATOMIC_FETCH_AND_ADD:
-			w.remote_addr = wr->wr.atomic.remote_addr;
-			w.rkey = wr->wr.atomic.rkey;
-			w.compare_add = wr->wr.atomic.compare_add;
-			w.swap = wr->wr.atomic.swap;
-			break;
-		default:
-			break;
-		}
-		int e = be.odpemu_post_send(q->h, &w);
 		if (e) {
 			*bad_wr = wr;
 			return e;
@@ -403,15 +412,19 @@ static int emu_post_recv(struct ibv_qp *qp, struct ibv_recv_wr *wr, struct ibv_r
 	return 0;
 }
 
+static struct ibv_qp *emu_create_qp_ex(struct ibv_context *context, struct ibv_qp_init_attr_ex *attr);
+
 void emu_set_qp_ops(struct ibv_context *ctx)
 {
 	ctx->ops.poll_cq = emu_poll_cq;
 	ctx->ops.req_notify_cq = emu_req_notify_cq;
 	ctx->ops.post_send = emu_post_send;
 	ctx->ops.post_recv = emu_post_recv;
+	verbs_get_ctx(ctx)->create_qp_ex = emu_create_qp_ex;
 }
 
-EXPORT struct ibv_qp *ibv_create_qp(struct ibv_pd *pd, struct ibv_qp_init_attr *init)
+/* create_qp creates an RC QP as init (an ibv_qp_init_attr's fields) asks. */
+static struct emu_qp *create_qp(struct ibv_pd *pd, struct ibv_qp_init_attr *init)
 {
 	if (init->qp_type != IBV_QPT_RC || init->srq) {
 		errno = EOPNOTSUPP; /* RC QPs without an SRQ only */
@@ -461,14 +474,54 @@ EXPORT struct ibv_qp *ibv_create_qp(struct ibv_pd *pd, struct ibv_qp_init_attr *
 	pthread_cond_init(&qp->cond, NULL);
 	q->attr.qp_state = IBV_QPS_RESET;
 	q->attr.cap = q->cap;
-	return qp;
+	return q;
+}
+
+EXPORT struct ibv_qp *ibv_create_qp(struct ibv_pd *pd, struct ibv_qp_init_attr *init)
+{
+	struct emu_qp *q = create_qp(pd, init);
+	return q ? &q->qp : NULL;
+}
+
+/* emu_create_qp_ex is ibv_create_qp_ex: an RC QP on a PD, with the ibv_wr_* API for
+ * the operations send_ops_flags names. */
+static struct ibv_qp *emu_create_qp_ex(struct ibv_context *context, struct ibv_qp_init_attr_ex *attr)
+{
+	uint32_t known = IBV_QP_INIT_ATTR_PD | IBV_QP_INIT_ATTR_SEND_OPS_FLAGS | IBV_QP_INIT_ATTR_CREATE_FLAGS;
+	if ((attr->comp_mask & ~known) || ((attr->comp_mask & IBV_QP_INIT_ATTR_CREATE_FLAGS) && attr->create_flags)) {
+		errno = EOPNOTSUPP; /* XRC domains, creation flags, TSO, RSS, source QPNs */
+		return NULL;
+	}
+	if (!(attr->comp_mask & IBV_QP_INIT_ATTR_PD) || !attr->pd || attr->pd->context != context) {
+		errno = EINVAL;
+		return NULL;
+	}
+	struct ibv_qp_init_attr init = {.qp_context = attr->qp_context, .send_cq = attr->send_cq,
+					.recv_cq = attr->recv_cq, .srq = attr->srq, .cap = attr->cap,
+					.qp_type = attr->qp_type, .sq_sig_all = attr->sq_sig_all};
+	struct emu_qp *q = create_qp(attr->pd, &init);
+	if (!q)
+		return NULL;
+	attr->cap = init.cap;
+	if (attr->comp_mask & IBV_QP_INIT_ATTR_SEND_OPS_FLAGS) {
+		int e = emu_wr_init(q, attr->send_ops_flags);
+		if (e) {
+			ibv_destroy_qp(&q->qp);
+			errno = e;
+			return NULL;
+		}
+	}
+	return &q->qp;
 }
 
 EXPORT struct ibv_qp_ex *ibv_qp_to_qp_ex(struct ibv_qp *qp)
 {
-	(void)qp;
-	errno = EOPNOTSUPP; /* the ibv_wr_* API: not yet */
-	return NULL;
+	struct emu_qp *q = container_of(qp, struct emu_qp, qp);
+	if (!q->batch) {
+		errno = EOPNOTSUPP; /* created without send_ops_flags */
+		return NULL;
+	}
+	return &q->qp_ex;
 }
 
 static int mtu_bytes(enum ibv_mtu m)
@@ -612,6 +665,7 @@ EXPORT int ibv_destroy_qp(struct ibv_qp *qp)
 		return e;
 	pthread_cond_destroy(&qp->cond);
 	pthread_mutex_destroy(&qp->mutex);
+	emu_wr_free(q);
 	free(q);
 	return 0;
 }

@@ -123,21 +123,11 @@ func perftestRun(lib, test string, size, iters int, odp bool) (float64, error) {
 	env := append(os.Environ(), "LD_LIBRARY_PATH="+lib)
 	srv := exec.Command(prog, args...)
 	srv.Env = append(env, "ODPEMU_ADDR=127.0.0.1")
-	var srvOut bytes.Buffer
-	srv.Stdout, srv.Stderr = &srvOut, &srvOut
-	if err := srv.Start(); err != nil {
+	srvOut, stop, err := startServer(srv)
+	if err != nil {
 		return 0, err
 	}
-	done := make(chan error, 1)
-	go func() { done <- srv.Wait() }()
-	defer func() {
-		select {
-		case <-done:
-		case <-time.After(30 * time.Second):
-			_ = srv.Process.Kill()
-			<-done
-		}
-	}()
+	defer stop()
 	for try := 0; ; try++ { // until the server listens
 		cli := exec.Command(prog, append(args, "127.0.0.1")...)
 		cli.Env = append(env, "ODPEMU_ADDR=127.0.0.2")
@@ -170,22 +160,11 @@ func odpPerfRun(self, test string, size, iters int, odp bool) (float64, error) {
 	if odp {
 		args = append(args, "--odp")
 	}
-	srv := exec.Command(self, append(args, "--server", "127.0.0.1:"+port)...)
-	var srvOut bytes.Buffer
-	srv.Stdout, srv.Stderr = &srvOut, &srvOut
-	if err := srv.Start(); err != nil {
+	srvOut, stop, err := startServer(exec.Command(self, append(args, "--server", "127.0.0.1:"+port)...))
+	if err != nil {
 		return 0, err
 	}
-	done := make(chan error, 1)
-	go func() { done <- srv.Wait() }()
-	defer func() {
-		select {
-		case <-done:
-		case <-time.After(30 * time.Second):
-			_ = srv.Process.Kill()
-			<-done
-		}
-	}()
+	defer stop()
 	for try := 0; ; try++ {
 		out, err := exec.Command(self, append(args, "--connect", "127.0.0.1:"+port)...).CombinedOutput()
 		if err != nil && strings.Contains(string(out), "connection refused") && try < 50 {
@@ -197,6 +176,26 @@ func odpPerfRun(self, test string, size, iters int, odp bool) (float64, error) {
 		}
 		return parseRow(odpPerfRow, out, "odp-perf")
 	}
+}
+
+// startServer starts the server side of a two-process test. Its output collects in
+// the buffer returned; stop waits for it to exit, and kills it after 30 s.
+func startServer(srv *exec.Cmd) (out *bytes.Buffer, stop func(), err error) {
+	out = new(bytes.Buffer)
+	srv.Stdout, srv.Stderr = out, out
+	if err := srv.Start(); err != nil {
+		return nil, nil, err
+	}
+	done := make(chan error, 1)
+	go func() { done <- srv.Wait() }()
+	return out, func() {
+		select {
+		case <-done:
+		case <-time.After(30 * time.Second):
+			_ = srv.Process.Kill()
+			<-done
+		}
+	}, nil
 }
 
 // parseRow returns the average bandwidth of the last results row in out.
