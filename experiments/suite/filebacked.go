@@ -48,6 +48,7 @@ type fileRun struct {
 
 // fileSetup is the mounted file and a rig whose server maps it.
 type fileSetup struct {
+	dir   string // the mount point's parent, removed by close after the unmount
 	fsys  *fusefs.FS
 	file  *fusefs.File
 	obj   *fusefs.Synthetic
@@ -66,12 +67,11 @@ func newFileSetup(size int, seed uint64, cfg odp.Config) (_ *fileSetup, err erro
 	if err != nil {
 		return nil, err
 	}
-	s := &fileSetup{size: size, obj: fusefs.NewSynthetic(int64(size), seed)}
+	s := &fileSetup{dir: dir, size: size, obj: fusefs.NewSynthetic(int64(size), seed)}
 	defer func() {
 		if err != nil {
 			s.close()
 		}
-		_ = os.RemoveAll(dir) // empty once unmounted; the mount point stays busy until then
 	}()
 	if s.fsys, err = fusefs.Mount(filepath.Join(dir, "mnt"), fusefs.Options{}); err != nil {
 		return nil, err
@@ -107,6 +107,7 @@ func (s *fileSetup) close() {
 	if s.fsys != nil {
 		_ = s.fsys.Unmount() // aborted if busy: nothing of ours is left mounted
 	}
+	_ = os.RemoveAll(s.dir) // the empty mount point, no longer busy
 }
 
 // register maps the file and registers it, pinned or on demand.

@@ -8,6 +8,8 @@ import (
 	"time"
 
 	"github.com/odpemu/odpemu/experiments/results"
+	"github.com/odpemu/odpemu/internal/fusemount"
+	"github.com/odpemu/odpemu/odp"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 )
@@ -67,4 +69,25 @@ func TestSummary(t *testing.T) {
 	assert.Contains(t, s, "![registration](registration.png)")
 	assert.Contains(t, s, "**failed**: boom")
 	assert.Equal(t, 1, strings.Count(s, "## Headlines"))
+}
+
+// A file setup removes its mount point's directory when it closes: nothing is left
+// mounted or in the temporary directory.
+func TestFileSetupCleansUp(t *testing.T) {
+	if err := fusemount.Available(); err != nil {
+		t.Skip(err)
+	}
+	t.Setenv("TMPDIR", t.TempDir())
+	s, err := newFileSetup(1<<20, 1, odp.Config{})
+	require.NoError(t, err)
+	mnt := filepath.Join(s.dir, "mnt")
+	mounts, err := os.ReadFile("/proc/self/mounts")
+	require.NoError(t, err)
+	require.Contains(t, string(mounts), " "+mnt+" ", "mounted while the setup lives")
+	s.close()
+	_, err = os.Stat(s.dir)
+	assert.ErrorIs(t, err, os.ErrNotExist, "the directory outlived the setup")
+	mounts, err = os.ReadFile("/proc/self/mounts")
+	require.NoError(t, err)
+	assert.NotContains(t, string(mounts), " "+mnt+" ")
 }
