@@ -162,7 +162,11 @@ func (qp *QP) connectUDP(ep *roce.Endpoint, cm *roce.CM, cfg UDPConfig, local, r
 		defer qp.wg.Done()
 		select {
 		case <-cm.Done():
-			qp.toError()
+			qp.mu.Lock()
+			if qp.cm == cm { // not reset meanwhile
+				qp.toErrorLocked()
+			}
+			qp.mu.Unlock()
 		case <-qp.done:
 		}
 	}()

@@ -44,6 +44,25 @@ func (cq *CQ) push(wc WC) bool {
 	return ok
 }
 
+// dropQP removes the completions of QP qpn from the ring, keeping the others in
+// their order.
+func (cq *CQ) dropQP(qpn uint32) {
+	cq.mu.Lock()
+	defer cq.mu.Unlock()
+	k := 0
+	for i := 0; i < cq.n; i++ {
+		wc := cq.ring[(cq.head+i)%len(cq.ring)]
+		if wc.QPNum != qpn {
+			cq.ring[(cq.head+k)%len(cq.ring)] = wc
+			k++
+		}
+	}
+	for i := k; i < cq.n; i++ {
+		cq.ring[(cq.head+i)%len(cq.ring)] = WC{}
+	}
+	cq.n = k
+}
+
 // killLocked marks the CQ destroyed, as Device.Close does. Called with Device.mu held.
 func (cq *CQ) killLocked() {
 	cq.mu.Lock()

@@ -57,6 +57,8 @@
 //	space.mu                 the address space's buffers, ODP and locked ranges
 //	paging.Pager.rmu     the pager's region list (Alloc adds a region under space.mu)
 //	QP.mu                    a QP's state, queues and pending WRs
+//	sendQueue.mu             a QP's posters (PostSend); a flush or a reset takes it
+//	                         under QP.mu, and a flush pushes completions under it
 //	CQ.mu                    a CQ's ring (completions are pushed under QP.mu; CreateQP
 //	                         and CQ.Destroy take it under Device.mu); an armed CQ's
 //	                         notification (RequestNotify) runs under it and takes nothing

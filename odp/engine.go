@@ -50,6 +50,7 @@ import (
 	"errors"
 	"runtime"
 	"runtime/debug"
+	"sync"
 	"sync/atomic"
 	"time"
 
@@ -76,6 +77,7 @@ type engine struct {
 	sleeping atomic.Bool
 	woken    atomic.Bool
 	quit     chan struct{}
+	stopOnce sync.Once
 	exited   chan struct{}
 	timer    *time.Timer
 	alarm    time.Time // a precise wake-up is armed for then
@@ -159,6 +161,7 @@ func (qp *QP) startLocked() {
 		remote: qp.remote.QPN, window: 1024, kick: make(chan struct{}, 1), quit: make(chan struct{}),
 		exited: make(chan struct{}), rx: make([]roce.Segment, 64)}
 	e.recvWR.SGL = e.recvSGL[:0]
+	e.sqNext = qp.sq.head.Load() // a QP reset and connected again numbers on
 	qp.eng = e
 	qp.engA.Store(e)
 	qp.port.SetWake(e.wake)
@@ -202,9 +205,10 @@ func (e *engine) wake() {
 	}
 }
 
-// stop ends the engine and releases every run it held.
+// stop ends the engine and releases every run it held. Destroy and reset may both
+// call it; the second call waits for the same end.
 func (e *engine) stop() {
-	close(e.quit)
+	e.stopOnce.Do(func() { close(e.quit) })
 	e.wake()
 	<-e.exited
 }

@@ -144,12 +144,15 @@ func (qp *QP) connect(port roce.Port, remote Remote, to QPState) error {
 }
 
 // Modify moves the QP to state to. RTR needs a wire attached by Connect first;
-// moving to ERR flushes outstanding work.
+// moving to ERR flushes outstanding work. RESET disconnects a connected QP (reset).
 func (qp *QP) Modify(to QPState) error {
 	qp.mu.Lock()
 	defer qp.mu.Unlock()
 	if qp.destroyed {
 		return ErrClosed
+	}
+	if qp.resetting {
+		return wrap(ErrQPState, "QP %d is being reset", qp.qpn)
 	}
 	if err := checkTransition(qp.state, to); err != nil {
 		return err
@@ -161,8 +164,11 @@ func (qp *QP) Modify(to QPState) error {
 		}
 		qp.startLocked()
 	case StateReset:
-		if qp.eng != nil {
-			return wrap(ErrQPState, "reset of a connected QP: destroy it instead")
+		if qp.port != nil {
+			qp.mu.Unlock()
+			err := qp.reset()
+			qp.mu.Lock() // for the deferred unlock
+			return err
 		}
 	case StateError:
 		qp.toErrorLocked()
@@ -241,15 +247,18 @@ func (qp *QP) PostSend(wr SendWR) error {
 			return err
 		}
 	}
-	s := QPState(qp.st.Load())
 	if qp.gone.Load() {
 		return ErrClosed
 	}
-	if !canPostSend(s) {
-		return wrap(ErrQPState, "post send in %v", s)
-	}
 	q := &qp.sq
 	q.mu.Lock()
+	// Under the queue's lock: a reset drops the queue under it after the state
+	// changed, so nothing posted in an earlier state is left behind.
+	s := QPState(qp.st.Load())
+	if !canPostSend(s) {
+		q.mu.Unlock()
+		return wrap(ErrQPState, "post send in %v", s)
+	}
 	tail := q.tail.Load()
 	if tail-q.head.Load() >= uint64(len(q.slots)) {
 		q.mu.Unlock()

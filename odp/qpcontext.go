@@ -59,7 +59,10 @@ type QP struct {
 	// lastRefusal says why the responder last answered a NAK (RespError).
 	lastRefusal string
 	destroyed   bool
-	rq          recvQueue // posted receives (the engine takes them)
+	// resetting: reset is stopping the engine; Modify and a second reset refuse,
+	// and the engine's moves to ERR are ignored.
+	resetting bool
+	rq        recvQueue // posted receives (the engine takes them)
 }
 
 // recvQueue is a QP's receive queue, a ring of MaxRecvWR slots: PostRecv fills the
@@ -186,10 +189,32 @@ func (qp *QP) flushUnstarted() {
 // flushes what is outstanding and what it reaches later. Called with QP.mu held; it
 // takes the receive CQ's lock.
 func (qp *QP) toErrorLocked() {
-	if qp.state == StateError {
+	if qp.state == StateError || qp.resetting {
 		return
 	}
 	qp.setStateLocked(StateError)
+	qp.flushRecvsLocked()
+}
+
+// failWith moves the QP to ERR for the send work request whose error completion is
+// wc, queued first, before the flushes of the posted receives, in the order a NIC
+// writes them (an application that polls one CQ for both finds the error before the
+// flushes, as rdma-core's tests expect).
+func (qp *QP) failWith(wc WC) {
+	qp.mu.Lock()
+	defer qp.mu.Unlock()
+	if qp.state == StateError || qp.resetting {
+		qp.cfg.SendCQ.push(wc)
+		return
+	}
+	qp.setStateLocked(StateError)
+	qp.cfg.SendCQ.push(wc)
+	qp.flushRecvsLocked()
+}
+
+// flushRecvsLocked completes the posted receives with WR_FLUSH_ERR, and, without an
+// engine, the posted sends. Called with QP.mu held; it takes the CQs' locks.
+func (qp *QP) flushRecvsLocked() {
 	qp.rq.flushLocked(func(wrid uint64) {
 		qp.cfg.RecvCQ.push(WC{WRID: wrid, Status: WCWRFlushErr, Opcode: WCRecv, QPNum: qp.qpn})
 	})
@@ -248,4 +273,61 @@ func (qp *QP) PSN() uint32 {
 	qp.mu.Lock()
 	defer qp.mu.Unlock()
 	return qp.psn
+}
+
+// reset moves a connected QP to RESET, as ibv_modify_qp does: the engine stops and
+// the wire closes (a connection manager's channel is disconnected), the work queued
+// on both queues is dropped without completions, and the completions of this QP
+// still in its CQs are removed, as libmlx5 cleans its CQs on the move to RESET (rxe
+// leaves them). The attributes go back to their defaults; the QP can be connected
+// again, through INIT, RTR and RTS, to the same peer or another.
+func (qp *QP) reset() error {
+	qp.mu.Lock()
+	switch {
+	case qp.destroyed:
+		qp.mu.Unlock()
+		return ErrClosed
+	case qp.resetting:
+		qp.mu.Unlock()
+		return wrap(ErrQPState, "QP %d is being reset", qp.qpn)
+	}
+	qp.resetting = true
+	eng, port, cm := qp.eng, qp.port, qp.cm
+	qp.cm = nil // its watch ends without moving the QP to ERR
+	qp.mu.Unlock()
+
+	if cm != nil {
+		_ = cm.Disconnect() // the peer learns of it; the channel is gone either way
+	}
+	if eng != nil {
+		eng.stop() // releases every run it held; nothing of the engine runs after
+	}
+	_ = port.Close() // the wire is going away either way
+
+	qp.mu.Lock()
+	qp.resetting = false
+	if qp.destroyed { // Destroy ran meanwhile and released the rest
+		qp.mu.Unlock()
+		return ErrClosed
+	}
+	qp.eng, qp.port, qp.remote, qp.lastRefusal = nil, nil, Remote{}, ""
+	qp.engA.Store(nil)
+	qp.setStateLocked(StateReset)
+	qp.attr = DefaultQPAttr
+	qp.access.Store(uint32(DefaultQPAttr.Access))
+	qp.attrGen.Add(1)
+	qp.rq.flushLocked(func(uint64) {})
+	q := &qp.sq
+	q.mu.Lock() // posters see RESET from here on (PostSend checks it under q.mu)
+	for h := q.head.Load(); h < q.tail.Load(); h++ {
+		*q.slot(h) = wqe{}
+	}
+	q.head.Store(q.tail.Load())
+	q.mu.Unlock()
+	qp.mu.Unlock()
+	qp.cfg.SendCQ.dropQP(qp.qpn)
+	if qp.cfg.RecvCQ != qp.cfg.SendCQ {
+		qp.cfg.RecvCQ.dropQP(qp.qpn)
+	}
+	return nil
 }

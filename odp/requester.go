@@ -478,8 +478,9 @@ func (e *engine) retire() {
 			// An application that polls the error finds the QP in ERR and the
 			// counters that say why.
 			e.count()
-			e.qp.toError()
+			e.qp.failWith(wc)
 			e.toError()
+			continue
 		}
 		if report {
 			e.qp.cfg.SendCQ.push(wc)
