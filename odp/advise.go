@@ -38,7 +38,7 @@ func (pd *domain) adviseMR(advice Advice, flags AdviseFlags, sgl []SGE) error {
 	jobs := make([]job, 0, len(sgl))
 	for _, s := range sgl {
 		mr := pd.dev.lookupMR(s.LKey)
-		if mr == nil || mr.pd != pd {
+		if mr == nil || mr.pd.Load() != pd {
 			return wrap(ErrInvalidArgument, "lkey %#x is not an MR of the PD", s.LKey)
 		}
 		first, count, err := mr.adviseRange(advice, s.Addr, uint64(s.Length))
@@ -96,7 +96,7 @@ func (mr *MR) adviseRange(advice Advice, addr, length uint64) (int, int, error) 
 	if !ok || length == 0 {
 		return 0, 0, wrap(ErrInvalidArgument, "[%#x, +%d) outside MR %#x", addr, length, mr.key)
 	}
-	if advice == AdvisePrefetchWrite && !mr.access.writable() {
+	if advice == AdvisePrefetchWrite && !mr.Access().writable() {
 		return 0, 0, wrap(ErrPermission, "PREFETCH_WRITE on MR %#x without write access", mr.key)
 	}
 	first, count := mr.pageSpan(off, length)
@@ -114,7 +114,7 @@ func (mr *MR) adviseRange(advice Advice, addr, length uint64) (int, int, error) 
 // (ErrBusy: evictions, the application's discards) ends the prefetch with what it
 // mapped, not with an error.
 func (mr *MR) prefetch(advice Advice, first, count int) error {
-	write := advice == AdvisePrefetchWrite || (advice == AdvisePrefetchNoFault && mr.access.writable())
+	write := advice == AdvisePrefetchWrite || (advice == AdvisePrefetchNoFault && mr.Access().writable())
 	if b := mr.dev.cfg.ResidentBudget; b > 0 {
 		count = min(count, int(b/int64(pagefault.PageSize)))
 	}

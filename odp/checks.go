@@ -10,9 +10,9 @@ func (qp *QP) localSGE(s SGE, write bool) (*MR, uint64, string) {
 	switch {
 	case mr == nil:
 		return nil, 0, fmt.Sprintf("lkey %#x is not a registered MR", s.LKey)
-	case mr.pd != qp.pd:
+	case mr.pd.Load() != qp.pd:
 		return nil, 0, fmt.Sprintf("lkey %#x belongs to another PD", s.LKey)
-	case write && mr.access&AccessLocalWrite == 0:
+	case write && mr.Access()&AccessLocalWrite == 0:
 		return nil, 0, fmt.Sprintf("MR %#x lacks LOCAL_WRITE", s.LKey)
 	}
 	off, ok := mr.offset(s.Addr, uint64(s.Length))
@@ -29,9 +29,9 @@ func (qp *QP) remoteMR(rkey uint32, va, n uint64, need Access) (*MR, uint64, str
 	switch {
 	case mr == nil:
 		return nil, 0, fmt.Sprintf("rkey %#x is not a registered MR", rkey)
-	case mr.pd != qp.pd:
+	case mr.pd.Load() != qp.pd:
 		return nil, 0, fmt.Sprintf("rkey %#x belongs to another PD", rkey)
-	case mr.access&need == 0:
+	case mr.Access()&need == 0:
 		return nil, 0, fmt.Sprintf("MR %#x lacks %v", rkey, need)
 	}
 	off, ok := mr.offset(va, n)

@@ -24,7 +24,9 @@ func (pd *domain) regImplicitMR(access Access) (*MR, error) {
 	}
 	d := pd.dev
 	s := d.as
-	mr := &MR{dev: d, pd: pd, length: maxMRSize, access: access, odp: true, implicit: true}
+	mr := &MR{dev: d, length: maxMRSize, odp: true, implicit: true}
+	mr.pd.Store(pd)
+	mr.access.Store(uint32(access))
 	s.regMu.Lock()
 	defer s.regMu.Unlock()
 	d.mu.Lock()

@@ -72,7 +72,7 @@ func (l *lifecycle) step(rng *rand.Rand) {
 	buf, haveBuf := pick(rng, l.bufs)
 	l.mu.Unlock()
 
-	switch rng.IntN(14) {
+	switch rng.IntN(16) {
 	case 0:
 		p, err := d.AllocPD()
 		check("AllocPD", err)
@@ -198,6 +198,19 @@ func (l *lifecycle) step(rng *rand.Rand) {
 			check("PostSend", qp.PostSend(wr))
 			if rng.IntN(2) == 0 {
 				check("PostRecv", qp.PostRecv(RecvWR{WRID: 1, SGL: wr.SGL}))
+			}
+		}
+	case 14:
+		if haveQP {
+			check("Modify", qp.Modify([]QPState{StateReset, StateError, StateInit}[rng.IntN(3)]))
+		}
+	case 15:
+		if haveMR {
+			access := mr.Access() ^ []Access{AccessRemoteRead, AccessRemoteWrite, AccessOnDemand}[rng.IntN(3)]
+			if havePD && rng.IntN(2) == 0 {
+				check("Rereg", mr.Rereg(pd, access))
+			} else {
+				check("Rereg", mr.Rereg(nil, access))
 			}
 		}
 	case 13:

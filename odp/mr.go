@@ -55,12 +55,14 @@ type domain struct {
 // MR is a registered memory region. Its translation table is the NIC's view of the
 // region's pages: filled at registration for pinned MRs, on demand for ODP MRs.
 type MR struct {
-	dev    *nic
-	pd     *domain
-	mem    []byte  // the registered bytes
-	start  uintptr // address of mem[0]
+	dev *nic
+	// pd and access are the mkey context's PD and rights, which Rereg changes in
+	// place while DMAs run: the checks load them per request.
+	pd     atomic.Pointer[domain]
+	access atomic.Uint32 // an Access
+	mem    []byte        // the registered bytes
+	start  uintptr       // address of mem[0]
 	length uint64
-	access Access
 	key    uint32
 	odp    bool
 	// implicit: the MR covers the whole address space (RegImplicitMR).
@@ -109,8 +111,9 @@ func (pd *domain) regMR(buf []byte, access Access) (*MR, error) {
 	start := addrOf(buf)
 	base := start &^ (ps - 1)
 	end := (start + uintptr(len(buf)) + ps - 1) &^ (ps - 1)
-	mr := &MR{dev: d, pd: pd, mem: buf, start: start, length: uint64(len(buf)), access: access,
-		odp: access&AccessOnDemand != 0, base: base}
+	mr := &MR{dev: d, mem: buf, start: start, length: uint64(len(buf)), odp: access&AccessOnDemand != 0, base: base}
+	mr.pd.Store(pd)
+	mr.access.Store(uint32(access))
 	npages := int((end - base) / ps)
 	d.as.mu.RLock()
 	fm, isFile := d.as.fileMapLocked(start, uintptr(len(buf)))
@@ -146,7 +149,7 @@ func (mr *MR) Addr() uint64 { return uint64(mr.start) }
 func (mr *MR) Len() uint64 { return mr.length }
 
 // Access returns the access flags.
-func (mr *MR) Access() Access { return mr.access }
+func (mr *MR) Access() Access { return Access(mr.access.Load()) }
 
 // OnDemand reports whether the MR was registered with AccessOnDemand.
 func (mr *MR) OnDemand() bool { return mr.odp }
@@ -156,6 +159,49 @@ func (mr *MR) Registration() RegTiming { return mr.reg }
 
 // Entry returns the NIC translation of page p (counted from the page holding Addr).
 func (mr *MR) Entry(p int) mmu.Entry { return mr.table.Entry(p) }
+
+// rereg is Rereg, with the PD's domain (nil: unchanged).
+func (mr *MR) rereg(pd *domain, access Access) error {
+	d := mr.dev
+	old := mr.Access()
+	switch {
+	case access&^accessKnown != 0:
+		return wrap(ErrInvalidArgument, "unknown access flags %#x", uint32(access&^accessKnown))
+	case access&(AccessRemoteWrite|AccessRemoteAtomic) != 0 && access&AccessLocalWrite == 0:
+		return wrap(ErrInvalidArgument, "%v needs LOCAL_WRITE", access)
+	case (access^old)&AccessOnDemand != 0:
+		return wrap(ErrInvalidArgument, "rereg from %v to %v: AccessOnDemand changes the registration", old, access)
+	case pd != nil && pd.dev != d:
+		return wrap(ErrInvalidArgument, "rereg into a PD of another device")
+	}
+	if !mr.odp && !mr.implicit && access.writable() && !old.writable() {
+		end := mr.base + uintptr(mr.table.Pages())*pagefault.PageSize
+		if err := pagefault.PopulateRange(mr.base, end-mr.base, true); err != nil {
+			return wrap(ErrBadAddress, "[%#x, +%d) cannot be pinned for %v (%v)", mr.start, mr.length, access, err)
+		}
+		// Written pages may be new ones (a private copy of the zero page, of a
+		// file's page): the table takes them, as a new pinning would.
+		mr.table.Lock()
+		err := mr.buildMTTLocked()
+		mr.table.Unlock()
+		if err != nil {
+			return err
+		}
+	}
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	switch {
+	case d.mrs[mr.key>>8] != mr:
+		return wrap(ErrInvalidArgument, "MR %#x is not registered", mr.key)
+	case pd != nil && pd.dead.Load(): // Dealloc sets it under Device.mu
+		return wrap(ErrInvalidArgument, "rereg into a deallocated PD")
+	}
+	if pd != nil {
+		mr.pd.Store(pd)
+	}
+	mr.access.Store(uint32(access))
+	return nil
+}
 
 // Stats returns the MR's counters.
 func (mr *MR) Stats() MRStats {

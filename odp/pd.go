@@ -27,7 +27,7 @@ func (pd *PD) Dealloc() error {
 		return ErrClosed
 	}
 	for _, mr := range d.mrs {
-		if mr.pd == &pd.domain {
+		if mr.pd.Load() == &pd.domain {
 			return wrap(ErrBusy, "PD has MR %#x", mr.key)
 		}
 	}
@@ -77,3 +77,13 @@ func (pd *PD) RegImplicitMR(access Access) (*MR, error) { return pd.dom().regImp
 func (pd *PD) AdviseMR(advice Advice, flags AdviseFlags, sgl []SGE) error {
 	return pd.dom().adviseMR(advice, flags, sgl)
 }
+
+// Rereg changes the MR's protection domain and access rights in place, as
+// ibv_rereg_mr with IBV_REREG_MR_CHANGE_PD and IBV_REREG_MR_CHANGE_ACCESS does on a
+// NIC that rewrites the mkey context (mlx5 through UMR, rxe): the keys, the pages and
+// their mapping stay, and every request checked from then on sees the new PD and
+// rights (one already past its check completes under the old). A nil pd keeps the
+// PD. AccessOnDemand cannot change: that is a new registration (Dereg, RegMR). A
+// pinned MR that gains LOCAL_WRITE is faulted in for write first, as pinning for
+// write does, and fails with ErrBadAddress where its memory cannot be written.
+func (mr *MR) Rereg(pd *PD, access Access) error { return mr.rereg(pd.dom(), access) }

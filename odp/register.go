@@ -120,7 +120,7 @@ func (mr *MR) snapshot(start, end uintptr) {
 			return errDeregistered
 		}
 		if !mr.table.ReadRetryLocked(seq) { // else invalidated meanwhile: these fault later
-			mr.mapPresentLocked(first, entries, mr.access.writable())
+			mr.mapPresentLocked(first, entries, mr.Access().writable())
 		}
 		return nil
 	})
@@ -192,14 +192,14 @@ func (mr *MR) registerPinned(end uintptr, npages int) error {
 		d.pinned -= bytes
 		d.mu.Unlock()
 	}
-	if err := pagefault.PopulateRange(mr.base, end-mr.base, mr.access.writable()); err != nil {
+	if err := pagefault.PopulateRange(mr.base, end-mr.base, mr.Access().writable()); err != nil {
 		unaccount()
 		switch {
 		case errors.Is(err, unix.ENOMEM):
 			return wrap(ErrBadAddress, "[%#x, +%d) is not mapped (%v)", mr.start, mr.length, err)
 		case errors.Is(err, unix.EFAULT), errors.Is(err, unix.EINVAL), errors.Is(err, unix.EPERM):
 			return wrap(ErrBadAddress, "[%#x, +%d) cannot be pinned for %v: its mapping's protection forbids it (%v)",
-				mr.start, mr.length, mr.access, err)
+				mr.start, mr.length, mr.Access(), err)
 		}
 		return fmt.Errorf("odp: fault in %d bytes to pin: %w", bytes, err)
 	}
@@ -219,24 +219,13 @@ func (mr *MR) registerPinned(end uintptr, npages int) error {
 
 	t2 := time.Now()
 	mr.table = mmu.New(npages)
-	const chunk = 4096
-	entries := make([]pagefault.PagemapEntry, min(chunk, npages))
 	mr.table.Lock()
-	for first := 0; first < npages; first += chunk {
-		n := min(chunk, npages-first)
-		err := d.as.pagemap.Read(mr.base+uintptr(first)*pagefault.PageSize, entries[:n])
-		if err == nil && mr.mapPresentLocked(first, entries[:n], true) != n {
-			// Only an munmap racing the registration does this: the caller freed
-			// the memory it is registering.
-			err = wrap(ErrBadAddress, "pages of [%#x, +%d) unmapped during registration", mr.start, mr.length)
-		}
-		if err != nil {
-			mr.table.Unlock()
-			mr.unpin(end, bytes)
-			return fmt.Errorf("odp: build MTT: %w", err)
-		}
-	}
+	err := mr.buildMTTLocked()
 	mr.table.Unlock()
+	if err != nil {
+		mr.unpin(end, bytes)
+		return err
+	}
 	mr.reg.MTT = time.Since(t2)
 
 	// Subscribed before the key is published, so that no DMA can use a page the
@@ -260,6 +249,27 @@ func (mr *MR) registerPinned(end uintptr, npages int) error {
 		return wrap(ErrNoMemory, "out of memory keys")
 	}
 	d.stats.mrsPinned.Add(1)
+	return nil
+}
+
+// buildMTTLocked records the pages of a pinned MR, which are present, in its table,
+// as the MTT of pin_user_pages' page list. Called with the table lock held.
+func (mr *MR) buildMTTLocked() error {
+	const chunk = 4096
+	npages := mr.table.Pages()
+	entries := make([]pagefault.PagemapEntry, min(chunk, npages))
+	for first := 0; first < npages; first += chunk {
+		n := min(chunk, npages-first)
+		err := mr.dev.as.pagemap.Read(mr.base+uintptr(first)*pagefault.PageSize, entries[:n])
+		if err == nil && mr.mapPresentLocked(first, entries[:n], true) != n {
+			// Only an munmap racing the registration does this: the caller freed
+			// the memory it is registering.
+			err = wrap(ErrBadAddress, "pages of [%#x, +%d) unmapped during registration", mr.start, mr.length)
+		}
+		if err != nil {
+			return fmt.Errorf("odp: build MTT: %w", err)
+		}
+	}
 	return nil
 }
 

@@ -34,6 +34,31 @@ type protectionDomain struct {
 	dev *device
 }
 
+// An MR as the verbs library holds it: the odp MR, which ibv_rereg_mr may replace
+// by a new registration, its PD and the memory it covers.
+type memoryRegion struct {
+	mr     *odp.MR
+	pd     *protectionDomain
+	addr   unsafe.Pointer
+	length C.size_t
+}
+
+// ibv_rereg_mr's flags (enum ibv_rereg_mr_flags; qp.c checks the values).
+const (
+	reregTranslation = 1 << iota
+	reregPD
+	reregAccess
+)
+
+// register registers [addr, addr+length) in pd, checking what a slice cannot hold.
+func register(pd *protectionDomain, addr unsafe.Pointer, length C.size_t, access odp.Access) (*odp.MR, error) {
+	if addr == nil || length == 0 || uint64(length) > pd.dev.dev.QueryDevice().MaxMRSize ||
+		uintptr(addr)+uintptr(length) < uintptr(addr) {
+		return nil, syscall.EINVAL
+	}
+	return pd.pd.RegMR(unsafe.Slice((*byte)(addr), int(length)), access)
+}
+
 //export odpemu_reg_mr
 func odpemu_reg_mr(h C.odpemu_handle, addr unsafe.Pointer, length C.size_t, access C.uint32_t, out *C.odpemu_handle,
 	key *C.uint32_t) C.int {
@@ -41,29 +66,70 @@ func odpemu_reg_mr(h C.odpemu_handle, addr unsafe.Pointer, length C.size_t, acce
 	if !ok {
 		return C.int(syscall.EINVAL)
 	}
-	if addr == nil || length == 0 || uint64(length) > pd.dev.dev.QueryDevice().MaxMRSize ||
-		uintptr(addr)+uintptr(length) < uintptr(addr) {
-		return C.int(syscall.EINVAL) // also what no slice can hold
-	}
-	mr, err := pd.pd.RegMR(unsafe.Slice((*byte)(addr), int(length)), odp.Access(access))
+	mr, err := register(pd, addr, length, odp.Access(access))
 	if err != nil {
 		return errno(err)
 	}
-	*out = C.odpemu_handle(cgo.NewHandle(mr))
+	*out = C.odpemu_handle(cgo.NewHandle(&memoryRegion{mr: mr, pd: pd, addr: addr, length: length}))
 	*key = C.uint32_t(mr.LKey())
 	return 0
 }
 
 //export odpemu_dereg_mr
 func odpemu_dereg_mr(h C.odpemu_handle) C.int {
-	mr, ok := lookup[*odp.MR](h)
+	r, ok := lookup[*memoryRegion](h)
 	if !ok {
 		return C.int(syscall.EINVAL)
 	}
-	if err := mr.Dereg(); err != nil {
+	if err := r.mr.Dereg(); err != nil {
 		return errno(err)
 	}
 	cgo.Handle(h).Delete()
+	return 0
+}
+
+//export odpemu_rereg_mr
+func odpemu_rereg_mr(h C.odpemu_handle, flags C.uint32_t, pdh C.odpemu_handle, addr unsafe.Pointer, length C.size_t,
+	access C.uint32_t, key *C.uint32_t) C.int {
+	r, ok := lookup[*memoryRegion](h)
+	if !ok {
+		return C.int(syscall.EINVAL)
+	}
+	old := r.mr
+	pd, acc := r.pd, old.Access()
+	if flags&reregPD != 0 {
+		if pd, ok = lookup[*protectionDomain](pdh); !ok || pd.dev != r.pd.dev {
+			return C.int(syscall.EINVAL)
+		}
+	}
+	if flags&reregAccess != 0 {
+		acc = odp.Access(access)
+	}
+	if flags&reregTranslation == 0 && (acc^old.Access())&odp.AccessOnDemand == 0 {
+		// The mkey rewritten in place (mlx5's UMR): the keys stay.
+		if err := old.Rereg(pd.pd, acc); err != nil {
+			return errno(err)
+		}
+		r.pd = pd
+		*key = C.uint32_t(old.LKey())
+		return 0
+	}
+	// Other memory, or pinned to on demand or back: a new registration under new
+	// keys (mlx5 makes a new mkey too), made before the old one goes, so that a
+	// failure leaves the MR as it was.
+	if flags&reregTranslation == 0 {
+		addr, length = r.addr, r.length
+	}
+	mr, err := register(pd, addr, length, acc)
+	if err != nil {
+		return errno(err)
+	}
+	if err := old.Dereg(); err != nil {
+		_ = mr.Dereg() // just registered, unused: nothing can hold it
+		return errno(err)
+	}
+	r.mr, r.pd, r.addr, r.length = mr, pd, addr, length
+	*key = C.uint32_t(mr.LKey())
 	return 0
 }
 

@@ -105,6 +105,8 @@ struct odpemu_connect {
 	X(int, odpemu_reg_mr, (odpemu_handle pd, void *addr, size_t length, uint32_t access,       \
 			       odpemu_handle *mr, uint32_t *key))                                  \
 	X(int, odpemu_dereg_mr, (odpemu_handle mr))                                              \
+	X(int, odpemu_rereg_mr, (odpemu_handle mr, uint32_t flags, odpemu_handle pd, void *addr,   \
+				 size_t length, uint32_t access, uint32_t *key))                      \
 	X(int, odpemu_advise_mr, (odpemu_handle pd, uint32_t advice, uint32_t flags,               \
 				  const struct odpemu_sge *sg, uint32_t num_sge))                     \
 	X(int, odpemu_create_cq, (odpemu_handle dev, int depth, uint32_t *bell, odpemu_handle *cq))  \

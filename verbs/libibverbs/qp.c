@@ -171,6 +171,44 @@ EXPORT struct ibv_mr *ibv_reg_mr_iova2(struct ibv_pd *pd, void *addr, size_t len
 	return reg_mr(pd, addr, length, iova, access);
 }
 
+_Static_assert(IBV_REREG_MR_CHANGE_TRANSLATION == 1 && IBV_REREG_MR_CHANGE_PD == 2 && IBV_REREG_MR_CHANGE_ACCESS == 4,
+	       "the Go half's rereg flags");
+
+/* ibv_rereg_mr: a change of PD or access rewrites the MR in place under the same
+ * keys, as mlx5 and rxe do; new memory, or a change between pinned and on demand, is
+ * a new registration under new keys, made before the old one goes (a failure leaves
+ * the MR as it was). */
+EXPORT int ibv_rereg_mr(struct ibv_mr *mr, int flags, struct ibv_pd *pd, void *addr, size_t length, int access)
+{
+	struct emu_mr *m = container_of(mr, struct emu_mr, mr);
+	if ((flags & ~IBV_REREG_MR_FLAGS_SUPPORTED) ||
+	    ((flags & IBV_REREG_MR_CHANGE_TRANSLATION) && (!addr || !length)) ||
+	    (access && !(flags & IBV_REREG_MR_CHANGE_ACCESS)) || ((flags & IBV_REREG_MR_CHANGE_PD) && !pd)) {
+		errno = EINVAL;
+		return IBV_REREG_MR_ERR_INPUT;
+	}
+	unsigned int acc = (unsigned int)access & ~(EMU_OPTIONAL_ACCESS | IBV_ACCESS_HUGETLB);
+	if (acc & (IBV_ACCESS_MW_BIND | IBV_ACCESS_ZERO_BASED)) {
+		errno = EOPNOTSUPP;
+		return IBV_REREG_MR_ERR_INPUT;
+	}
+	uint32_t key;
+	int e = be.odpemu_rereg_mr(m->h, (uint32_t)flags, (flags & IBV_REREG_MR_CHANGE_PD) ? emu_pd_handle(pd) : 0,
+				   addr, length, acc, &key);
+	if (e) {
+		errno = e;
+		return IBV_REREG_MR_ERR_CMD;
+	}
+	if (flags & IBV_REREG_MR_CHANGE_PD)
+		mr->pd = pd;
+	if (flags & IBV_REREG_MR_CHANGE_TRANSLATION) {
+		mr->addr = addr;
+		mr->length = length;
+	}
+	mr->handle = mr->lkey = mr->rkey = key;
+	return 0;
+}
+
 EXPORT int ibv_dereg_mr(struct ibv_mr *mr)
 {
 	struct emu_mr *m = container_of(mr, struct emu_mr, mr);

@@ -1,0 +1,179 @@
+/*
+ * Built against the installed rdma-core headers and linked with odpemu's
+ * libibverbs.so.1 (verbs_test.go: TestReregReset): ibv_rereg_mr and the move of a
+ * connected QP to RESET, as test_mr.py uses them. Two QPs of one context, connected to
+ * each other:
+ *   - a change of access or PD keeps the MR's keys, and the responder checks the new
+ *     ones (a WRITE without REMOTE_WRITE, or through a QP of the old PD, fails);
+ *   - RESET of a connected QP in ERR drops its queued work and its completions still
+ *     in the CQ, refuses posts, and the QP connects again through INIT, RTR and RTS;
+ *   - a change of translation registers the new memory under new keys;
+ *   - what ibv_rereg_mr refuses (bad flag combinations) leaves the MR as it was.
+ * Prints "ok" and exits 0, or says what is wrong and exits 1.
+ */
+#include <errno.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include <infiniband/verbs.h>
+
+#include "pair.h"
+
+enum { SIZE = 4096 };
+
+static struct ibv_context *ctx;
+static struct ibv_cq *cq;
+static struct ibv_qp *a, *b;
+
+/* wait_wc polls cq for one completion. */
+static struct ibv_wc wait_wc(void)
+{
+	struct ibv_wc wc;
+	for (long i = 0; i < 200000000; i++) {
+		int n = ibv_poll_cq(cq, 1, &wc);
+		if (n < 0)
+			DIE("poll_cq: %d", n);
+		if (n == 1)
+			return wc;
+	}
+	DIE("no completion");
+}
+
+/* write_status WRITEs 64 bytes from src into dst through a and returns the status. */
+static enum ibv_wc_status write_status(struct ibv_mr *src, struct ibv_mr *dst, uint32_t rkey)
+{
+	struct ibv_sge sge = {(uintptr_t)src->addr, 64, src->lkey};
+	struct ibv_send_wr wr = {.wr_id = 1, .sg_list = &sge, .num_sge = 1, .opcode = IBV_WR_RDMA_WRITE,
+				 .send_flags = IBV_SEND_SIGNALED},
+			   *bad;
+	wr.wr.rdma.remote_addr = (uintptr_t)dst->addr;
+	wr.wr.rdma.rkey = rkey;
+	if (ibv_post_send(a, &wr, &bad))
+		DIE("post_send");
+	struct ibv_wc wc = wait_wc();
+	if (wc.wr_id != 1 || wc.qp_num != a->qp_num)
+		DIE("completion %llu of QP %u", (unsigned long long)wc.wr_id, wc.qp_num);
+	return wc.status;
+}
+
+static void reconnect(int access)
+{
+	struct ibv_qp_attr reset = {.qp_state = IBV_QPS_RESET};
+	if (ibv_modify_qp(a, &reset, IBV_QP_STATE) || ibv_modify_qp(b, &reset, IBV_QP_STATE))
+		DIE("RESET: %s", strerror(errno));
+	if (a->state != IBV_QPS_RESET)
+		DIE("state %d after RESET", a->state);
+	struct ibv_wc wc;
+	int n = ibv_poll_cq(cq, 1, &wc);
+	if (n != 0)
+		DIE("%d completions left after RESET (wr_id %llu, status %s)", n, (unsigned long long)wc.wr_id,
+		    ibv_wc_status_str(wc.status));
+	connect_qp(ctx, a, b->qp_num, access);
+	connect_qp(ctx, b, a->qp_num, access);
+}
+
+int main(void)
+{
+	struct ibv_device **list = ibv_get_device_list(NULL);
+	if (!list || !list[0])
+		DIE("no device");
+	ctx = ibv_open_device(list[0]);
+	if (!ctx)
+		DIE("open_device");
+	struct ibv_pd *pd = ibv_alloc_pd(ctx), *pd2 = ibv_alloc_pd(ctx);
+	cq = ibv_create_cq(ctx, 64, NULL, NULL, 0);
+	if (!pd || !pd2 || !cq)
+		DIE("alloc");
+	a = create_qp(pd, cq, cq);
+	b = create_qp(pd, cq, cq);
+	const int rw = IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_WRITE;
+	connect_qp(ctx, a, b->qp_num, rw);
+	connect_qp(ctx, b, a->qp_num, rw);
+	char *src = aligned_alloc(SIZE, SIZE), *dst = aligned_alloc(SIZE, SIZE), *dst2 = aligned_alloc(SIZE, SIZE);
+	memset(src, 0x5a, SIZE);
+	memset(dst, 0, SIZE);
+	struct ibv_mr *smr = ibv_reg_mr(pd, src, SIZE, IBV_ACCESS_LOCAL_WRITE);
+	struct ibv_mr *dmr = ibv_reg_mr(pd, dst, SIZE, rw | IBV_ACCESS_ON_DEMAND);
+	if (!smr || !dmr)
+		DIE("reg_mr: %s", strerror(errno));
+	uint32_t rkey = dmr->rkey, lkey = dmr->lkey;
+	if (write_status(smr, dmr, rkey) != IBV_WC_SUCCESS || dst[0] != 0x5a)
+		DIE("first WRITE");
+
+	/* Access: REMOTE_WRITE taken away, then given back; the keys stay. */
+	if (ibv_rereg_mr(dmr, IBV_REREG_MR_CHANGE_ACCESS, NULL, NULL, 0, IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_ON_DEMAND))
+		DIE("rereg access: %s", strerror(errno));
+	if (dmr->rkey != rkey || dmr->lkey != lkey)
+		DIE("keys changed by an access change");
+	enum ibv_wc_status st = write_status(smr, dmr, rkey);
+	if (st != IBV_WC_REM_ACCESS_ERR)
+		DIE("WRITE without REMOTE_WRITE: %s", ibv_wc_status_str(st));
+	/* a is in ERR now: a post flushes; RESET drops the flush from the CQ. */
+	struct ibv_sge sge = {(uintptr_t)src, 8, smr->lkey};
+	struct ibv_recv_wr rwr = {.wr_id = 77, .sg_list = &sge, .num_sge = 1}, *rbad;
+	if (ibv_post_recv(b, &rwr, &rbad))
+		DIE("post_recv on b");
+	reconnect(rw);
+	struct ibv_send_wr swr = {.wr_id = 5, .sg_list = &sge, .num_sge = 1, .opcode = IBV_WR_SEND}, *sbad;
+	struct ibv_qp_attr reset = {.qp_state = IBV_QPS_RESET};
+	if (ibv_rereg_mr(dmr, IBV_REREG_MR_CHANGE_ACCESS, NULL, NULL, 0, rw | IBV_ACCESS_ON_DEMAND))
+		DIE("rereg access back: %s", strerror(errno));
+	memset(src, 0x6b, SIZE);
+	if ((st = write_status(smr, dmr, rkey)) != IBV_WC_SUCCESS || dst[0] != 0x6b)
+		DIE("WRITE after access given back: %s", ibv_wc_status_str(st));
+
+	/* PD: moved to another PD, where a's QP cannot reach it, then back. */
+	if (ibv_rereg_mr(dmr, IBV_REREG_MR_CHANGE_PD, pd2, NULL, 0, 0) || dmr->pd != pd2 || dmr->rkey != rkey)
+		DIE("rereg pd: %s", strerror(errno));
+	if (ibv_dealloc_pd(pd2) != EBUSY)
+		DIE("dealloc of the MR's new PD did not fail with EBUSY");
+	if ((st = write_status(smr, dmr, rkey)) != IBV_WC_REM_ACCESS_ERR)
+		DIE("WRITE into another PD's MR: %s", ibv_wc_status_str(st));
+	reconnect(rw);
+	if (ibv_rereg_mr(dmr, IBV_REREG_MR_CHANGE_PD, pd, NULL, 0, 0) || dmr->pd != pd)
+		DIE("rereg pd back: %s", strerror(errno));
+	if ((st = write_status(smr, dmr, rkey)) != IBV_WC_SUCCESS)
+		DIE("WRITE after PD given back: %s", ibv_wc_status_str(st));
+
+	/* Translation: other memory, new keys; the old rkey no longer reaches anything. */
+	memset(dst2, 0, SIZE);
+	if (ibv_rereg_mr(dmr, IBV_REREG_MR_CHANGE_TRANSLATION, NULL, dst2, SIZE, 0))
+		DIE("rereg translation: %s", strerror(errno));
+	if (dmr->addr != dst2 || dmr->length != SIZE || dmr->rkey != dmr->lkey)
+		DIE("MR after a translation change: %p %zu", dmr->addr, dmr->length);
+	memset(src, 0x7c, SIZE);
+	if ((st = write_status(smr, dmr, dmr->rkey)) != IBV_WC_SUCCESS || dst2[0] != 0x7c)
+		DIE("WRITE into the new memory: %s", ibv_wc_status_str(st));
+	if (dmr->rkey != rkey && (st = write_status(smr, dmr, rkey)) != IBV_WC_REM_ACCESS_ERR)
+		DIE("WRITE with the old rkey: %s", ibv_wc_status_str(st));
+	reconnect(rw);
+
+	/* Refused: flags outside the set, translation without memory, access without its flag. */
+	errno = 0;
+	if (ibv_rereg_mr(dmr, 1 << 5, NULL, NULL, 0, 0) != IBV_REREG_MR_ERR_INPUT || errno != EINVAL)
+		DIE("unknown flag accepted");
+	if (ibv_rereg_mr(dmr, IBV_REREG_MR_CHANGE_TRANSLATION, NULL, NULL, SIZE, 0) != IBV_REREG_MR_ERR_INPUT)
+		DIE("translation without an address accepted");
+	if (ibv_rereg_mr(dmr, IBV_REREG_MR_CHANGE_PD, NULL, NULL, 0, IBV_ACCESS_LOCAL_WRITE) != IBV_REREG_MR_ERR_INPUT)
+		DIE("access without CHANGE_ACCESS accepted");
+	if (ibv_rereg_mr(dmr, IBV_REREG_MR_CHANGE_ACCESS, NULL, NULL, 0, IBV_ACCESS_REMOTE_WRITE) != IBV_REREG_MR_ERR_CMD)
+		DIE("REMOTE_WRITE without LOCAL_WRITE accepted");
+	if ((st = write_status(smr, dmr, dmr->rkey)) != IBV_WC_SUCCESS)
+		DIE("WRITE after refused reregs: %s", ibv_wc_status_str(st));
+
+	/* RESET refuses posts until the QP is connected again. */
+	if (ibv_modify_qp(a, &reset, IBV_QP_STATE))
+		DIE("RESET of a connected QP: %s", strerror(errno));
+	if (ibv_post_send(a, &swr, &sbad) == 0)
+		DIE("post_send in RESET accepted");
+
+	if (ibv_destroy_qp(a) || ibv_destroy_qp(b) || ibv_dereg_mr(dmr) || ibv_dereg_mr(smr) || ibv_dealloc_pd(pd2) ||
+	    ibv_destroy_cq(cq) || ibv_dealloc_pd(pd) || ibv_close_device(ctx))
+		DIE("teardown");
+	ibv_free_device_list(list);
+	free(src), free(dst), free(dst2);
+	printf("ok\n");
+	return 0;
+}
