@@ -33,13 +33,28 @@ func (b *buffer) unmap(u *pagefault.FD) {
 	}
 }
 
-// noteEvent is the pump hook: it records UNMAP events in the buffers they hit.
+// noteEvent is the pump hook: it records UNMAP events in the buffers they hit, and
+// UNMAP and REMAP events (the range the pages left) in what implicit MRs reached of
+// the application's memory: the kernel dropped those registrations, and a fault
+// there later registers whatever is mapped then.
 func (s *space) noteEvent(m pagefault.Msg) {
-	if m.Event != pagefault.EventUnmap {
+	var gone interval.Range
+	switch m.Event {
+	case pagefault.EventUnmap:
+		gone = interval.Range{Start: uintptr(m.Start), End: uintptr(m.End)}
+	case pagefault.EventRemap:
+		gone = interval.Range{Start: uintptr(m.From), End: uintptr(m.From + m.Len)}
+	default:
 		return
 	}
 	s.mu.Lock()
 	defer s.mu.Unlock()
+	for _, mr := range s.implicitMRs {
+		mr.leftLocked(gone)
+	}
+	if m.Event != pagefault.EventUnmap {
+		return
+	}
 	for i := range s.buffers {
 		b := &s.buffers[i]
 		if h := b.Intersect(interval.Range{Start: uintptr(m.Start), End: uintptr(m.End)}); !h.Empty() {

@@ -72,9 +72,11 @@ type directResult struct {
 // the NIC; the audit finds no stale DMA. Each WRITE fills each page with a value of
 // its own, never zero or the sentinel.
 //
-// own puts the ODP region in memory the application mapped itself instead of a buffer
-// from Alloc.
-func runDirect(t *testing.T, mode string, seed uint64, steps int, cfg Config, own bool) directResult {
+// memory says where the ODP region is: "" a buffer from Alloc, "own" memory the
+// application mapped itself, "implicit" that memory reached through an implicit MR,
+// for which memory mapped where a page was is the MR's too: the NIC may read and
+// write it (it must still never tear a page).
+func runDirect(t *testing.T, mode string, seed uint64, steps int, cfg Config, memory string) directResult {
 	const pages = 64
 	const maxGone = 32
 	cfg.Audit = true
@@ -86,15 +88,23 @@ func runDirect(t *testing.T, mode string, seed uint64, steps int, cfg Config, ow
 	back, bmr := a.region(t, maxBatch*pages*ps, AccessLocalWrite)
 	var dst []byte
 	var dmr *MR
-	if own {
+	implicit := memory == "implicit"
+	switch memory {
+	case "own":
 		dst = anonymous(t, pages)
 		var err error
 		dmr, err = b.pd.RegMR(dst, rw|AccessOnDemand)
 		require.NoError(t, err)
-	} else {
+	case "implicit":
+		dst = anonymous(t, pages)
+		var err error
+		dmr, err = b.pd.RegImplicitMR(rw)
+		require.NoError(t, err)
+	default:
 		dst, dmr = b.region(t, pages*ps, rw|AccessOnDemand)
 	}
 	base := addrOf(dst)
+	roff := uint64(base) - dmr.Addr() // dst's offset in the MR
 	// Destinations for mremap, reserved up front so that nothing else lands there.
 	holes, err := unix.Mmap(-1, 0, maxGone*ps, unix.PROT_NONE, unix.MAP_PRIVATE|unix.MAP_ANONYMOUS)
 	require.NoError(t, err)
@@ -252,9 +262,9 @@ func runDirect(t *testing.T, mode string, seed uint64, steps int, cfg Config, ow
 			}
 		}
 		for i, o := range ops {
-			wr := write(smr, o.p*ps, o.k*ps, dmr, uint64(o.p*ps))
+			wr := write(smr, o.p*ps, o.k*ps, dmr, roff+uint64(o.p*ps))
 			if o.isRead {
-				wr = read(bmr, (i*pages+o.p)*ps, o.k*ps, dmr, uint64(o.p*ps))
+				wr = read(bmr, (i*pages+o.p)*ps, o.k*ps, dmr, roff+uint64(o.p*ps))
 			}
 			wr.WRID = uint64(i)
 			require.NoError(t, a.qp.PostSend(wr))
@@ -280,7 +290,7 @@ func runDirect(t *testing.T, mode string, seed uint64, steps int, cfg Config, ow
 					pg := back[at : at+ps]
 					if !uniform(pg) {
 						t.Errorf("step %d: READ of page %d returned a torn page (byte 0: %#x, differs at %d)", step, q, pg[0], firstDiff(pg, make([]byte, ps)))
-					} else if pg[0] == sentinel {
+					} else if pg[0] == sentinel && !implicit {
 						t.Errorf("step %d: READ of page %d returned the application's new mapping", step, q)
 					}
 				}
@@ -314,7 +324,10 @@ func runDirect(t *testing.T, mode string, seed uint64, steps int, cfg Config, ow
 		}
 	}
 	for i, f := range foreign {
-		if !uniform(f) || f[0] != sentinel {
+		switch {
+		case !uniform(f):
+			t.Errorf("new mapping %d at %#x torn", i, addrOf(f))
+		case f[0] != sentinel && !implicit:
 			t.Errorf("new mapping %d at %#x was written by the NIC", i, addrOf(f))
 		}
 	}
@@ -327,12 +340,15 @@ func runDirect(t *testing.T, mode string, seed uint64, steps int, cfg Config, ow
 // write into memory mapped where the MR's pages were.
 func TestDirectChangesUnderTraffic(t *testing.T) {
 	seed := stressSeed(t)
-	for _, mode := range []string{"madvise", "munmap", "mremap", "madvise/own", "munmap/own", "mremap/own"} {
+	for _, mode := range []string{"madvise", "munmap", "mremap", "madvise/own", "munmap/own", "mremap/own",
+		"madvise/implicit", "munmap/implicit", "mremap/implicit"} {
 		for _, procs := range []int{1, 2} {
 			t.Run(fmt.Sprintf("%s/GOMAXPROCS=%d", mode, procs), func(t *testing.T) {
 				defer runtime.GOMAXPROCS(runtime.GOMAXPROCS(procs))
-				m, own := strings.CutSuffix(mode, "/own") // own: the application's memory, not Alloc's
-				r := runDirect(t, m, seed, 600, Config{FaultAround: 4}, own)
+				// own: the application's memory, not Alloc's; implicit: that memory
+				// through an implicit MR
+				m, memory, _ := strings.Cut(mode, "/")
+				r := runDirect(t, m, seed, 600, Config{FaultAround: 4}, memory)
 				st := r.st
 				t.Logf("seed %d: %d ops (%d refused), %d pages gone; events %d, audited DMAs %d, stale %d, faulted %d, torn and redone %d; gate: %d drains (mean %v, max %v), %d fault reads, %d events read with DMA in flight",
 					seed, r.ops, r.errors, r.gone, st.Events, st.AuditedDMAs, st.StaleDMAs, st.DMAFaults, st.TornDMAs,

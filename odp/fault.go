@@ -19,15 +19,23 @@ func (mr *MR) fault(miss, end int, write, presentOnly bool) (int, error) {
 	fa := d.cfg.FaultAround
 	lo := miss &^ (fa - 1)
 	hi := min((end+fa-1)&^(fa-1), mr.table.Pages())
+	populate := mr.file != nil || mr.foreign
 	if mr.implicit {
-		// An implicit MR's fault stays inside the buffer that holds the missing page;
-		// the caller faults again for what lies beyond it.
-		blo, bhi, ok := mr.bufferPages(miss)
-		if !ok {
-			return 0, wrap(ErrInvalidArgument, "MR %#x: %#x is not memory of the address space", mr.key,
-				uintptr(miss)*pagefault.PageSize)
-		}
+		// An implicit MR's fault stays inside the buffer that holds the missing page,
+		// or inside the application's own memory between buffers; the caller faults
+		// again for what lies beyond.
+		blo, bhi, inBuffer := mr.pagesAround(miss)
 		lo, hi, end = max(lo, blo), min(hi, bhi), min(end, bhi)
+		if !inBuffer {
+			lo, hi = miss, end
+			if err := mr.reach(lo, hi); err != nil {
+				return 0, err
+			}
+			// Whatever the application unmapped here before, the memory mapped now
+			// is the implicit MR's.
+			mr.remap(uintptr(lo)*pagefault.PageSize, uintptr(hi)*pagefault.PageSize)
+			populate = true
+		}
 	}
 	mr.table.Lock()
 	lo, hi, ok := mr.clipGoneLocked(lo, hi, miss, end)
@@ -35,17 +43,18 @@ func (mr *MR) fault(miss, end int, write, presentOnly bool) (int, error) {
 	if !ok {
 		return 0, wrap(ErrInvalidArgument, "MR %#x: pages [%d, %d) were unmapped", mr.key, miss, end)
 	}
-	mapped, err := mr.faultWindow(lo, hi, write, presentOnly)
+	mapped, err := mr.faultWindow(lo, hi, write, presentOnly, populate)
 	if errors.Is(err, pagefault.ErrUnmapped) && (lo < miss || hi > end) {
 		// Fault-around reached memory unmapped before its event was applied: retry
 		// with exactly the pages asked for.
-		mapped, err = mr.faultWindow(miss, end, write, presentOnly)
+		mapped, err = mr.faultWindow(miss, end, write, presentOnly, populate)
 	}
 	return mapped, err
 }
 
-// faultWindow resolves and maps table pages [lo, hi).
-func (mr *MR) faultWindow(lo, hi int, write, presentOnly bool) (int, error) {
+// faultWindow resolves and maps table pages [lo, hi): memory the resolver does not
+// serve (a file mapping, the application's own) is populated as hmm_range_fault does.
+func (mr *MR) faultWindow(lo, hi int, write, presentOnly, populate bool) (int, error) {
 	d := mr.dev
 	entries := make([]pagefault.PagemapEntry, hi-lo)
 	addr := mr.base + uintptr(lo)*pagefault.PageSize
@@ -59,7 +68,7 @@ func (mr *MR) faultWindow(lo, hi int, write, presentOnly bool) (int, error) {
 	switch {
 	case presentOnly:
 		err = d.as.pagemap.Read(addr, entries)
-	case mr.file != nil || mr.foreign:
+	case populate:
 		err = d.as.pagemap.Populate(addr, entries, write)
 	case d.as.pager != nil:
 		// Paged memory has one installer, the CPU fault server's thread: an

@@ -2,6 +2,7 @@ package odp
 
 import (
 	"fmt"
+	"slices"
 	"time"
 
 	"github.com/odpemu/odpemu/internal/interval"
@@ -79,18 +80,78 @@ func (pd *domain) regImplicitMR(access Access) (*MR, error) {
 // Implicit reports whether the MR covers the whole address space (RegImplicitMR).
 func (mr *MR) Implicit() bool { return mr.implicit }
 
-// bufferPages returns the table pages [lo, hi) of the buffer that holds page p, for an
-// implicit MR, whose faults must stay inside one buffer; ok is false if no buffer of
-// the address space holds p.
-func (mr *MR) bufferPages(p int) (lo, hi int, ok bool) {
+// pagesAround returns, for an implicit MR, whose faults must stay inside one buffer
+// or outside every buffer, the table pages [lo, hi) around page p that are of one
+// kind: the buffer that holds p (inBuffer), or the gap between buffers where p lies,
+// the application's own memory or no memory at all.
+func (mr *MR) pagesAround(p int) (lo, hi int, inBuffer bool) {
 	s := mr.dev.as
+	ps := pagefault.PageSize
 	s.mu.RLock()
 	defer s.mu.RUnlock()
-	b, ok := s.bufferLocked(uintptr(p)*pagefault.PageSize, 1)
-	if !ok {
-		return 0, 0, false
+	if b, ok := s.bufferLocked(uintptr(p)*ps, 1); ok {
+		return int(b.Start / ps), int(b.End / ps), true
 	}
-	return int(b.Start / pagefault.PageSize), int(b.End / pagefault.PageSize), true
+	lo, hi = 0, mr.table.Pages()
+	for _, b := range s.buffers { // sorted by start
+		if bs := int(b.Start / ps); bs > p {
+			hi = bs
+			break
+		}
+		lo = int(b.End / ps)
+	}
+	return lo, hi, false
+}
+
+// reach registers the application's own memory at table pages [lo, hi), which the
+// request that faults touches, with the userfaultfd for events only, as an explicit
+// ODP MR over it is (registerRangeLocked), so that what the application unmaps,
+// moves or discards there invalidates the MR's entries from then on. Nothing around
+// it is registered (no fault-around): the pages next to it are whatever else the
+// process maps. It fails with ErrBadAddress where [lo, hi) is not such memory
+// (unmapped, a file mapping).
+func (mr *MR) reach(lo, hi int) error {
+	s := mr.dev.as
+	ps := pagefault.PageSize
+	s.regMu.Lock()
+	defer s.regMu.Unlock()
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if !slices.Contains(s.implicitMRs, remapper(mr)) {
+		return errDeregistered
+	}
+	r := interval.Range{Start: uintptr(lo) * ps, End: uintptr(hi) * ps}
+	for _, u := range interval.Uncovered(r, mr.reached) {
+		if _, err := s.uffd.Register(u.Start, u.End-u.Start, pagefault.ModeWP); err != nil {
+			return wrap(ErrBadAddress, "MR %#x: %#x+%d is not memory of this process that implicit ODP reaches: %v",
+				mr.key, u.Start, u.End-u.Start, err)
+		}
+		mr.reached = interval.Merge(append(mr.reached, u))
+	}
+	return nil
+}
+
+// leftLocked is told that the application unmapped or moved away r: the kernel
+// dropped the registrations there, and a fault registers whatever is mapped there
+// later. Called with space.mu held.
+func (mr *MR) leftLocked(r interval.Range) {
+	if len(mr.reached) > 0 {
+		mr.reached = interval.Subtract(mr.reached, r)
+	}
+}
+
+// unreachLocked ends the MR's registrations of the application's memory: the parts
+// no other MR needs leave the userfaultfd. Called with space.mu held, the MR already
+// out of the space's implicit MRs.
+func (mr *MR) unreachLocked() {
+	s := mr.dev.as
+	cover := s.foreignCoverLocked()
+	for _, r := range mr.reached {
+		for _, u := range interval.Uncovered(r, cover) {
+			_ = s.uffd.Unregister(u.Start, u.End-u.Start) // a part the application unmapped is not there to change
+		}
+	}
+	mr.reached = nil
 }
 
 // slice returns the MR's bytes [off, off+n): for an implicit MR, the memory at that

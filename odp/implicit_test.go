@@ -2,7 +2,11 @@ package odp
 
 import (
 	"bytes"
+	"fmt"
+	"os"
 	"runtime"
+	"slices"
+	"strings"
 	"testing"
 	"unsafe"
 
@@ -98,18 +102,26 @@ func TestODPImplicitPrefetchRCTraffic(t *testing.T) {
 	}
 }
 
-// Addresses of no buffer are access errors, remote and local; a buffer allocated
-// after the registration is covered; a freed buffer's entries go, and a new buffer at
-// the same address is covered again.
+// noAccess returns n bytes of memory this process maps with no access at all: what
+// no DMA can read or write.
+func noAccess(t *testing.T, n int) []byte {
+	mem, err := unix.Mmap(-1, 0, n, unix.PROT_NONE, unix.MAP_PRIVATE|unix.MAP_ANONYMOUS)
+	require.NoError(t, err)
+	t.Cleanup(func() { _ = unix.Munmap(mem) })
+	return mem
+}
+
+// Addresses of memory that cannot be reached are access errors, remote and local; a
+// buffer allocated after the registration is covered; a freed buffer's entries go,
+// and a new buffer at the same address is covered again.
 func TestImplicitCoversTheAddressSpace(t *testing.T) {
 	a, b := pair(t, Config{})
 	_, lmr := a.region(t, ps, rw)
 	imr, err := b.pd.RegImplicitMR(rw)
 	require.NoError(t, err)
-	heap := make([]byte, 2*ps) // Go memory: not the address space's
-	wc := a.post(t, SendWR{Opcode: OpRDMAWrite, SGL: sge(lmr, 0, 64), RemoteAddr: uint64(addrOf(heap)), RKey: imr.RKey()})
+	closed := noAccess(t, 2*ps)
+	wc := a.post(t, SendWR{Opcode: OpRDMAWrite, SGL: sge(lmr, 0, 64), RemoteAddr: uint64(addrOf(closed)), RKey: imr.RKey()})
 	assert.Equal(t, WCRemAccessErr, wc.Status, wc.Detail)
-	assert.Equal(t, make([]byte, 2*ps), heap, "nothing written outside the address space")
 
 	a, b = pair(t, Config{})
 	_, lmr = a.region(t, ps, rw)
@@ -135,7 +147,7 @@ func TestImplicitCoversTheAddressSpace(t *testing.T) {
 	other := newNode(t, Config{})
 	require.NoError(t, ConnectLoopback(n.qp, other.qp))
 	_, omr := other.region(t, ps, rw)
-	wc = n.post(t, SendWR{Opcode: OpRDMAWrite, SGL: sgeAt(lim, heap, 0, 64), RemoteAddr: omr.Addr(), RKey: omr.RKey()})
+	wc = n.post(t, SendWR{Opcode: OpRDMAWrite, SGL: sgeAt(lim, closed, 0, 64), RemoteAddr: omr.Addr(), RKey: omr.RKey()})
 	assert.Equal(t, WCLocProtErr, wc.Status, wc.Detail)
 
 	// Free: the implicit MR's entries for the buffer are cleared first.
@@ -187,4 +199,114 @@ func TestImplicitPaging(t *testing.T) {
 	assert.Positive(t, m)
 	assert.Zero(t, validIn(imr, dst))
 	assert.True(t, bytes.Equal(want, dst))
+}
+
+// uffdFlags reports, from /proc/self/smaps, whether the mapping that holds addr is
+// registered with a userfaultfd (VmFlags um or uw); known is false where the kernel
+// does not say.
+func uffdFlags(t *testing.T, addr uintptr) (registered, known bool) {
+	data, err := os.ReadFile("/proc/self/smaps")
+	require.NoError(t, err)
+	in := false
+	for _, line := range strings.Split(string(data), "\n") {
+		var lo, hi uintptr
+		if n, _ := fmt.Sscanf(line, "%x-%x", &lo, &hi); n == 2 && !strings.HasPrefix(line, "VmFlags") {
+			in = lo <= addr && addr < hi
+			continue
+		}
+		if in && strings.HasPrefix(line, "VmFlags:") {
+			flags := strings.Fields(line)[1:]
+			return slices.Contains(flags, "um") || slices.Contains(flags, "uw"), true
+		}
+	}
+	return false, false
+}
+
+// An implicit MR reaches the application's own memory (its mmap, the Go heap) on
+// demand, remote and local: WRITEs and READs through its keys go where their
+// addresses say; what the application discards or unmaps there invalidates the
+// NIC's entries, unmapped memory is an access error, and memory mapped there again
+// is reached again. Dereg releases the userfaultfd registrations it made.
+func TestImplicitOverApplicationMemory(t *testing.T) {
+	a, b := pair(t, Config{})
+	src, smr := a.region(t, 4*ps, rw)
+	imr, err := b.pd.RegImplicitMR(rw)
+	require.NoError(t, err)
+	mem, err := unix.Mmap(-1, 0, 4*ps, unix.PROT_READ|unix.PROT_WRITE, unix.MAP_PRIVATE|unix.MAP_ANONYMOUS)
+	require.NoError(t, err)
+	t.Cleanup(func() { _ = unix.Munmap(mem) })
+	heap := make([]byte, 4*ps)
+	write := func(dst []byte, off, n int, seed byte) WC {
+		t.Helper()
+		fill(src[:n], seed)
+		return a.post(t, SendWR{Opcode: OpRDMAWrite, SGL: sge(smr, 0, n), RemoteAddr: uint64(addrOf(dst)) + uint64(off),
+			RKey: imr.RKey()})
+	}
+	restate := func() {
+		t.Helper()
+		require.NoError(t, a.qp.Modify(StateReset))
+		require.NoError(t, b.qp.Modify(StateReset))
+		rewire(t, a.qp, b.qp)
+	}
+	for i, dst := range [][]byte{mem, heap} {
+		wc := write(dst, 0, 4*ps, byte(10+i))
+		require.Equal(t, WCSuccess, wc.Status, "%s: %s", wc.Detail, b.qp.RespError())
+		require.True(t, bytes.Equal(src, dst), "memory %d", i)
+		assert.Equal(t, 4, validIn(imr, dst))
+		clear(src)
+		wc = a.post(t, SendWR{Opcode: OpRDMARead, SGL: sge(smr, 0, 4*ps), RemoteAddr: uint64(addrOf(dst)), RKey: imr.RKey()})
+		require.Equal(t, WCSuccess, wc.Status, wc.Detail)
+		require.True(t, bytes.Equal(src, dst), "memory %d read back", i)
+	}
+	registered, known := uffdFlags(t, addrOf(mem))
+	if known {
+		assert.True(t, registered, "the memory reached is registered for events")
+	} else {
+		t.Log("smaps shows no VmFlags: the registrations are not checked")
+	}
+
+	// Discarded: the entries go; the next WRITE faults the pages in again.
+	require.NoError(t, unix.Madvise(mem, unix.MADV_DONTNEED))
+	require.NoError(t, b.dev.SyncEvents())
+	assert.Zero(t, validIn(imr, mem))
+	require.Equal(t, WCSuccess, write(mem, ps, ps, 20).Status)
+	require.True(t, bytes.Equal(src[:ps], mem[ps:2*ps]))
+	assert.Equal(t, make([]byte, ps), mem[:ps], "a discarded page reads as zero")
+
+	// Unmapped: the entries go and a WRITE there is an access error; memory mapped
+	// there again is reached again.
+	hole := mem[2*ps:]
+	require.NoError(t, unix.MunmapPtr(unsafe.Pointer(&hole[0]), uintptr(2*ps)))
+	require.NoError(t, b.dev.SyncEvents())
+	assert.Zero(t, validAt(imr, addrOf(hole), 2*ps))
+	assert.Equal(t, WCRemAccessErr, write(hole, 0, 64, 30).Status)
+	restate()
+	again, err := unix.MmapPtr(-1, 0, unsafe.Pointer(&hole[0]), uintptr(2*ps), unix.PROT_READ|unix.PROT_WRITE,
+		unix.MAP_PRIVATE|unix.MAP_ANONYMOUS|unix.MAP_FIXED)
+	require.NoError(t, err)
+	require.Equal(t, unsafe.Pointer(&hole[0]), again)
+	wc := write(hole, 0, 2*ps, 40)
+	require.Equal(t, WCSuccess, wc.Status, wc.Detail)
+	require.True(t, bytes.Equal(src[:2*ps], hole))
+
+	// Local: an implicit lkey over the application's memory, and over memory that
+	// cannot be reached.
+	lim, err := a.pd.RegImplicitMR(rw)
+	require.NoError(t, err)
+	appSrc := make([]byte, ps)
+	fill(appSrc, 50)
+	wc = a.post(t, SendWR{Opcode: OpRDMAWrite, SGL: sgeAt(lim, appSrc, 0, ps), RemoteAddr: uint64(addrOf(mem)),
+		RKey: imr.RKey()})
+	require.Equal(t, WCSuccess, wc.Status, wc.Detail)
+	require.True(t, bytes.Equal(appSrc, mem[:ps]))
+	wc = a.post(t, SendWR{Opcode: OpRDMAWrite, SGL: sgeAt(lim, noAccess(t, ps), 0, 64), RemoteAddr: uint64(addrOf(mem)),
+		RKey: imr.RKey()})
+	assert.Equal(t, WCLocProtErr, wc.Status, wc.Detail)
+
+	// Dereg: the registrations the MR made go with it.
+	require.NoError(t, imr.Dereg())
+	if known {
+		registered, _ = uffdFlags(t, addrOf(mem))
+		assert.False(t, registered, "the userfaultfd registration outlived the MR")
+	}
 }

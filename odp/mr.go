@@ -85,6 +85,10 @@ type MR struct {
 	// foreign: an ODP MR over memory the application mapped itself, not Alloc's
 	// (registerRangeLocked): registered for events only, faulted in with MADV_POPULATE.
 	foreign bool
+	// reached: an implicit MR's ranges of the application's own memory, registered
+	// for events only as its faults reached them (reach), merged, in address order.
+	// Protected by space.mu.
+	reached []interval.Range
 	// detached: a pinned file MR's copy of the pages the file let go of. Set under
 	// the table lock; read by DMAs without it (only ever set until Dereg).
 	detached atomic.Pointer[detachedPages]
@@ -274,6 +278,7 @@ func (mr *MR) Dereg() error {
 				break
 			}
 		}
+		mr.unreachLocked()
 	} else {
 		s.odpRegs = removeRange(s.odpRegs, mr.span(end)) // not evictable from here on
 	}

@@ -61,10 +61,13 @@ func (pd *PD) RegMR(buf []byte, access Access) (*MR, error) { return pd.dom().re
 // RegImplicitMR registers the whole address space on demand, as
 // ibv_reg_mr(pd, NULL, SIZE_MAX, IBV_ACCESS_ON_DEMAND | access) does on mlx5: one key
 // for every buffer the device's address space has mapped with Alloc or will map, on
-// any of its devices, present and future. Nothing is pinned and nothing is allocated
-// per page: the NIC's table grows with the pages it touches. An address no buffer
-// covers is an access error (REM_ACCESS_ERR for the peer, LOC_PROT_ERR locally),
-// never a crash. Invalidation, eviction and migration work on it as on explicit MRs.
+// any of its devices, and for the process's other memory (malloc's, its own mmap, the
+// Go heap), present and future. Nothing is pinned and nothing is allocated per page:
+// the NIC's table grows with the pages it touches. A fault on the process's own memory
+// registers the pages it touches for userfaultfd events only, as RegMR of that memory
+// does (Dereg releases them). An address with no memory a DMA can reach is an access
+// error (REM_ACCESS_ERR for the peer, LOC_PROT_ERR locally), never a crash.
+// Invalidation works on it as on explicit MRs; eviction and migration on its buffers.
 // Addr is 0 and Len the size of the user address space (2^47).
 func (pd *PD) RegImplicitMR(access Access) (*MR, error) { return pd.dom().regImplicitMR(access) }
 

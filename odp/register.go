@@ -3,6 +3,7 @@ package odp
 import (
 	"errors"
 	"fmt"
+	"slices"
 	"time"
 
 	"github.com/odpemu/odpemu/internal/interval"
@@ -85,9 +86,20 @@ func (mr *MR) registerRangeLocked(end uintptr) error {
 // Called with space.mu held.
 func (s *space) releaseForeignLocked(r interval.Range) {
 	s.foreignRegs = removeRange(s.foreignRegs, r)
-	for _, u := range interval.Uncovered(r, s.foreignRegs) {
+	for _, u := range interval.Uncovered(r, s.foreignCoverLocked()) {
 		_ = s.uffd.Unregister(u.Start, u.End-u.Start) // a part the application unmapped is not there to change
 	}
+}
+
+// foreignCoverLocked returns the ranges of the application's own memory registered
+// for events: the explicit ODP MRs' over it and what implicit MRs reached. Called
+// with space.mu held.
+func (s *space) foreignCoverLocked() []interval.Range {
+	cover := slices.Clone(s.foreignRegs)
+	for _, m := range s.implicitMRs {
+		cover = append(cover, m.(*MR).reached...)
+	}
+	return cover
 }
 
 // activateODP subscribes a new ODP MR, registered from t0, to invalidations and maps

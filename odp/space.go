@@ -56,8 +56,12 @@ type space struct {
 }
 
 // remapper is an implicit ODP MR as the address space sees it: it covers every
-// buffer, and is told of each new one (remap), whatever was mapped there before.
-type remapper interface{ remap(start, end uintptr) }
+// buffer, and is told of each new one (remap), whatever was mapped there before, and
+// of the application's memory unmapped or moved away (leftLocked, with space.mu held).
+type remapper interface {
+	remap(start, end uintptr)
+	leftLocked(r interval.Range)
+}
 
 // spaceConfig are the settings that belong to the address space, not to a device.
 type spaceConfig struct {

@@ -183,7 +183,7 @@ func TestDevinfo(t *testing.T) {
 	out, err = output(verbsCmd(dir, []string{"ODPEMU_ADDR=127.0.0.2"}, "ibv_devinfo", "-v"))
 	require.NoError(t, err, out)
 	for _, want := range []string{
-		`hca_id:\s+odpemu0`, `vendor_id:\s+0xffffff`, `general_odp_caps:\s+ODP_SUPPORT\s+rc_odp_caps`,
+		`hca_id:\s+odpemu0`, `vendor_id:\s+0xffffff`, `general_odp_caps:\s+ODP_SUPPORT\s+ODP_SUPPORT_IMPLICIT\s+rc_odp_caps`,
 		`rc_odp_caps:\s+SUPPORT_SEND\s+SUPPORT_RECV\s+SUPPORT_WRITE\s+SUPPORT_READ\s+SUPPORT_ATOMIC`,
 		`state:\s+PORT_ACTIVE`, `link_layer:\s+Ethernet`, `active_mtu:\s+4096`,
 		`GID\[\s*0\]:\s+::ffff:127\.0\.0\.2, RoCE v2`, `max_qp_rd_atom:\s+16`,
@@ -241,11 +241,11 @@ func TestPyverbs(t *testing.T) {
 		require.Regexp(t, `(?m)^OK`, out)
 		require.NotContains(t, out, "... ERROR")
 		require.NotContains(t, out, "... FAIL")
-		// rdma-core 44: 57 pass (13 device, 4 PD, 9 ODP, 9 of the ibv_wr_* API, 7
-		// atomic, 4 ibv_rereg_mr with QPs reset and connected again, ...); the rest
-		// need what the emulator does not offer (SRQ, XRC, UD, memory windows,
-		// device memory).
-		require.GreaterOrEqual(t, ran-skipped, 57, out)
+		// rdma-core 44: 60 pass (13 device, 4 PD, 12 ODP with 3 implicit, 9 of the
+		// ibv_wr_* API, 7 atomic, 4 ibv_rereg_mr with QPs reset and connected again,
+		// ...); the rest need what the emulator does not offer (SRQ, XRC, UD, memory
+		// windows, device memory).
+		require.GreaterOrEqual(t, ran-skipped, 60, out)
 		t.Logf("%v: %d tests, %d passed, %d skipped", env, ran, ran-skipped, skipped)
 	}
 }
@@ -327,8 +327,8 @@ func pingpong(t *testing.T, dir string, args ...string) (server, client string, 
 }
 
 // TestRCPingpong: rdma-core's ibv_rc_pingpong, unmodified, SENDs between two
-// processes over RoCEv2 on the emulated NIC, pinned and ODP, polling and with
-// completion events.
+// processes over RoCEv2 on the emulated NIC, pinned, ODP and implicit ODP, polling and
+// with completion events.
 func TestRCPingpong(t *testing.T) {
 	dir := library(t)
 	for _, args := range [][]string{{"-n", "200"}, {"-n", "20", "-s", "65536", "-m", "4096"},
@@ -337,6 +337,8 @@ func TestRCPingpong(t *testing.T) {
 		{"-n", "100", "-o", "-e"},
 		{"-n", "50", "-o", "-P", "-s", "65536", "-m", "4096"}, // -P: ibv_advise_mr prefetches it
 		{"-n", "50", "-o", "-P", "-e"},
+		{"-n", "100", "-o", "-O"}, // -O: implicit ODP, one MR for the whole address space
+		{"-n", "50", "-o", "-O", "-P", "-s", "65536", "-m", "4096"},
 	} {
 		args = append([]string{"-g", "0", "-c"}, args...) // -c: each side checks the data it received
 		server, client, serr, cerr := pingpong(t, dir, args...)

@@ -47,3 +47,33 @@ func Uncovered(r Range, others []Range) []Range {
 	}
 	return out
 }
+
+// Merge returns rs sorted by start with overlapping and touching ranges joined and
+// empty ones dropped; it reuses rs's array.
+func Merge(rs []Range) []Range {
+	sort.Slice(rs, func(i, j int) bool { return rs[i].Start < rs[j].Start })
+	out := rs[:0]
+	for _, r := range rs {
+		switch {
+		case r.Empty():
+		case len(out) > 0 && r.Start <= out[len(out)-1].End:
+			out[len(out)-1].End = max(out[len(out)-1].End, r.End)
+		default:
+			out = append(out, r)
+		}
+	}
+	return out
+}
+
+// Subtract returns the parts of the ranges rs that x does not cover, in their order.
+func Subtract(rs []Range, x Range) []Range {
+	var out []Range
+	for _, r := range rs {
+		if !r.Overlaps(x) {
+			out = append(out, r)
+			continue
+		}
+		out = append(out, Uncovered(r, []Range{x})...)
+	}
+	return out
+}

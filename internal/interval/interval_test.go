@@ -54,3 +54,18 @@ func TestOverlapsAndIntersect(t *testing.T) {
 	}
 	assert.Equal(t, r, r.Span())
 }
+
+func TestMerge(t *testing.T) {
+	assert.Empty(t, Merge(nil))
+	assert.Equal(t, []Range{{0, 30}, {40, 50}},
+		Merge([]Range{{40, 50}, {10, 20}, {20, 30}, {0, 15}, {45, 45}, {42, 44}}), "touching, overlapping, empty, inside")
+	assert.Equal(t, []Range{{1, 2}, {3, 4}}, Merge([]Range{{3, 4}, {1, 2}}), "apart")
+}
+
+func TestSubtract(t *testing.T) {
+	rs := []Range{{0, 10}, {20, 30}, {40, 50}}
+	assert.Equal(t, []Range{{0, 10}, {20, 25}, {28, 30}, {40, 50}}, Subtract(rs, Range{25, 28}), "inside one")
+	assert.Equal(t, []Range{{0, 5}, {45, 50}}, Subtract(rs, Range{5, 45}), "across several")
+	assert.Equal(t, rs, Subtract(rs, Range{10, 20}), "between")
+	assert.Empty(t, Subtract(rs, Range{0, 50}))
+}

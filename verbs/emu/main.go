@@ -75,13 +75,11 @@ func fillAttr(attr *C.struct_odpemu_device_attr, a odp.DeviceAttr) {
 		max_qp_rd_atom:      C.uint32_t(a.MaxQPRdAtom),
 		max_qp_init_rd_atom: C.uint32_t(a.MaxQPInitRdAtom),
 		atomic_cap:          C.uint32_t(a.AtomicCap),
-		// Implicit ODP over the application's memory is not offered yet (odp's
-		// implicit MRs cover buffers from Alloc only): programs that ask skip it.
-		odp_general_caps: C.uint64_t(a.ODP.General &^ odp.ODPSupportImplicit),
-		odp_rc_caps:      C.uint32_t(a.ODP.RC),
-		odp_uc_caps:      C.uint32_t(a.ODP.UC),
-		odp_ud_caps:      C.uint32_t(a.ODP.UD),
-		active_mtu:       4096,
+		odp_general_caps:    C.uint64_t(a.ODP.General),
+		odp_rc_caps:         C.uint32_t(a.ODP.RC),
+		odp_uc_caps:         C.uint32_t(a.ODP.UC),
+		odp_ud_caps:         C.uint32_t(a.ODP.UD),
+		active_mtu:          4096,
 	}
 }
 

@@ -9,6 +9,7 @@ import "C"
 
 import (
 	"encoding/binary"
+	"math"
 	"net/netip"
 	"runtime/cgo"
 	"sync"
@@ -66,7 +67,13 @@ func odpemu_reg_mr(h C.odpemu_handle, addr unsafe.Pointer, length C.size_t, acce
 	if !ok {
 		return C.int(syscall.EINVAL)
 	}
-	mr, err := register(pd, addr, length, odp.Access(access))
+	var mr *odp.MR
+	var err error
+	if addr == nil && uint64(length) == math.MaxUint64 && odp.Access(access)&odp.AccessOnDemand != 0 {
+		mr, err = pd.pd.RegImplicitMR(odp.Access(access)) // the whole address space
+	} else {
+		mr, err = register(pd, addr, length, odp.Access(access))
+	}
 	if err != nil {
 		return errno(err)
 	}

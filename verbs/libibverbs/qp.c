@@ -127,8 +127,8 @@ static struct ibv_mr *reg_mr(struct ibv_pd *pd, void *addr, size_t length, uint6
 		errno = EOPNOTSUPP; /* the emulated NIC addresses an MR by its virtual addresses */
 		return NULL;
 	}
-	if (!addr && (access & IBV_ACCESS_ON_DEMAND)) {
-		errno = EOPNOTSUPP; /* implicit ODP over the application's memory: not yet */
+	if (!addr && (length != SIZE_MAX || !(access & IBV_ACCESS_ON_DEMAND))) {
+		errno = EINVAL; /* implicit ODP is NULL, SIZE_MAX, ON_DEMAND; nothing else at NULL */
 		return NULL;
 	}
 	struct emu_mr *m = calloc(1, sizeof *m);

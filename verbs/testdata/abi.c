@@ -138,7 +138,8 @@ int main(void)
 	memset(&ex, 0xa5, sizeof ex);
 	int e = ibv_query_device_ex(ctx, NULL, &ex);
 	CHECK(e == 0, "query_device_ex: %d", e);
-	CHECK(ex.odp_caps.general_caps & IBV_ODP_SUPPORT, "general ODP caps %#llx",
+	CHECK((ex.odp_caps.general_caps & (IBV_ODP_SUPPORT | IBV_ODP_SUPPORT_IMPLICIT)) ==
+		      (IBV_ODP_SUPPORT | IBV_ODP_SUPPORT_IMPLICIT), "general ODP caps %#llx",
 	      (unsigned long long)ex.odp_caps.general_caps);
 	uint32_t rc = IBV_ODP_SUPPORT_SEND | IBV_ODP_SUPPORT_RECV | IBV_ODP_SUPPORT_WRITE | IBV_ODP_SUPPORT_READ;
 	CHECK((ex.odp_caps.per_transport_caps.rc_odp_caps & rc) == rc, "RC ODP caps %#x",
@@ -173,11 +174,18 @@ int main(void)
 	CHECK(pd && pd->context == ctx, "alloc_pd: %s", strerror(errno));
 	if (pd) {
 		objects(ctx, pd);
+		/* Implicit ODP: NULL, SIZE_MAX, ON_DEMAND, and nothing else at NULL. */
+		struct ibv_mr *imr = ibv_reg_mr(pd, NULL, SIZE_MAX, IBV_ACCESS_ON_DEMAND | IBV_ACCESS_LOCAL_WRITE);
+		CHECK(imr && imr->addr == NULL && imr->length == SIZE_MAX && imr->lkey == imr->rkey,
+		      "implicit ODP MR: %s", strerror(errno));
+		CHECK(!imr || ibv_dereg_mr(imr) == 0, "dereg of the implicit MR");
+		CHECK(ibv_reg_mr(pd, NULL, 4096, IBV_ACCESS_ON_DEMAND) == NULL && errno == EINVAL,
+		      "an MR at NULL that is not implicit ODP");
+		CHECK(ibv_reg_mr(pd, NULL, SIZE_MAX, IBV_ACCESS_LOCAL_WRITE) == NULL && errno == EINVAL,
+		      "implicit without ON_DEMAND");
 		CHECK(ibv_dealloc_pd(pd) == 0, "dealloc_pd");
 	}
 	CHECK(ibv_create_srq(NULL, NULL) == NULL && errno == EOPNOTSUPP, "a stub returning a pointer");
-	CHECK(ibv_reg_mr(NULL, NULL, SIZE_MAX, IBV_ACCESS_ON_DEMAND) == NULL && errno == EOPNOTSUPP,
-	      "implicit ODP is not offered yet");
 	/* A forked child has no emulator: its verbs fail with ENODEV, and nothing hangs. */
 	pid_t child = fork();
 	if (child == 0) {
