@@ -224,9 +224,15 @@ func uffdFlags(t *testing.T, addr uintptr) (registered, known bool) {
 
 // An implicit MR reaches the application's own memory (its mmap, the Go heap) on
 // demand, remote and local: WRITEs and READs through its keys go where their
-// addresses say; what the application discards or unmaps there invalidates the
-// NIC's entries, unmapped memory is an access error, and memory mapped there again
-// is reached again. Dereg releases the userfaultfd registrations it made.
+// addresses say; what the application discards or maps over there invalidates the
+// NIC's entries, memory a DMA cannot reach is an access error, and memory mapped
+// there again is reached again. Dereg releases the userfaultfd registrations it made.
+//
+// The test never leaves a hole in the address space while the NIC may write there:
+// an implicit MR reaches whatever is mapped at an address, and another thread of
+// the process (the Go runtime's) could map its own memory into a hole. Pages are
+// replaced with MAP_FIXED instead, which unmaps the old ones (an UNMAP event) and
+// maps the new ones in one call.
 func TestImplicitOverApplicationMemory(t *testing.T) {
 	a, b := pair(t, Config{})
 	src, smr := a.region(t, 4*ps, rw)
@@ -273,18 +279,24 @@ func TestImplicitOverApplicationMemory(t *testing.T) {
 	require.True(t, bytes.Equal(src[:ps], mem[ps:2*ps]))
 	assert.Equal(t, make([]byte, ps), mem[:ps], "a discarded page reads as zero")
 
-	// Unmapped: the entries go and a WRITE there is an access error; memory mapped
-	// there again is reached again.
+	// Mapped over with memory no DMA can reach: the entries go and a WRITE there is
+	// an access error; memory mapped there again is reached again.
 	hole := mem[2*ps:]
-	require.NoError(t, unix.MunmapPtr(unsafe.Pointer(&hole[0]), uintptr(2*ps)))
-	require.NoError(t, b.dev.SyncEvents())
-	assert.Zero(t, validAt(imr, addrOf(hole), 2*ps))
+	mapOver := func(prot int) {
+		t.Helper()
+		at, err := unix.MmapPtr(-1, 0, unsafe.Pointer(&hole[0]), uintptr(2*ps), prot,
+			unix.MAP_PRIVATE|unix.MAP_ANONYMOUS|unix.MAP_FIXED)
+		require.NoError(t, err)
+		require.Equal(t, unsafe.Pointer(&hole[0]), at)
+		require.NoError(t, b.dev.SyncEvents())
+	}
+	require.Equal(t, WCSuccess, write(hole, 0, 2*ps, 25).Status)
+	require.Equal(t, 2, validAt(imr, addrOf(hole), 2*ps))
+	mapOver(unix.PROT_NONE)
+	assert.Zero(t, validAt(imr, addrOf(hole), 2*ps), "the UNMAP of the old pages invalidated them")
 	assert.Equal(t, WCRemAccessErr, write(hole, 0, 64, 30).Status)
 	restate()
-	again, err := unix.MmapPtr(-1, 0, unsafe.Pointer(&hole[0]), uintptr(2*ps), unix.PROT_READ|unix.PROT_WRITE,
-		unix.MAP_PRIVATE|unix.MAP_ANONYMOUS|unix.MAP_FIXED)
-	require.NoError(t, err)
-	require.Equal(t, unsafe.Pointer(&hole[0]), again)
+	mapOver(unix.PROT_READ | unix.PROT_WRITE)
 	wc := write(hole, 0, 2*ps, 40)
 	require.Equal(t, WCSuccess, wc.Status, wc.Detail)
 	require.True(t, bytes.Equal(src[:2*ps], hole))

@@ -66,8 +66,11 @@ func (pd *PD) RegMR(buf []byte, access Access) (*MR, error) { return pd.dom().re
 // the NIC's table grows with the pages it touches. A fault on the process's own memory
 // registers the pages it touches for userfaultfd events only, as RegMR of that memory
 // does (Dereg releases them). An address with no memory a DMA can reach is an access
-// error (REM_ACCESS_ERR for the peer, LOC_PROT_ERR locally), never a crash.
-// Invalidation works on it as on explicit MRs; eviction and migration on its buffers.
+// error (REM_ACCESS_ERR for the peer, LOC_PROT_ERR locally), never a crash. As on a
+// NIC, the MR reaches whatever is mapped at an address when its fault comes: memory
+// the application unmapped, and another part of the process (the Go runtime, a
+// library) mapped since, is reached too. Invalidation works on it as on explicit
+// MRs; eviction and migration on its buffers.
 // Addr is 0 and Len the size of the user address space (2^47).
 func (pd *PD) RegImplicitMR(access Access) (*MR, error) { return pd.dom().regImplicitMR(access) }
 
