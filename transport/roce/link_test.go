@@ -25,7 +25,7 @@ func listen(t *testing.T, addr string, loss Loss) *Link {
 func TestLinkLoopback(t *testing.T) {
 	a, b := listen(t, "127.0.0.1:0", Loss{}), listen(t, "127.0.0.2:0", Loss{})
 	buf := make([]byte, BufferSize(lim))
-	for _, p := range samples() {
+	for _, p := range rcSamples() {
 		require.NoError(t, a.Send(&p, b.LocalAddr()))
 		got, from, err := b.Recv(buf)
 		require.NoError(t, err)
@@ -44,7 +44,11 @@ func TestLinkLoopback(t *testing.T) {
 	require.NoError(t, err)
 	huge, err := (&Packet{Opcode: SendOnly, Payload: make([]byte, 8192)}).Append(nil, Endpoints{})
 	require.NoError(t, err)
-	for _, bad := range [][]byte{[]byte("garbage"), forOther[:20], forOther, huge} {
+	rawFrom := raw.LocalAddr().(*net.UDPAddr).AddrPort()
+	ud, err := (&Packet{Opcode: UDSendOnly, QKey: 1, SrcQP: 2, Payload: []byte("a UD SEND to an RC QP")}).Append(nil,
+		Endpoints{Src: netip.AddrPortFrom(rawFrom.Addr().Unmap(), rawFrom.Port()), Dst: b.LocalAddr()})
+	require.NoError(t, err)
+	for _, bad := range [][]byte{[]byte("garbage"), forOther[:20], forOther, huge, ud} {
 		_, err := raw.WriteToUDPAddrPort(bad, b.LocalAddr())
 		require.NoError(t, err)
 	}
@@ -53,10 +57,10 @@ func TestLinkLoopback(t *testing.T) {
 	require.NoError(t, err)
 	assert.Equal(t, "after the bad ones", string(got.Payload))
 	st := b.Stats()
-	assert.EqualValues(t, 4, st.Malformed)
+	assert.EqualValues(t, 5, st.Malformed)
 	assert.EqualValues(t, 2, st.BadICRC, "the packet made for another sender, and the truncated one")
-	assert.EqualValues(t, len(samples())+1, st.Received)
-	assert.EqualValues(t, len(samples())+1, a.Stats().Sent)
+	assert.EqualValues(t, len(rcSamples())+1, st.Received)
+	assert.EqualValues(t, len(rcSamples())+1, a.Stats().Sent)
 
 	_, err = Listen(netip.MustParseAddrPort("0.0.0.0:0"), lim, Loss{})
 	assert.Error(t, err, "an unspecified address cannot be the ICRC's")

@@ -42,7 +42,8 @@ const maxRCMessage = 1 << 31
 // UDPPort is RoCEv2's UDP destination port.
 const UDPPort = 4791
 
-// Opcode is a BTH opcode. Only the RC transport's (the top three bits zero) exist here.
+// Opcode is a BTH opcode: the RC transport's (the top three bits 000) and the UD
+// transport's SENDs (011) exist here.
 type Opcode uint8
 
 // The RC opcodes (IBTA 9.2, rxe_opcode.c).
@@ -68,7 +69,14 @@ const (
 	AtomicAck      Opcode = 0x12
 	CompareSwap    Opcode = 0x13
 	FetchAdd       Opcode = 0x14
-	lastOpcode            = FetchAdd
+	lastRCOpcode          = FetchAdd
+)
+
+// The UD opcodes (IBTA 9.2, rxe_opcode.c): a UD message is one packet.
+const (
+	UDSendOnly    Opcode = 0x64
+	UDSendOnlyImm Opcode = 0x65
+	lastOpcode           = UDSendOnlyImm
 )
 
 // Header sizes in bytes.
@@ -79,6 +87,7 @@ const (
 	AtomicETHSize    = 28
 	AtomicAckETHSize = 8
 	ImmDtSize        = 4
+	DETHSize         = 8
 	ICRCSize         = 4
 )
 
@@ -90,6 +99,7 @@ const (
 	hasAtomicAckETH
 	hasImm
 	hasPayload
+	hasDETH
 )
 
 // position is a packet's place in its message.
@@ -131,12 +141,17 @@ var opInfo = [lastOpcode + 1]struct {
 	AtomicAck:      {"ATOMIC_ACKNOWLEDGE", hasAETH | hasAtomicAckETH, KindAtomicAck, posOnly},
 	CompareSwap:    {"COMPARE_SWAP", hasAtomicETH, KindCompareSwap, posOnly},
 	FetchAdd:       {"FETCH_ADD", hasAtomicETH, KindFetchAdd, posOnly},
+	UDSendOnly:     {"UD_SEND_ONLY", hasDETH | hasPayload, KindSend, posOnly},
+	UDSendOnlyImm:  {"UD_SEND_ONLY_WITH_IMMEDIATE", hasDETH | hasImm | hasPayload, KindSend, posOnly},
 }
 
 func (o Opcode) flags() int { return opInfo[o].flags }
 
-// Valid reports whether o is an RC opcode this package knows.
-func (o Opcode) Valid() bool { return o <= lastOpcode }
+// Valid reports whether o is an opcode this package knows, RC or UD.
+func (o Opcode) Valid() bool { return o <= lastOpcode && opInfo[o].name != "" }
+
+// UD reports whether o is a UD opcode.
+func (o Opcode) UD() bool { return o.Valid() && o>>5 == 3 }
 
 // String returns the opcode's IBTA name.
 func (o Opcode) String() string {
@@ -148,7 +163,7 @@ func (o Opcode) String() string {
 
 // IsRequest reports whether a requester sends o.
 func (o Opcode) IsRequest() bool {
-	return o.Valid() && (o <= ReadRequest || o == CompareSwap || o == FetchAdd)
+	return o.Valid() && (o <= ReadRequest || o == CompareSwap || o == FetchAdd || o.UD())
 }
 
 // HasPayload reports whether o carries data.
@@ -161,7 +176,7 @@ func (o Opcode) HeaderSize() int {
 	for _, h := range []struct {
 		bit, size int
 	}{{hasRETH, RETHSize}, {hasAETH, AETHSize}, {hasAtomicETH, AtomicETHSize}, {hasAtomicAckETH, AtomicAckETHSize},
-		{hasImm, ImmDtSize}} {
+		{hasImm, ImmDtSize}, {hasDETH, DETHSize}} {
 		if f&h.bit != 0 {
 			n += h.size
 		}
@@ -220,6 +235,10 @@ type Packet struct {
 	// ImmDt: the immediate data of *_WITH_IMMEDIATE.
 	Imm uint32
 
+	// DETH: a UD SEND's queue key and the sending QP's number (24 bits).
+	QKey  uint32
+	SrcQP uint32
+
 	// Payload is the data, without pad. Decode returns a slice of its input.
 	Payload []byte
 }
@@ -232,6 +251,9 @@ type Limits struct {
 	// MaxMessage is the largest message a QP takes: the reassembler refuses
 	// longer ones (a NAK), Decode only RETH lengths beyond 2^31.
 	MaxMessage uint32
+	// UD: the QP is a UD QP, which takes UD packets only; an RC QP takes RC
+	// packets only.
+	UD bool
 }
 
 // ValidMTU reports whether n is one of IB's path MTUs.
@@ -295,7 +317,7 @@ func (p *Packet) appendHeaders(b []byte) ([]byte, error) {
 	switch {
 	case !p.Opcode.Valid():
 		return b, fmt.Errorf("%w: opcode %#x", ErrMalformed, uint8(p.Opcode))
-	case p.DestQP >= 1<<24 || p.PSN >= 1<<24 || p.MSN >= 1<<24:
+	case p.DestQP >= 1<<24 || p.PSN >= 1<<24 || p.MSN >= 1<<24 || p.SrcQP >= 1<<24:
 		return b, fmt.Errorf("%w: QPN, PSN or MSN wider than 24 bits", ErrMalformed)
 	case len(p.Payload) > 0 && !p.Opcode.HasPayload():
 		return b, fmt.Errorf("%w: %v carries no payload", ErrMalformed, p.Opcode)
@@ -318,6 +340,10 @@ func (p *Packet) appendHeaders(b []byte) ([]byte, error) {
 		h[8] |= 0x80
 	}
 	b = append(b, h[:]...)
+	if f&hasDETH != 0 { // BTH, DETH, ImmDt (IBTA 9.2)
+		b = be.AppendUint32(b, p.QKey)
+		b = be.AppendUint32(b, p.SrcQP) // its top byte, reserved, is zero
+	}
 	if f&hasRETH != 0 {
 		b = be.AppendUint64(b, p.VA)
 		b = be.AppendUint32(b, p.RKey)
@@ -350,8 +376,11 @@ func Decode(b []byte, ep Endpoints, lim Limits) (Packet, error) {
 	}
 	be := binary.BigEndian
 	p.Opcode = Opcode(b[0])
-	if !p.Opcode.Valid() {
-		return p, fmt.Errorf("%w: opcode %#x (not RC, or unknown)", ErrMalformed, b[0])
+	switch {
+	case !p.Opcode.Valid():
+		return p, fmt.Errorf("%w: opcode %#x (neither RC nor UD, or unknown)", ErrMalformed, b[0])
+	case p.Opcode.UD() != lim.UD:
+		return p, fmt.Errorf("%w: %v to a QP of the other transport", ErrMalformed, p.Opcode)
 	}
 	if tver := b[1] & 0x0f; tver != 0 {
 		return p, fmt.Errorf("%w: transport version %d", ErrMalformed, tver)
@@ -374,6 +403,13 @@ func Decode(b []byte, ep Endpoints, lim Limits) (Packet, error) {
 	}
 	f := p.Opcode.flags()
 	at := BTHSize
+	if f&hasDETH != 0 {
+		if b[at+4] != 0 {
+			return p, fmt.Errorf("%w: reserved DETH byte set", ErrMalformed)
+		}
+		p.QKey, p.SrcQP = be.Uint32(b[at:]), be.Uint32(b[at+4:])
+		at += DETHSize
+	}
 	if f&hasRETH != 0 {
 		p.VA, p.RKey, p.DMALen = be.Uint64(b[at:]), be.Uint32(b[at+8:]), be.Uint32(b[at+12:])
 		at += RETHSize

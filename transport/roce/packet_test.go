@@ -25,6 +25,9 @@ func samples() []Packet {
 	odd := []byte("seven b")
 	var out []Packet
 	for op := Opcode(0); op <= lastOpcode; op++ {
+		if !op.Valid() {
+			continue
+		}
 		p := Packet{Opcode: op, PKey: 0xffff, DestQP: 0x123456, PSN: 0xfedcba, AckReq: op.IsRequest(), Solicited: op == SendOnly}
 		f := op.flags()
 		if f&hasPayload != 0 {
@@ -51,6 +54,9 @@ func samples() []Packet {
 		if f&hasImm != 0 {
 			p.Imm = 0xdeadbeef
 		}
+		if f&hasDETH != 0 {
+			p.QKey, p.SrcQP, p.AckReq = 0x80010203, 0xabcdef, false
+		}
 		out = append(out, p)
 	}
 	return out
@@ -63,7 +69,7 @@ func TestRoundTripEveryOpcode(t *testing.T) {
 			require.NoError(t, err, p.Opcode.String())
 			require.Len(t, b, p.Size())
 			assert.Zero(t, len(b)%4, "%v: packets are whole words", p.Opcode)
-			got, err := Decode(b, ep, lim)
+			got, err := Decode(b, ep, limFor(p))
 			require.NoError(t, err, p.Opcode.String())
 			if len(p.Payload) == 0 {
 				got.Payload = nil
@@ -88,6 +94,42 @@ func TestHeaderLayout(t *testing.T) {
 	assert.Equal(t, BTHSize+AETHSize, Acknowledge.HeaderSize())
 	assert.Equal(t, BTHSize+AETHSize+AtomicAckETHSize, AtomicAck.HeaderSize())
 	assert.Equal(t, BTHSize+AtomicETHSize, CompareSwap.HeaderSize())
+}
+
+// rcSamples is samples() of the RC opcodes: what an RC QP's link takes.
+func rcSamples() []Packet {
+	var out []Packet
+	for _, p := range samples() {
+		if !p.Opcode.UD() {
+			out = append(out, p)
+		}
+	}
+	return out
+}
+
+// limFor is lim for a QP of p's transport.
+func limFor(p Packet) Limits {
+	l := lim
+	l.UD = p.Opcode.UD()
+	return l
+}
+
+// A UD SEND's DETH follows the BTH and comes before the immediate data (IBTA 9.2).
+func TestUDHeaderLayout(t *testing.T) {
+	p := Packet{Opcode: UDSendOnlyImm, PKey: 0xffff, DestQP: 0x000011, PSN: 5, QKey: 0x11111111, SrcQP: 0x123456,
+		Imm: 0x01020304, Payload: []byte{7, 8, 9}}
+	b, err := p.Append(nil, ep4)
+	require.NoError(t, err)
+	want := []byte{
+		0x65, 0x10, 0xff, 0xff, 0x00, 0x00, 0x00, 0x11, 0x00, 0x00, 0x00, 0x05, // BTH: pad 1
+		0x11, 0x11, 0x11, 0x11, 0x00, 0x12, 0x34, 0x56, // DETH: Q_Key, reserved, source QP
+		1, 2, 3, 4, // ImmDt
+		7, 8, 9, 0, // payload and pad
+	}
+	assert.Equal(t, want, b[:len(b)-ICRCSize])
+	assert.Equal(t, BTHSize+DETHSize, UDSendOnly.HeaderSize())
+	assert.True(t, UDSendOnly.UD() && UDSendOnly.IsRequest() && !SendOnly.UD() && !Opcode(0x66).Valid())
+	assert.Equal(t, "UD_SEND_ONLY_WITH_IMMEDIATE", UDSendOnlyImm.String())
 }
 
 // The ICRC's seed is rxe's: a CRC over eight bytes of ones (the masked LRH) from a
@@ -148,6 +190,7 @@ func TestDecodeRejects(t *testing.T) {
 		"shorter than BTH":     {good[:BTHSize], ErrMalformed},
 		"opcode of UD":         {mut(0, 0x64), ErrMalformed},
 		"opcode unknown":       {mut(0, 0x15), ErrMalformed},
+		"opcode of UC":         {mut(0, 0x24), ErrMalformed},
 		"transport version":    {mut(1, 0x01), ErrMalformed},
 		"BTH reserved byte":    {mut(4, 0x30), ErrMalformed},
 		"BTH reserved bits":    {mut(8, 0x01), ErrMalformed},
@@ -164,6 +207,28 @@ func TestDecodeRejects(t *testing.T) {
 		"MIDDLE longer":        {enc(Packet{Opcode: WriteMiddle, Payload: make([]byte, lim.MTU+4)}), ErrMalformed},
 		"reserved syndrome":    {enc(Packet{Opcode: Acknowledge, Syndrome: 0x40}), ErrMalformed},
 	}
+	ud := Limits{MTU: lim.MTU, MaxMessage: lim.MaxMessage, UD: true}
+	udGood := enc(Packet{Opcode: UDSendOnly, QKey: 7, SrcQP: 9, Payload: make([]byte, 8)})
+	for name, c := range map[string][]byte{
+		"RC packet to a UD QP": good,
+		"DETH reserved byte": func() []byte {
+			b := append([]byte(nil), udGood...)
+			b[BTHSize+4] = 1
+			return resign(b)
+		}(),
+		"UD payload > MTU":  enc(Packet{Opcode: UDSendOnly, Payload: make([]byte, lim.MTU+4)}),
+		"UD headers cut":    resign(udGood[:BTHSize+4+ICRCSize]),
+		"UD opcode unknown": func() []byte { b := append([]byte(nil), udGood...); b[0] = 0x66; return resign(b) }(),
+	} {
+		_, err := Decode(c, ep4, ud)
+		assert.ErrorIs(t, err, ErrMalformed, name)
+	}
+	_, err = Decode(udGood, ep4, ud)
+	require.NoError(t, err)
+	_, err = Decode(udGood, ep4, lim)
+	assert.ErrorIs(t, err, ErrMalformed, "a UD packet to an RC QP")
+	_, err = (&Packet{Opcode: UDSendOnly, SrcQP: 1 << 24}).Append(nil, ep4)
+	assert.ErrorIs(t, err, ErrMalformed)
 	for name, c := range cases {
 		_, err := Decode(c.b, ep4, lim)
 		assert.ErrorIs(t, err, c.want, name)
@@ -197,7 +262,9 @@ func FuzzDecode(f *testing.F) {
 	f.Fuzz(func(t *testing.T, b []byte) {
 		p, err := Decode(b, ep4, lim)
 		if err != nil {
-			return
+			if p, err = Decode(b, ep4, Limits{MTU: lim.MTU, MaxMessage: lim.MaxMessage, UD: true}); err != nil {
+				return
+			}
 		}
 		again, err := p.Append(nil, ep4)
 		if err != nil {

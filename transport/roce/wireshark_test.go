@@ -65,11 +65,12 @@ func TestWiresharkDecodes(t *testing.T) {
 	// heuristic would take the samples' SEND payloads for RPC messages (and call
 	// them malformed): it is turned off, the InfiniBand dissector is what is checked.
 	rows, err := c.Fields([]string{"--disable-protocol", "rpcordma"}, "frame.protocols", "infiniband.bth.opcode",
-		"infiniband.bth.psn", "infiniband.invariant.crc", "ip.id", "ip.flags.df", "_ws.malformed", "_ws.expert.severity")
+		"infiniband.bth.psn", "infiniband.invariant.crc", "ip.id", "ip.flags.df", "_ws.malformed", "_ws.expert.severity",
+		"infiniband.deth.q_key", "infiniband.deth.srcqp")
 	require.NoError(t, err)
 	require.Len(t, rows, len(pkts))
 	for i, f := range rows {
-		require.Len(t, f, 8, "%q", f)
+		require.Len(t, f, 10, "%q", f)
 		p := pkts[i]
 		assert.Contains(t, f[0], "infiniband", "%v: dissected as InfiniBand: %s", p.Opcode, f[0])
 		assert.Equal(t, strconv.Itoa(int(p.Opcode)), f[1], "%v: opcode", p.Opcode)
@@ -85,5 +86,12 @@ func TestWiresharkDecodes(t *testing.T) {
 		assert.Contains(t, []string{"1", "True", "Set"}, f[5], "%v: DF set", p.Opcode)
 		assert.Empty(t, f[6], "%v: malformed", p.Opcode)
 		assert.NotContains(t, f[7], "error", "%v: expert errors", p.Opcode)
+		if p.Opcode.UD() { // the DETH: Wireshark shows both fields as hexadecimal
+			qkey, err := strconv.ParseUint(strings.TrimPrefix(f[8], "0x"), 16, 64)
+			require.NoError(t, err, "%v: a Q_Key field: %q", p.Opcode, f[8])
+			src, err := strconv.ParseUint(strings.TrimPrefix(f[9], "0x"), 16, 64)
+			require.NoError(t, err, "%v: a source QP field: %q", p.Opcode, f[9])
+			assert.Equal(t, [2]uint64{uint64(p.QKey), uint64(p.SrcQP)}, [2]uint64{qkey, src}, "%v: DETH", p.Opcode)
+		}
 	}
 }
