@@ -14,7 +14,9 @@ import (
 // a local address and UDP port 4791 (RoCEv2's), that receives every packet for the
 // port's QPs and hands each to the QP its BTH names (the destination QPN), as a NIC
 // with one port and many QPs does. Packets for a QPN no QP of the endpoint has are
-// dropped and counted. Each attached QP sends from a socket of its own on the same
+// dropped and counted. A connected QP's port (Attach) takes packets from its peer's
+// address only; a UD QP's (AttachUD) takes datagrams from any sender and sends each
+// where its caller says. Each attached QP sends from a socket of its own on the same
 // address, whose source port (chosen by the kernel) is the QP's entropy, as
 // RoCEv2 NICs vary the source port per QP; every packet goes to the peer's port
 // 4791.
@@ -120,9 +122,18 @@ type AttachConfig struct {
 // Attach connects QP cfg.QPN to its peer over the endpoint and returns its port.
 // Closing the port detaches it.
 func (e *Endpoint) Attach(cfg AttachConfig) (Port, error) {
-	if !ValidMTU(cfg.Limits.MTU) || cfg.Limits.MaxMessage == 0 || cfg.QPN >= 1<<24 {
+	if !ValidMTU(cfg.Limits.MTU) || cfg.Limits.MaxMessage == 0 || cfg.QPN >= 1<<24 || cfg.Limits.UD {
 		return nil, fmt.Errorf("roce: attach QP %#x with limits %+v", cfg.QPN, cfg.Limits)
 	}
+	p, err := e.attach(cfg)
+	if err != nil {
+		return nil, err
+	}
+	return p, nil
+}
+
+// attach makes and lists the port of QP cfg.QPN.
+func (e *Endpoint) attach(cfg AttachConfig) (*udpPort, error) {
 	send, err := Listen(netip.AddrPortFrom(e.addr.Addr(), 0), endpointLimits, cfg.Loss)
 	if err != nil {
 		return nil, err
@@ -130,6 +141,9 @@ func (e *Endpoint) Attach(cfg AttachConfig) (Port, error) {
 	p := &udpPort{ep: e, qpn: cfg.QPN, peer: netip.AddrPortFrom(cfg.Peer.Addr().Unmap(), cfg.Peer.Port()), send: send,
 		lim: cfg.Limits, in: new(ring), delay: int64(cfg.Link.Delay), rate: cfg.Link.Rate / 8 / 1e9,
 		ahead: int64(cfg.Link.queue(cfg.Limits.MTU))}
+	if cfg.Limits.UD {
+		p.from = new([ringSize]netip.AddrPort)
+	}
 	if p.rate > 0 {
 		p.ahead = int64(float64(p.ahead) / p.rate) // the queue as time at the line rate
 	}
@@ -214,7 +228,7 @@ func (e *Endpoint) receive() {
 			case p == nil:
 				e.unknown.Add(1)
 				continue
-			case froms[i].Addr() != p.peer.Addr():
+			case p.from == nil && froms[i].Addr() != p.peer.Addr(): // a UD QP takes any sender
 				e.foreign.Add(1)
 				continue
 			}
@@ -228,6 +242,9 @@ func (e *Endpoint) receive() {
 			}
 			seg := One(pkt)
 			seg.Ref = owner[i]
+			if p.from != nil { // before push publishes the slot
+				p.from[p.in.tail.Load()%ringSize] = froms[i]
+			}
 			p.in.push(seg, now+p.delay, 0)
 			if p.closed.Load() {
 				p.drop() // closed meanwhile: its engine will not take it
@@ -257,6 +274,10 @@ type udpPort struct {
 	rate      float64 // bytes per nanosecond, 0: unlimited
 	ahead     int64   // how far ahead of the line rate sends may run, nanoseconds
 	busyUntil int64   // the sender's: when what it sent has left at the line rate
+
+	// from, for a UD QP's port, holds the sender of each datagram in the inbox,
+	// at its ring index; nil for a connected QP's.
+	from *[ringSize]netip.AddrPort
 
 	rx     rxCounters
 	wake   atomic.Pointer[func()]
@@ -291,6 +312,15 @@ func (p *udpPort) Send(segs []Segment, now time.Time) (int, error) {
 		p.pkts = segs[i].Packets(p.pkts, p.lim.MTU)
 		bytes += WireBytes(&segs[i])
 	}
+	if err := p.sendTo(p.pkts, bytes, p.peer, now); err != nil {
+		return len(segs), err
+	}
+	return len(segs), nil
+}
+
+// sendTo sends pkts, bytes on the wire, to dst; with a rate, it first waits until
+// the link has room.
+func (p *udpPort) sendTo(pkts []Packet, bytes int, dst netip.AddrPort, now time.Time) error {
 	if p.rate > 0 {
 		t := mono(now)
 		start := max(t, p.busyUntil)
@@ -300,10 +330,7 @@ func (p *udpPort) Send(segs []Segment, now time.Time) (int, error) {
 		}
 		p.busyUntil = start + int64(float64(bytes)/p.rate)
 	}
-	if err := p.send.SendBatch(p.pkts, p.peer); err != nil {
-		return len(segs), err
-	}
-	return len(segs), nil
+	return p.send.SendBatch(pkts, dst)
 }
 
 // Recv implements Port.
@@ -360,3 +387,113 @@ func (p *udpPort) Stats() LinkStats {
 	s.Received, s.Malformed, s.BadICRC = p.rx.received.Load(), p.rx.malformed.Load(), p.rx.badICRC.Load()
 	return s
 }
+
+// UDConfig is a UD QP's side of an endpoint.
+type UDConfig struct {
+	QPN  uint32 // the local QP: UD packets for it come to the port
+	MTU  int    // the largest datagram payload (256, 512, 1024, 2048 or 4096)
+	Loss Loss   // faults injected into what the QP sends
+	// Link is the link model of what the QP sends (its rate paces the sends) and
+	// receives (its delay holds each datagram before the QP takes it).
+	Link LinkModel
+}
+
+// DatagramPort is a UD QP's port on an endpoint: it takes the UD packets sent to its
+// QPN from any address, and sends each datagram to the endpoint its caller names, as
+// a UD QP sends to the address handle of each work request. Closing it detaches the
+// QP; datagrams not yet received are dropped.
+type DatagramPort struct{ p *udpPort }
+
+// Datagram is a UD packet received and the endpoint that sent it (the sending QP's
+// socket: its address is the sender's RoCEv2 address). Its Payload aliases a receive
+// buffer until Release.
+type Datagram struct {
+	Packet
+	From netip.AddrPort
+	ref  Ref
+}
+
+// Release gives the datagram's receive buffer back; Payload is invalid after.
+func (d *Datagram) Release() {
+	if d.ref != nil {
+		d.ref.Release()
+		d.ref = nil
+	}
+}
+
+// AttachUD attaches UD QP cfg.QPN to the endpoint and returns its port.
+func (e *Endpoint) AttachUD(cfg UDConfig) (*DatagramPort, error) {
+	if !ValidMTU(cfg.MTU) || cfg.QPN >= 1<<24 {
+		return nil, fmt.Errorf("roce: attach UD QP %#x with MTU %d", cfg.QPN, cfg.MTU)
+	}
+	p, err := e.attach(AttachConfig{QPN: cfg.QPN, Limits: Limits{MTU: cfg.MTU, MaxMessage: uint32(cfg.MTU), UD: true},
+		Loss: cfg.Loss, Link: cfg.Link})
+	if err != nil {
+		return nil, err
+	}
+	return &DatagramPort{p}, nil
+}
+
+// SendTo sends UD packets to the endpoint dst (port 4791 of the peer's address, for
+// a RoCEv2 peer); their payloads are the caller's again when it returns. A packet
+// that is not a UD SEND, or whose payload exceeds the MTU, sends nothing.
+func (d *DatagramPort) SendTo(pkts []Packet, dst netip.AddrPort, now time.Time) error {
+	p := d.p
+	if p.closed.Load() {
+		return ErrClosed
+	}
+	bytes := 0
+	for i := range pkts {
+		s := One(pkts[i])
+		switch {
+		case !s.Opcode.UD():
+			return fmt.Errorf("%w: %v on a UD port", ErrMalformed, s.Opcode)
+		case len(s.Payload) > p.lim.MTU:
+			return fmt.Errorf("%w: a datagram of %d bytes, MTU %d", ErrMalformed, len(s.Payload), p.lim.MTU)
+		}
+		bytes += WireBytes(&s)
+	}
+	return p.sendTo(pkts, bytes, dst, now)
+}
+
+// RecvFrom moves up to len(out) datagrams that have arrived into out and returns how
+// many; the caller releases each. With none ready, next is when the next one on its
+// way arrives (zero when none is); the wake function runs when one arrives. It fails
+// with ErrClosed once the port is closed.
+func (d *DatagramPort) RecvFrom(out []Datagram, now time.Time) (n int, next time.Time, err error) {
+	p := d.p
+	if p.closed.Load() {
+		return 0, time.Time{}, ErrClosed
+	}
+	t := mono(now)
+	for n < len(out) {
+		h := p.in.head.Load()
+		sl := p.in.peek()
+		if sl == nil {
+			break
+		}
+		if sl.due > t {
+			if n == 0 {
+				return 0, fromMono(sl.due), nil
+			}
+			break
+		}
+		out[n] = Datagram{Packet: sl.seg.Packet, From: p.from[h%ringSize], ref: sl.seg.Ref}
+		p.in.pop()
+		n++
+	}
+	return n, time.Time{}, nil
+}
+
+// SetWake sets the function the port calls, from any goroutine, when datagrams
+// arrive. It must not block.
+func (d *DatagramPort) SetWake(f func()) { d.p.SetWake(f) }
+
+// MTU is the largest datagram payload.
+func (d *DatagramPort) MTU() int { return d.p.lim.MTU }
+
+// Stats returns the port's counters: what it sent and what it received.
+func (d *DatagramPort) Stats() LinkStats { return d.p.Stats() }
+
+// Close detaches the QP and closes its sending socket.
+func (d *DatagramPort) Close() error { return d.p.Close() }
