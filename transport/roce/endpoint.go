@@ -341,13 +341,10 @@ func (p *udpPort) Recv(segs []Segment, now time.Time) (int, time.Time, error) {
 	t := mono(now)
 	n := 0
 	for n < len(segs) {
-		sl := p.in.peek()
+		sl, _, wait := p.due(t)
 		if sl == nil {
-			break
-		}
-		if sl.due > t {
-			if n == 0 {
-				return 0, fromMono(sl.due), nil
+			if n == 0 && wait != 0 {
+				return 0, fromMono(wait), nil
 			}
 			break
 		}
@@ -356,6 +353,20 @@ func (p *udpPort) Recv(segs []Segment, now time.Time) (int, time.Time, error) {
 		n++
 	}
 	return n, time.Time{}, nil
+}
+
+// due returns the oldest run of the inbox that has arrived by t, and its ring index;
+// when none has, sl is nil and wait is when the next one on its way arrives (0: none
+// is). Only the port's receiver calls it.
+func (p *udpPort) due(t int64) (sl *slot, i uint64, wait int64) {
+	i = p.in.head.Load()
+	if sl = p.in.peek(); sl == nil {
+		return nil, 0, 0
+	}
+	if sl.due > t {
+		return nil, 0, sl.due
+	}
+	return sl, i, 0
 }
 
 func (p *udpPort) drop() {
@@ -467,18 +478,14 @@ func (d *DatagramPort) RecvFrom(out []Datagram, now time.Time) (n int, next time
 	}
 	t := mono(now)
 	for n < len(out) {
-		h := p.in.head.Load()
-		sl := p.in.peek()
+		sl, i, wait := p.due(t)
 		if sl == nil {
-			break
-		}
-		if sl.due > t {
-			if n == 0 {
-				return 0, fromMono(sl.due), nil
+			if n == 0 && wait != 0 {
+				return 0, fromMono(wait), nil
 			}
 			break
 		}
-		out[n] = Datagram{Packet: sl.seg.Packet, From: p.from[h%ringSize], ref: sl.seg.Ref}
+		out[n] = Datagram{Packet: sl.seg.Packet, From: p.from[i%ringSize], ref: sl.seg.Ref}
 		p.in.pop()
 		n++
 	}
