@@ -669,6 +669,8 @@ EXPORT int ibv_modify_qp(struct ibv_qp *qp, struct ibv_qp_attr *attr, int mask)
 	}
 	if (e)
 		return e;
+	if (to == IBV_QPS_RESET)
+		memset(&q->attr, 0, sizeof q->attr); /* a QP in RESET has no attributes left */
 	save(q, attr, mask);
 	q->attr.qp_state = to;
 	q->attr.cur_qp_state = to;

@@ -163,11 +163,17 @@ int main(void)
 	if ((st = write_status(smr, dmr, dmr->rkey)) != IBV_WC_SUCCESS)
 		DIE("WRITE after refused reregs: %s", ibv_wc_status_str(st));
 
-	/* RESET refuses posts until the QP is connected again. */
+	/* RESET refuses posts until the QP is connected again, and leaves no attribute. */
 	if (ibv_modify_qp(a, &reset, IBV_QP_STATE))
 		DIE("RESET of a connected QP: %s", strerror(errno));
 	if (ibv_post_send(a, &swr, &sbad) == 0)
 		DIE("post_send in RESET accepted");
+	struct ibv_qp_attr qa;
+	struct ibv_qp_init_attr qi;
+	if (ibv_query_qp(a, &qa, IBV_QP_STATE | IBV_QP_DEST_QPN, &qi) || qa.qp_state != IBV_QPS_RESET ||
+	    qa.dest_qp_num != 0 || qa.qp_access_flags != 0)
+		DIE("query_qp after RESET: state %d, dest QP %u, access %#x", qa.qp_state, qa.dest_qp_num,
+		    qa.qp_access_flags);
 
 	if (ibv_destroy_qp(a) || ibv_destroy_qp(b) || ibv_dereg_mr(dmr) || ibv_dereg_mr(smr) || ibv_dealloc_pd(pd2) ||
 	    ibv_destroy_cq(cq) || ibv_dealloc_pd(pd) || ibv_close_device(ctx))
