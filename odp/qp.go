@@ -279,7 +279,11 @@ func (qp *QP) PostSend(wr SendWR) error {
 	if eng := qp.engA.Load(); eng != nil {
 		eng.wake()
 	} else if s == StateError {
-		qp.flushUnstarted()
+		qp.mu.Lock()
+		if qp.eng == nil && qp.state == StateError { // not reset, nor connected, meanwhile
+			qp.flushUnstartedLocked()
+		}
+		qp.mu.Unlock()
 	}
 	return nil
 }

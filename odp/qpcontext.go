@@ -171,9 +171,10 @@ func (qp *QP) setStateLocked(s QPState) {
 	}
 }
 
-// flushUnstarted completes, with WR_FLUSH_ERR, the send WRs of a QP in ERR that never
-// had an engine to do it.
-func (qp *QP) flushUnstarted() {
+// flushUnstartedLocked completes, with WR_FLUSH_ERR, the send WRs of a QP in ERR that has
+// no engine to do it. Called with QP.mu held: an engine started under it would
+// process the same slots.
+func (qp *QP) flushUnstartedLocked() {
 	q := &qp.sq
 	q.mu.Lock()
 	defer q.mu.Unlock()
@@ -219,7 +220,7 @@ func (qp *QP) flushRecvsLocked() {
 		qp.cfg.RecvCQ.push(WC{WRID: wrid, Status: WCWRFlushErr, Opcode: WCRecv, QPNum: qp.qpn})
 	})
 	if qp.eng == nil {
-		qp.flushUnstarted() // takes the send queue's lock under QP.mu
+		qp.flushUnstartedLocked() // takes the send queue's lock under QP.mu
 	}
 }
 

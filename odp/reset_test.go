@@ -267,3 +267,47 @@ func TestErrorCompletionBeforeFlushes(t *testing.T) {
 		{WRID: 11, Status: WCWRFlushErr, Opcode: WCRecv, QPNum: qp.QPNum()},
 	}, got)
 }
+
+// TestPostInErrorWhileConnecting: sends posted to a QP in ERR that has no engine are
+// flushed by the poster; a reset, an INIT and a connection racing them must not let
+// that flush touch slots a new engine owns (the race detector watches the slots).
+func TestPostInErrorWhileConnecting(t *testing.T) {
+	a, b := newNode(t, Config{}), newNode(t, Config{})
+	_, smr := a.region(t, ps, rw)
+	_, dmr := b.region(t, ps, rw)
+	wr := SendWR{Opcode: OpRDMAWrite, SGL: sge(smr, 0, 64), Flags: SendSignaled, RemoteAddr: dmr.Addr(), RKey: dmr.RKey()}
+	var stop atomic.Bool
+	var wg sync.WaitGroup
+	wg.Add(2)
+	go func() { // the application's poster
+		defer wg.Done()
+		for i := uint64(0); !stop.Load(); i++ {
+			wr.WRID = i
+			if err := a.qp.PostSend(wr); err != nil && !errors.Is(err, ErrQPState) && !errors.Is(err, ErrQueueFull) {
+				t.Errorf("PostSend: %v", err)
+				return
+			}
+		}
+	}()
+	go func() { // and its poller
+		defer wg.Done()
+		wcs := make([]WC, 64)
+		for !stop.Load() {
+			if _, err := a.scq.Poll(wcs); err != nil && !errors.Is(err, ErrCQOverrun) {
+				t.Errorf("Poll: %v", err)
+				return
+			}
+		}
+	}()
+	for range 100 {
+		require.NoError(t, a.qp.Modify(StateError)) // no engine: posts flush themselves
+		runtime.Gosched()
+		require.NoError(t, a.qp.Modify(StateReset))
+		require.NoError(t, b.qp.Modify(StateReset))
+		require.NoError(t, ConnectLoopback(a.qp, b.qp))
+		runtime.Gosched()
+		require.NoError(t, a.qp.Modify(StateReset))
+	}
+	stop.Store(true)
+	wg.Wait()
+}
