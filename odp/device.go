@@ -24,7 +24,8 @@
 //	                                                              Alloc/Free/MapFile, CreateCQ, CreateQP,
 //	                                                              PostSend, Poll, counters
 //	4 the engine               cqring qpcontext checks engine     a QP as the NIC holds it (state, queues),
-//	                           requester responder                its engine goroutine, the CQ ring it fills
+//	                           requester responder ud             its engine goroutine (a UD QP's: ud), the
+//	                                                              CQ ring it fills
 //	3 DMA                      dma                                copies under the table check and the gate,
 //	                                                              the audit
 //	2 registration and faults  mr register notifier fault        nic (a device as its MRs see it), MRs,

@@ -2,6 +2,7 @@ package odp
 
 import (
 	"math/rand/v2"
+	"net/netip"
 	"sync/atomic"
 
 	"github.com/odpemu/odpemu/transport/roce"
@@ -14,6 +15,9 @@ func (pd *PD) CreateQP(cfg QPConfig) (*QP, error) {
 	}
 	if cfg.SendCQ == nil || cfg.RecvCQ == nil {
 		return nil, wrap(ErrInvalidArgument, "QP needs a send and a receive CQ")
+	}
+	if cfg.Type != QPTypeRC && cfg.Type != QPTypeUD {
+		return nil, wrap(ErrInvalidArgument, "QP type %d", cfg.Type)
 	}
 	if cfg.MaxSendWR == 0 {
 		cfg.MaxSendWR = 128
@@ -134,6 +138,9 @@ func (qp *QP) connect(port roce.Port, remote Remote, to QPState) error {
 	if qp.port != nil {
 		return wrap(ErrQPState, "QP %d already connected", qp.qpn)
 	}
+	if qp.cfg.Type == QPTypeUD {
+		return wrap(ErrInvalidArgument, "UD QP %d is not connected: BindUD it", qp.qpn)
+	}
 	if qp.state != StateReset && qp.state != StateInit {
 		return wrap(ErrQPState, "connect in %v", qp.state)
 	}
@@ -159,12 +166,15 @@ func (qp *QP) Modify(to QPState) error {
 	}
 	switch to {
 	case StateRTR:
+		if qp.cfg.Type == QPTypeUD {
+			return wrap(ErrQPState, "RTR of a UD QP: BindUD")
+		}
 		if qp.port == nil {
 			return wrap(ErrQPState, "RTR needs a connection")
 		}
 		qp.startLocked()
 	case StateReset:
-		if qp.port != nil {
+		if qp.port != nil || qp.udPort != nil {
 			qp.mu.Unlock()
 			err := qp.reset()
 			qp.mu.Lock() // for the deferred unlock
@@ -231,6 +241,14 @@ func (qp *QP) PostSend(wr SendWR) error {
 	if wr.Opcode.atomic() && (len(wr.SGL) != 1 || wr.SGL[0].Length != 8) {
 		return wrap(ErrInvalidArgument, "an atomic's SGL must be one 8-byte SGE")
 	}
+	if qp.cfg.Type == QPTypeUD {
+		switch {
+		case wr.Opcode != OpSend && wr.Opcode != OpSendImm:
+			return wrap(ErrInvalidArgument, "a UD QP sends SENDs only, not opcode %d", wr.Opcode)
+		case wr.UD == nil || !wr.UD.Addr.Addr().IsValid() || wr.UD.QPN >= 1<<24:
+			return wrap(ErrInvalidArgument, "a UD SEND needs a destination (an address and a 24-bit QPN)")
+		}
+	}
 	if len(wr.SGL) > qp.cfg.MaxSGE {
 		return wrap(ErrInvalidArgument, "%d SGEs > max %d", len(wr.SGL), qp.cfg.MaxSGE)
 	}
@@ -274,13 +292,19 @@ func (qp *QP) PostSend(wr SendWR) error {
 	} else {
 		w.wr.SGL = append([]SGE(nil), wr.SGL...)
 	}
+	if wr.UD != nil && qp.cfg.Type == QPTypeUD {
+		w.ud = *wr.UD
+		w.wr.UD = &w.ud
+	}
 	q.tail.Store(tail + 1)
 	q.mu.Unlock()
 	if eng := qp.engA.Load(); eng != nil {
 		eng.wake()
+	} else if ud := qp.udA.Load(); ud != nil {
+		ud.wake()
 	} else if s == StateError {
 		qp.mu.Lock()
-		if qp.eng == nil && qp.state == StateError { // not reset, nor connected, meanwhile
+		if qp.eng == nil && qp.ud == nil && qp.state == StateError { // not reset, nor connected, meanwhile
 			qp.flushUnstartedLocked()
 		}
 		qp.mu.Unlock()
@@ -314,6 +338,51 @@ func (qp *QP) PostRecv(wr RecvWR) error {
 	return nil
 }
 
+// BindUD attaches a UD QP, in RESET or INIT, to the process's RoCEv2 endpoint at
+// local (as UDPConfig.Addr: RoCEv2's port is 4791; port 0 lets the kernel pick one)
+// and moves it to RTR, as ibv_modify_qp to RTR does: it takes the datagrams sent to
+// its QPN with its Q_Key from then on (UDAddr says where), and Modify(StateRTS) lets
+// it send datagrams of at most mtu bytes (256..4096).
+func (qp *QP) BindUD(local netip.AddrPort, mtu int) error {
+	if qp.cfg.Type != QPTypeUD {
+		return wrap(ErrInvalidArgument, "BindUD of an RC QP")
+	}
+	ep, err := UDPConfig{Addr: local}.openEndpoint()
+	if err != nil {
+		return err
+	}
+	defer func() { _ = ep.Close() }() // the port holds the endpoint while it lives
+	qp.mu.Lock()
+	defer qp.mu.Unlock()
+	switch {
+	case qp.destroyed:
+		return ErrClosed
+	case qp.udPort != nil:
+		return wrap(ErrQPState, "UD QP %d is bound already", qp.qpn)
+	case qp.state != StateReset && qp.state != StateInit:
+		return wrap(ErrQPState, "BindUD in %v", qp.state)
+	}
+	port, err := ep.AttachUD(roce.UDConfig{QPN: qp.qpn, MTU: mtu, Link: qp.dev.cfg.Link.wire()})
+	if err != nil {
+		return wrap(ErrInvalidArgument, "%v", err)
+	}
+	qp.udPort = port
+	qp.setStateLocked(StateRTR)
+	qp.startUDLocked(port, ep.Addr())
+	return nil
+}
+
+// UDAddr returns the endpoint a bound UD QP receives at (its peers' UDDest.Addr),
+// or the zero AddrPort.
+func (qp *QP) UDAddr() netip.AddrPort {
+	qp.mu.Lock()
+	defer qp.mu.Unlock()
+	if qp.ud == nil {
+		return netip.AddrPort{}
+	}
+	return qp.ud.local
+}
+
 // Destroy stops the QP's engine, closes its wire and releases everything it held.
 // No completions are generated for work still queued.
 func (qp *QP) Destroy() error {
@@ -326,9 +395,16 @@ func (qp *QP) Destroy() error {
 	qp.gone.Store(true)
 	qp.state = StateError
 	qp.st.Store(int32(StateError))
-	eng, port, cm := qp.eng, qp.port, qp.cm
+	eng, port, cm, ud, udPort := qp.eng, qp.port, qp.cm, qp.ud, qp.udPort
 	close(qp.done)
 	qp.mu.Unlock()
+
+	if ud != nil {
+		ud.stop()
+	}
+	if udPort != nil {
+		_ = udPort.Close() // the port is going away either way
+	}
 
 	if cm != nil {
 		_ = cm.Disconnect() // the peer learns of it; the channel is gone either way
@@ -352,7 +428,7 @@ func (qp *QP) Destroy() error {
 // attribute bits. Values out of their fields' ranges fail with ErrInvalidArgument.
 func (qp *QP) ModifyAttr(attr QPAttr, mask QPAttrMask) error {
 	switch {
-	case mask&^(AttrMinRNRTimer|AttrRNRRetry|AttrTimeout|AttrRetryCnt|AttrAccess) != 0:
+	case mask&^(AttrMinRNRTimer|AttrRNRRetry|AttrTimeout|AttrRetryCnt|AttrAccess|AttrQKey) != 0:
 		return wrap(ErrInvalidArgument, "attribute mask %#x", uint32(mask))
 	case mask&AttrAccess != 0 && attr.Access&^(AccessLocalWrite|AccessRemoteWrite|AccessRemoteRead|AccessRemoteAtomic) != 0:
 		return wrap(ErrInvalidArgument, "QP access flags %v", attr.Access)
@@ -386,6 +462,10 @@ func (qp *QP) ModifyAttr(attr QPAttr, mask QPAttrMask) error {
 		qp.attr.Access = attr.Access
 		qp.access.Store(uint32(attr.Access)) // the responder reads it per request
 	}
+	if mask&AttrQKey != 0 {
+		qp.attr.QKey = attr.QKey
+		qp.qkey.Store(attr.QKey) // a UD engine reads it per datagram
+	}
 	qp.attrGen.Add(1)
 	if qp.eng != nil {
 		qp.eng.wake() // the engine gives the requester the new retry settings
@@ -397,6 +477,7 @@ func (qp *QP) ModifyAttr(attr QPAttr, mask QPAttrMask) error {
 // Stats returns the QP's counters.
 func (qp *QP) Stats() QPStats {
 	st := qp.rc.stats()
+	st.QKeyViolations, st.NoReceive = qp.udc.qkeyViolations.Load(), qp.udc.noReceive.Load()
 	qp.mu.Lock()
 	port := qp.port
 	qp.mu.Unlock()

@@ -10,8 +10,18 @@ import (
 	"github.com/odpemu/odpemu/transport/roce"
 )
 
+// QPType is a QP's transport.
+type QPType int
+
+// The transports.
+const (
+	QPTypeRC QPType = iota // reliable connected (the default)
+	QPTypeUD               // unreliable datagram: SENDs of one packet to any UD QP
+)
+
 // QPConfig configures a QP.
 type QPConfig struct {
+	Type           QPType
 	SendCQ, RecvCQ *CQ
 	MaxSendWR      int  // default 128
 	MaxRecvWR      int  // default 128
@@ -44,16 +54,22 @@ type QP struct {
 	attrGen atomic.Uint64
 	// access is attr.Access, for the responder's check of every request.
 	access atomic.Uint32
-	wg     sync.WaitGroup // the connection manager watch
+	// qkey is a UD QP's Q_Key (ModifyAttr), which datagrams must carry.
+	qkey atomic.Uint32
+	udc  udCounters               // a UD QP's drops
+	udA  atomic.Pointer[udEngine] // ud, for PostSend to wake without QP.mu
+	wg   sync.WaitGroup           // the connection manager watch
 
 	attrMu sync.Mutex // orders ModifyAttr calls; taken before QP.mu
 
 	mu     sync.Mutex // protects everything below
 	state  QPState
 	attr   QPAttr
-	port   roce.Port     // the wire, attached by Connect
-	remote Remote        // the peer QP
-	eng    *engine       // the engine, once started
+	port   roce.Port // the wire, attached by Connect
+	remote Remote    // the peer QP
+	eng    *engine   // the engine, once started
+	ud     *udEngine // a UD QP's engine, once bound (BindUD)
+	udPort *roce.DatagramPort
 	cm     *roce.CM      // the connection manager's channel (Accept, Dial)
 	done   chan struct{} // closed by Destroy
 	// lastRefusal says why the responder last answered a NAK (RespError).
@@ -150,7 +166,8 @@ type wqe struct {
 	sgl    [4]SGE // the SGL when it has at most four elements (no allocation per post)
 	mrs    []*MR  // the SGL's MRs, looked up once (engine)
 	mrBuf  [4]*MR
-	done   bool // completed, waiting to be retired in order (engine)
+	ud     UDDest // a UD SEND's destination (wr.UD points here)
+	done   bool   // completed, waiting to be retired in order (engine)
 	status WCStatus
 	detail string
 }
@@ -168,6 +185,9 @@ func (qp *QP) setStateLocked(s QPState) {
 	qp.st.Store(int32(s))
 	if qp.eng != nil {
 		qp.eng.wake()
+	}
+	if qp.ud != nil {
+		qp.ud.wake()
 	}
 }
 
@@ -219,7 +239,7 @@ func (qp *QP) flushRecvsLocked() {
 	qp.rq.flushLocked(func(wrid uint64) {
 		qp.cfg.RecvCQ.push(WC{WRID: wrid, Status: WCWRFlushErr, Opcode: WCRecv, QPNum: qp.qpn})
 	})
-	if qp.eng == nil {
+	if qp.eng == nil && qp.ud == nil {
 		qp.flushUnstartedLocked() // takes the send queue's lock under QP.mu
 	}
 }
@@ -293,9 +313,16 @@ func (qp *QP) reset() error {
 		return wrap(ErrQPState, "QP %d is being reset", qp.qpn)
 	}
 	qp.resetting = true
-	eng, port, cm := qp.eng, qp.port, qp.cm
+	eng, port, cm, ud, udPort := qp.eng, qp.port, qp.cm, qp.ud, qp.udPort
 	qp.cm = nil // its watch ends without moving the QP to ERR
 	qp.mu.Unlock()
+
+	if ud != nil {
+		ud.stop()
+	}
+	if udPort != nil {
+		_ = udPort.Close() // the port is going away either way
+	}
 
 	if cm != nil {
 		_ = cm.Disconnect() // the peer learns of it; the channel is gone either way
@@ -303,7 +330,9 @@ func (qp *QP) reset() error {
 	if eng != nil {
 		eng.stop() // releases every run it held; nothing of the engine runs after
 	}
-	_ = port.Close() // the wire is going away either way
+	if port != nil {
+		_ = port.Close() // the wire is going away either way
+	}
 
 	qp.mu.Lock()
 	qp.resetting = false
@@ -313,6 +342,9 @@ func (qp *QP) reset() error {
 	}
 	qp.eng, qp.port, qp.remote, qp.lastRefusal = nil, nil, Remote{}, ""
 	qp.engA.Store(nil)
+	qp.ud, qp.udPort = nil, nil
+	qp.udA.Store(nil)
+	qp.qkey.Store(0)
 	qp.setStateLocked(StateReset)
 	qp.attr = DefaultQPAttr
 	qp.access.Store(uint32(DefaultQPAttr.Access))

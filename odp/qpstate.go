@@ -97,6 +97,8 @@ type QPAttr struct {
 	// whatever its MR allows; SENDs are always accepted. AccessLocalWrite may be given
 	// and means nothing here.
 	Access Access
+	// QKey is a UD QP's Q_Key: datagrams carrying another are dropped.
+	QKey uint32
 }
 
 // QPAttrMask says which QPAttr fields ModifyAttr changes (ibv_qp_attr_mask's role).
@@ -109,6 +111,7 @@ const (
 	AttrTimeout
 	AttrRetryCnt
 	AttrAccess
+	AttrQKey
 )
 
 // DefaultQPAttr are a new QP's attributes: a 0.64 ms RNR timer (encoding 12) and

@@ -111,6 +111,9 @@ type QPStats struct {
 	// taken by the peer (LinkModel bounds it; 0 over UDP, whose sender paces
 	// itself instead).
 	LinkMaxInFlight int
+	// A UD QP's drops: datagrams with another Q_Key, and datagrams that found no
+	// receive posted.
+	QKeyViolations, NoReceive uint64
 }
 
 // rcCounters count RC events, of a QP or of all a device's QPs; every field is

@@ -21,6 +21,7 @@ const (
 	WCRemOpErr       WCStatus = 11
 	WCRetryExcErr    WCStatus = 12
 	WCRNRRetryExcErr WCStatus = 13
+	WCGeneralErr     WCStatus = 21
 )
 
 var wcStatusNames = map[WCStatus]string{
@@ -29,7 +30,7 @@ var wcStatusNames = map[WCStatus]string{
 	WCBadRespErr: "bad response error", WCLocAccessErr: "local access error",
 	WCRemInvReqErr: "remote invalid request error", WCRemAccessErr: "remote access error",
 	WCRemOpErr: "remote operation error", WCRetryExcErr: "transport retry counter exceeded",
-	WCRNRRetryExcErr: "RNR retry counter exceeded",
+	WCRNRRetryExcErr: "RNR retry counter exceeded", WCGeneralErr: "general error",
 }
 
 // String returns ibv_wc_status_str's text.
@@ -59,8 +60,14 @@ const (
 // WCFlags are a completion's flags, with ibv_wc_flags' values.
 type WCFlags uint32
 
-// WCWithImm: ImmData holds the sender's immediate data.
-const WCWithImm WCFlags = 1 << 1
+// The completion flags.
+const (
+	// WCGRH: a UD receive's first 40 bytes hold the datagram's GRH (for RoCEv2 over
+	// IPv4, its IPv4 header in the last 20).
+	WCGRH WCFlags = 1 << 0
+	// WCWithImm: ImmData holds the sender's immediate data.
+	WCWithImm WCFlags = 1 << 1
+)
 
 // WC is a work completion.
 type WC struct {
@@ -71,6 +78,7 @@ type WC struct {
 	QPNum   uint32
 	Flags   WCFlags
 	ImmData uint32 // with WCWithImm
+	SrcQP   uint32 // UD receives: the sending QP's number
 	// Detail says why a completion failed (the vendor syndrome's role).
 	Detail string
 }

@@ -1,5 +1,7 @@
 package odp
 
+import "net/netip"
+
 // Work requests as PostSend and PostRecv take them: opcodes, flags, SGEs.
 
 // Opcode is a send work request's operation (ibv_wr_opcode values).
@@ -76,8 +78,22 @@ type SendWR struct {
 	Imm        uint32 // OpRDMAWriteImm, OpSendImm: the immediate data
 	CompareAdd uint64 // atomics: the compare value (CmpSwap) or the addend (FetchAdd)
 	Swap       uint64 // OpAtomicCmpSwap: the value stored if the compare matches
+	// UD is where a UD QP's SEND goes (the address handle, remote QPN and Q_Key of
+	// ibv_send_wr.wr.ud); nil on an RC QP.
+	UD *UDDest
 
 	inline []byte // SendInline: the bytes, copied at post time
+}
+
+// UDDest is the destination of a UD SEND.
+type UDDest struct {
+	// Addr is the peer's RoCEv2 endpoint (the address handle's GID; port 4791 if
+	// none is given).
+	Addr netip.AddrPort
+	QPN  uint32 // the remote QP
+	// QKey is the remote QP's Q_Key; with its high bit set, the sending QP's own
+	// Q_Key is sent instead, as verbs has it.
+	QKey uint32
 }
 
 // RecvWR is a receive queue work request.
