@@ -250,6 +250,7 @@ func (d *Device) QueryDevice() DeviceAttr {
 		ODP: ODPCaps{
 			General: ODPSupport | ODPSupportImplicit,
 			RC:      ODPSend | ODPRecv | ODPWrite | ODPRead | ODPAtomic,
+			UD:      ODPSend | ODPRecv,
 		},
 		ResponderFaults: d.cfg.ResponderFaults,
 	}

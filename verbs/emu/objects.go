@@ -252,7 +252,7 @@ func poll(cq *odp.CQ, wcs []C.struct_odpemu_wc) (int, error) {
 		for _, wc := range buf[:k] {
 			wcs[done] = C.struct_odpemu_wc{wr_id: C.uint64_t(wc.WRID), status: C.uint32_t(wc.Status),
 				opcode: C.uint32_t(wc.Opcode), byte_len: C.uint32_t(wc.ByteLen), qp_num: C.uint32_t(wc.QPNum),
-				wc_flags: C.uint32_t(wc.Flags), imm: C.uint32_t(wc.ImmData)}
+				wc_flags: C.uint32_t(wc.Flags), imm: C.uint32_t(wc.ImmData), src_qp: C.uint32_t(wc.SrcQP)}
 			done++
 		}
 		if err != nil || k < len(buf) {
@@ -276,16 +276,30 @@ func odpemu_req_notify_cq(h C.odpemu_handle, fd C.int, event C.uint64_t) C.int {
 	return errno(c.arm(func() { _, _ = syscall.Write(int(fd), b[:]) }))
 }
 
+// QP types (enum ibv_qp_type; qp.c checks the values).
+const (
+	qptRC = 2
+	qptUD = 4
+)
+
 //export odpemu_create_qp
-func odpemu_create_qp(h, sendCQ, recvCQ C.odpemu_handle, caps *C.struct_odpemu_qp_caps, sigAll C.uint32_t,
-	out *C.odpemu_handle, qpn *C.uint32_t) C.int {
+func odpemu_create_qp(h, sendCQ, recvCQ C.odpemu_handle, typ C.uint32_t, caps *C.struct_odpemu_qp_caps,
+	sigAll C.uint32_t, out *C.odpemu_handle, qpn *C.uint32_t) C.int {
 	pd, ok := lookup[*protectionDomain](h)
 	scq, ok1 := lookup[*completionQueue](sendCQ)
 	rcq, ok2 := lookup[*completionQueue](recvCQ)
 	if !ok || !ok1 || !ok2 {
 		return C.int(syscall.EINVAL)
 	}
-	qp, err := pd.pd.CreateQP(odp.QPConfig{SendCQ: scq.cq, RecvCQ: rcq.cq, MaxSendWR: int(caps.max_send_wr),
+	qpType := odp.QPTypeRC
+	switch typ {
+	case qptRC:
+	case qptUD:
+		qpType = odp.QPTypeUD
+	default:
+		return C.int(syscall.EOPNOTSUPP)
+	}
+	qp, err := pd.pd.CreateQP(odp.QPConfig{Type: qpType, SendCQ: scq.cq, RecvCQ: rcq.cq, MaxSendWR: int(caps.max_send_wr),
 		MaxRecvWR: int(caps.max_recv_wr), MaxSGE: int(caps.max_sge), MaxInlineData: int(caps.max_inline_data),
 		SigAll: sigAll != 0})
 	if err != nil {
@@ -344,6 +358,29 @@ func odpemu_rts_qp(h C.odpemu_handle, c *C.struct_odpemu_connect) C.int {
 	return errno(q.qp.Modify(odp.StateRTS))
 }
 
+// odpemu_bind_ud_qp moves a UD QP to RTR, bound at its device's address (port 4791):
+// it receives from then on.
+//
+//export odpemu_bind_ud_qp
+func odpemu_bind_ud_qp(h C.odpemu_handle, mtu C.uint32_t) C.int {
+	q, ok := lookup[*queuePair](h)
+	if !ok {
+		return C.int(syscall.EINVAL)
+	}
+	return errno(q.qp.BindUD(netip.AddrPortFrom(q.dev.addr, roce.UDPPort), int(mtu)))
+}
+
+// odpemu_set_qp_qkey sets a UD QP's Q_Key.
+//
+//export odpemu_set_qp_qkey
+func odpemu_set_qp_qkey(h C.odpemu_handle, qkey C.uint32_t) C.int {
+	q, ok := lookup[*queuePair](h)
+	if !ok {
+		return C.int(syscall.EINVAL)
+	}
+	return errno(q.qp.ModifyAttr(odp.QPAttr{QKey: uint32(qkey)}, odp.AttrQKey))
+}
+
 //export odpemu_modify_qp_state
 func odpemu_modify_qp_state(h C.odpemu_handle, state C.uint32_t) C.int {
 	q, ok := lookup[*queuePair](h)
@@ -394,10 +431,19 @@ func odpemu_post_send(h C.odpemu_handle, wrs *C.struct_odpemu_send_wr, n C.uint3
 	if !ok {
 		return C.int(syscall.EINVAL)
 	}
+	ud := q.qp.Config().Type == odp.QPTypeUD
+	var dest odp.UDDest
 	for i, wr := range unsafe.Slice(wrs, int(n)) {
-		err := q.qp.PostSend(odp.SendWR{WRID: uint64(wr.wr_id), Opcode: odp.Opcode(wr.opcode), Flags: odp.SendFlags(wr.flags),
+		swr := odp.SendWR{WRID: uint64(wr.wr_id), Opcode: odp.Opcode(wr.opcode), Flags: odp.SendFlags(wr.flags),
 			SGL: sgl(wr.sg_list, wr.num_sge), RemoteAddr: uint64(wr.remote_addr), RKey: uint32(wr.rkey), Imm: uint32(wr.imm),
-			CompareAdd: uint64(wr.compare_add), Swap: uint64(wr.swap)})
+			CompareAdd: uint64(wr.compare_add), Swap: uint64(wr.swap)}
+		if ud { // PostSend copies the destination
+			gid := *(*[16]byte)(unsafe.Pointer(&wr.dgid))
+			dest = odp.UDDest{Addr: netip.AddrPortFrom(netip.AddrFrom16(gid).Unmap(), roce.UDPPort),
+				QPN: uint32(wr.remote_qpn), QKey: uint32(wr.remote_qkey)}
+			swr.UD = &dest
+		}
+		err := q.qp.PostSend(swr)
 		if err != nil {
 			return errno(err)
 		}

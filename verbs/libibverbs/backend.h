@@ -55,6 +55,9 @@ struct odpemu_send_wr {
 	uint64_t compare_add, swap;
 	const struct odpemu_sge *sg_list;
 	uint32_t num_sge;
+	/* A UD SEND's destination: its address handle's GID, the remote QPN and Q_Key. */
+	uint8_t dgid[16];
+	uint32_t remote_qpn, remote_qkey;
 };
 
 /* A work completion. */
@@ -66,6 +69,7 @@ struct odpemu_wc {
 	uint32_t qp_num;
 	uint32_t wc_flags; /* enum ibv_wc_flags */
 	uint32_t imm;      /* network order, as ibv_wc.imm_data */
+	uint32_t src_qp;   /* a UD receive's sending QP */
 };
 
 /* A QP's capabilities: asked for (0: the emulator's default), then as granted. */
@@ -114,8 +118,10 @@ struct odpemu_connect {
 	X(int, odpemu_poll_cq, (odpemu_handle cq, int n, struct odpemu_wc *wcs))                  \
 	X(int, odpemu_req_notify_cq, (odpemu_handle cq, int fd, uint64_t event))                  \
 	X(int, odpemu_create_qp, (odpemu_handle pd, odpemu_handle send_cq, odpemu_handle recv_cq, \
-				  struct odpemu_qp_caps *caps, uint32_t sig_all, odpemu_handle *qp,   \
-				  uint32_t *qpn))                                                     \
+				  uint32_t type, struct odpemu_qp_caps *caps, uint32_t sig_all,       \
+				  odpemu_handle *qp, uint32_t *qpn))                                  \
+	X(int, odpemu_bind_ud_qp, (odpemu_handle qp, uint32_t mtu))                               \
+	X(int, odpemu_set_qp_qkey, (odpemu_handle qp, uint32_t qkey))                             \
 	X(int, odpemu_rtr_qp, (odpemu_handle qp, const struct odpemu_connect *c))                  \
 	X(int, odpemu_rts_qp, (odpemu_handle qp, const struct odpemu_connect *c))                  \
 	X(int, odpemu_modify_qp_state, (odpemu_handle qp, uint32_t state))                        \

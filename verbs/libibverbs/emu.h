@@ -57,6 +57,13 @@ struct emu_qp {
 	struct emu_wr_batch *batch; /* a QP created with send_ops_flags: the ibv_wr_* API */
 };
 
+/* An address handle: a UD SEND's destination, by GID (RoCE addresses by GID: the
+ * emulator sends to the IPv4 address an IPv4-mapped GID holds, port 4791). */
+struct emu_ah {
+	struct ibv_ah ah;
+	uint8_t dgid[16];
+};
+
 /* emu_wr_init gives q the ibv_wr_* API for the operations in ops (enum
  * ibv_qp_create_send_ops_flags); emu_wr_free frees what it allocated. */
 int emu_wr_init(struct emu_qp *q, uint64_t ops);

@@ -297,6 +297,7 @@ static int emu_poll_cq(struct ibv_cq *cq, int num_entries, struct ibv_wc *wc)
 			w->qp_num = buf[i].qp_num;
 			w->wc_flags = buf[i].wc_flags;
 			w->imm_data = htobe32(buf[i].imm);
+			w->src_qp = buf[i].src_qp;
 			w->pkey_index = 0;
 		}
 		done += n;
@@ -365,10 +366,10 @@ EXPORT int ibv_destroy_cq(struct ibv_cq *cq)
 	return 0;
 }
 
-/* to_emu_wr turns a verbs send WR into the Go half's form (its SGL as it is). */
-static int to_emu_wr(const struct ibv_send_wr *wr, struct odpemu_send_wr *w)
+/* to_emu_wr turns a verbs send WR of qp into the Go half's form (its SGL as it is). */
+static int to_emu_wr(const struct ibv_qp *qp, const struct ibv_send_wr *wr, struct odpemu_send_wr *w)
 {
-	if (wr->num_sge < 0)
+	if (wr->num_sge < 0 || (qp->qp_type == IBV_QPT_UD && !wr->wr.ud.ah))
 		return EINVAL;
 	*w = (struct odpemu_send_wr){
 		.wr_id = wr->wr_id,
@@ -384,6 +385,12 @@ static int to_emu_wr(const struct ibv_send_wr *wr, struct odpemu_send_wr *w)
 		break;
 	default:
 		break;
+	}
+	if (qp->qp_type == IBV_QPT_UD) {
+		memcpy(w->dgid, container_of(wr->wr.ud.ah, struct emu_ah, ah)->dgid, sizeof w->dgid);
+		w->remote_qpn = wr->wr.ud.remote_qpn;
+		w->remote_qkey = wr->wr.ud.remote_qkey;
+		return 0;
 	}
 	switch (wr->opcode) {
 	case IBV_WR_RDMA_WRITE:
@@ -415,7 +422,7 @@ static int emu_post_send(struct ibv_qp *qp, struct ibv_send_wr *wr, struct ibv_s
 		uint32_t n = 0;
 		int e = 0;
 		for (; wr && n < sizeof batch / sizeof batch[0]; wr = wr->next) {
-			if ((e = to_emu_wr(wr, &batch[n])))
+			if ((e = to_emu_wr(qp, wr, &batch[n])))
 				break;
 			first[n++] = wr;
 		}
@@ -464,8 +471,8 @@ void emu_set_qp_ops(struct ibv_context *ctx)
 /* create_qp creates an RC QP as init (an ibv_qp_init_attr's fields) asks. */
 static struct emu_qp *create_qp(struct ibv_pd *pd, struct ibv_qp_init_attr *init)
 {
-	if (init->qp_type != IBV_QPT_RC || init->srq) {
-		errno = EOPNOTSUPP; /* RC QPs without an SRQ only */
+	if ((init->qp_type != IBV_QPT_RC && init->qp_type != IBV_QPT_UD) || init->srq) {
+		errno = EOPNOTSUPP; /* RC and UD QPs without an SRQ only */
 		return NULL;
 	}
 	if (!init->send_cq || !init->recv_cq) {
@@ -486,8 +493,8 @@ static struct emu_qp *create_qp(struct ibv_pd *pd, struct ibv_qp_init_attr *init
 	};
 	uint32_t qpn;
 	int e = be.odpemu_create_qp(emu_pd_handle(pd), container_of(init->send_cq, struct emu_cq, cq)->h,
-				    container_of(init->recv_cq, struct emu_cq, cq)->h, &caps, init->sq_sig_all != 0, &q->h,
-				    &qpn);
+				    container_of(init->recv_cq, struct emu_cq, cq)->h, (uint32_t)init->qp_type, &caps,
+				    init->sq_sig_all != 0, &q->h, &qpn);
 	if (e) {
 		free(q);
 		errno = e;
@@ -507,7 +514,7 @@ static struct emu_qp *create_qp(struct ibv_pd *pd, struct ibv_qp_init_attr *init
 	qp->handle = qpn;
 	qp->qp_num = qpn;
 	qp->state = IBV_QPS_RESET;
-	qp->qp_type = IBV_QPT_RC;
+	qp->qp_type = init->qp_type;
 	pthread_mutex_init(&qp->mutex, NULL);
 	pthread_cond_init(&qp->cond, NULL);
 	q->attr.qp_state = IBV_QPS_RESET;
@@ -608,11 +615,74 @@ static void save(struct emu_qp *q, const struct ibv_qp_attr *a, int mask)
 		s->rnr_retry = a->rnr_retry;
 	if (mask & IBV_QP_MAX_QP_RD_ATOMIC)
 		s->max_rd_atomic = a->max_rd_atomic;
+	if (mask & IBV_QP_QKEY)
+		s->qkey = a->qkey;
+}
+
+_Static_assert(IBV_QPT_RC == 2 && IBV_QPT_UD == 4, "the Go half's QP types");
+
+/* set_state records a move to state to that the Go half made. */
+static void set_state(struct emu_qp *q, struct ibv_qp_attr *attr, int mask, enum ibv_qp_state to)
+{
+	if (to == IBV_QPS_RESET)
+		memset(&q->attr, 0, sizeof q->attr); /* a QP in RESET has no attributes left */
+	save(q, attr, mask);
+	q->attr.qp_state = to;
+	q->attr.cur_qp_state = to;
+	q->qp.state = to;
+}
+
+enum { UD_INIT_MASK = IBV_QP_STATE | IBV_QP_PKEY_INDEX | IBV_QP_PORT | IBV_QP_QKEY };
+
+/* modify_ud is ibv_modify_qp of a UD QP: INIT with its Q_Key, RTR binds it at the
+ * device's address (it receives from then on), RTS with its SQ PSN lets it send. */
+static int modify_ud(struct emu_qp *q, struct ibv_qp_attr *attr, int mask)
+{
+	struct ibv_qp *qp = &q->qp;
+	if (mask & IBV_QP_QKEY) {
+		int e = be.odpemu_set_qp_qkey(q->h, attr->qkey);
+		if (e)
+			return e;
+	}
+	if (!(mask & IBV_QP_STATE)) {
+		save(q, attr, mask);
+		return 0;
+	}
+	enum ibv_qp_state to = attr->qp_state;
+	int e;
+	switch (to) {
+	case IBV_QPS_INIT:
+		if (qp->state == IBV_QPS_RESET && (mask & UD_INIT_MASK) != UD_INIT_MASK)
+			return EINVAL;
+		if ((mask & IBV_QP_PORT) && attr->port_num != 1)
+			return EINVAL;
+		e = be.odpemu_modify_qp_state(q->h, IBV_QPS_INIT);
+		break;
+	case IBV_QPS_RTR:
+		if (qp->state != IBV_QPS_INIT)
+			return EINVAL;
+		e = be.odpemu_bind_ud_qp(q->h, 4096);
+		break;
+	case IBV_QPS_RTS:
+		if (qp->state == IBV_QPS_RTR && !(mask & IBV_QP_SQ_PSN))
+			return EINVAL;
+		e = be.odpemu_modify_qp_state(q->h, IBV_QPS_RTS);
+		break;
+	default:
+		e = be.odpemu_modify_qp_state(q->h, to);
+		break;
+	}
+	if (e)
+		return e;
+	set_state(q, attr, mask, to);
+	return 0;
 }
 
 EXPORT int ibv_modify_qp(struct ibv_qp *qp, struct ibv_qp_attr *attr, int mask)
 {
 	struct emu_qp *q = container_of(qp, struct emu_qp, qp);
+	if (qp->qp_type == IBV_QPT_UD)
+		return modify_ud(q, attr, mask);
 	if (mask & IBV_QP_ACCESS_FLAGS) {
 		int e = be.odpemu_set_qp_access(q->h, attr->qp_access_flags);
 		if (e)
@@ -669,13 +739,68 @@ EXPORT int ibv_modify_qp(struct ibv_qp *qp, struct ibv_qp_attr *attr, int mask)
 	}
 	if (e)
 		return e;
-	if (to == IBV_QPS_RESET)
-		memset(&q->attr, 0, sizeof q->attr); /* a QP in RESET has no attributes left */
-	save(q, attr, mask);
-	q->attr.qp_state = to;
-	q->attr.cur_qp_state = to;
-	qp->state = to;
+	set_state(q, attr, mask, to);
 	return 0;
+}
+
+/* Address handles: RoCE addresses by GID, so an AH is its GID (is_global). */
+EXPORT struct ibv_ah *ibv_create_ah(struct ibv_pd *pd, struct ibv_ah_attr *attr)
+{
+	if (!pd || !attr || !attr->is_global || attr->port_num != 1) {
+		errno = EINVAL;
+		return NULL;
+	}
+	struct emu_ah *a = calloc(1, sizeof *a);
+	if (!a) {
+		errno = ENOMEM;
+		return NULL;
+	}
+	memcpy(a->dgid, attr->grh.dgid.raw, sizeof a->dgid);
+	a->ah.context = pd->context;
+	a->ah.pd = pd;
+	return &a->ah;
+}
+
+EXPORT int ibv_destroy_ah(struct ibv_ah *ah)
+{
+	free(container_of(ah, struct emu_ah, ah));
+	return 0;
+}
+
+/* ibv_init_ah_from_wc: the AH that answers a UD receive, from its GRH, as libibverbs
+ * builds it (RoCEv2 over IPv4: the IPv4 header in the GRH's last 20 bytes). */
+EXPORT int ibv_init_ah_from_wc(struct ibv_context *context, uint8_t port_num, struct ibv_wc *wc, struct ibv_grh *grh,
+			       struct ibv_ah_attr *ah_attr)
+{
+	(void)context;
+	memset(ah_attr, 0, sizeof *ah_attr);
+	ah_attr->port_num = port_num;
+	ah_attr->dlid = wc->slid;
+	ah_attr->sl = wc->sl;
+	if (!(wc->wc_flags & IBV_WC_GRH))
+		return 0;
+	ah_attr->is_global = 1;
+	const uint8_t *ip4 = (const uint8_t *)grh + 20;
+	if ((be32toh(grh->version_tclass_flow) >> 28) != 6 && ip4[0] == 0x45) {
+		uint8_t *g = ah_attr->grh.dgid.raw;
+		g[10] = g[11] = 0xff; /* ::ffff:source */
+		memcpy(g + 12, ip4 + 12, 4);
+		ah_attr->grh.hop_limit = ip4[8];
+		ah_attr->grh.traffic_class = ip4[1];
+		return 0;
+	}
+	ah_attr->grh.dgid = grh->sgid;
+	ah_attr->grh.hop_limit = grh->hop_limit;
+	ah_attr->grh.traffic_class = (uint8_t)(be32toh(grh->version_tclass_flow) >> 20);
+	return 0;
+}
+
+EXPORT struct ibv_ah *ibv_create_ah_from_wc(struct ibv_pd *pd, struct ibv_wc *wc, struct ibv_grh *grh, uint8_t port_num)
+{
+	struct ibv_ah_attr attr;
+	if (ibv_init_ah_from_wc(pd->context, port_num, wc, grh, &attr))
+		return NULL;
+	return ibv_create_ah(pd, &attr);
 }
 
 EXPORT int ibv_query_qp(struct ibv_qp *qp, struct ibv_qp_attr *attr, int mask, struct ibv_qp_init_attr *init)
@@ -692,7 +817,7 @@ EXPORT int ibv_query_qp(struct ibv_qp *qp, struct ibv_qp_attr *attr, int mask, s
 	init->send_cq = qp->send_cq;
 	init->recv_cq = qp->recv_cq;
 	init->cap = q->cap;
-	init->qp_type = IBV_QPT_RC;
+	init->qp_type = qp->qp_type;
 	init->sq_sig_all = q->sq_sig_all;
 	return 0;
 }
@@ -707,5 +832,14 @@ EXPORT int ibv_destroy_qp(struct ibv_qp *qp)
 	pthread_mutex_destroy(&qp->mutex);
 	emu_wr_free(q);
 	free(q);
+	return 0;
+}
+
+/* ibv_query_qp_data_in_order: the emulated NIC's DMA is a memmove, which may store a
+ * message's first bytes after its last: no order is guaranteed, whole message or
+ * 128-byte units (0 answers both questions). */
+EXPORT int ibv_query_qp_data_in_order(struct ibv_qp *qp, enum ibv_wr_opcode op, uint32_t flags)
+{
+	(void)qp, (void)op, (void)flags;
 	return 0;
 }

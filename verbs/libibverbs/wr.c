@@ -170,7 +170,16 @@ static void wr_send_tso(struct ibv_qp_ex *qx, void *hdr, uint16_t hdr_sz, uint16
 }
 static void wr_set_ud_addr(struct ibv_qp_ex *qx, struct ibv_ah *ah, uint32_t qpn, uint32_t qkey)
 {
-	(void)ah, (void)qpn, (void)qkey, unsupported(qx);
+	struct odpemu_send_wr *w = cur(qx);
+	if (!w)
+		return;
+	if (qx->qp_base.qp_type != IBV_QPT_UD || !ah) {
+		fail(eqp(qx)->batch, EINVAL);
+		return;
+	}
+	memcpy(w->dgid, container_of(ah, struct emu_ah, ah)->dgid, sizeof w->dgid);
+	w->remote_qpn = qpn;
+	w->remote_qkey = qkey;
 }
 static void wr_atomic_write(struct ibv_qp_ex *qx, uint32_t rkey, uint64_t remote_addr, const void *data)
 {

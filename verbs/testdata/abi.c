@@ -77,9 +77,19 @@ static void objects(struct ibv_context *ctx, struct ibv_pd *pd)
 	struct ibv_qp *qp = cq ? ibv_create_qp(pd, &init) : NULL;
 	CHECK(qp && qp->state == IBV_QPS_RESET && qp->qp_num != 0, "create_qp: %s", strerror(errno));
 	CHECK(init.cap.max_send_wr >= 4 && init.cap.max_recv_wr >= 8 && init.cap.max_recv_sge >= 2, "granted caps");
+	struct ibv_qp_init_attr uc = init;
+	uc.qp_type = IBV_QPT_UC;
+	CHECK(ibv_create_qp(pd, &uc) == NULL && errno == EOPNOTSUPP, "a UC QP is EOPNOTSUPP");
 	struct ibv_qp_init_attr ud = init;
 	ud.qp_type = IBV_QPT_UD;
-	CHECK(ibv_create_qp(pd, &ud) == NULL && errno == EOPNOTSUPP, "a UD QP is EOPNOTSUPP");
+	struct ibv_qp *udqp = ibv_create_qp(pd, &ud);
+	CHECK(udqp && udqp->qp_type == IBV_QPT_UD, "create a UD QP: %s", strerror(errno));
+	if (udqp) {
+		struct ibv_qp_attr a = {.qp_state = IBV_QPS_INIT, .port_num = 1};
+		CHECK(ibv_modify_qp(udqp, &a, IBV_QP_STATE | IBV_QP_PORT | IBV_QP_PKEY_INDEX) == EINVAL,
+		      "a UD QP's INIT needs its Q_Key");
+		CHECK(ibv_destroy_qp(udqp) == 0, "destroy the UD QP");
+	}
 	if (qp) {
 		struct ibv_qp_attr a = {.qp_state = IBV_QPS_INIT, .port_num = 1};
 		CHECK(ibv_modify_qp(qp, &a, IBV_QP_STATE) == EINVAL, "INIT needs port, P_Key and access flags");
