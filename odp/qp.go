@@ -395,26 +395,11 @@ func (qp *QP) Destroy() error {
 	qp.gone.Store(true)
 	qp.state = StateError
 	qp.st.Store(int32(StateError))
-	eng, port, cm, ud, udPort := qp.eng, qp.port, qp.cm, qp.ud, qp.udPort
+	w := qp.wiringLocked()
 	close(qp.done)
 	qp.mu.Unlock()
 
-	if ud != nil {
-		ud.stop()
-	}
-	if udPort != nil {
-		_ = udPort.Close() // the port is going away either way
-	}
-
-	if cm != nil {
-		_ = cm.Disconnect() // the peer learns of it; the channel is gone either way
-	}
-	if eng != nil {
-		eng.stop() // releases every run it held
-	}
-	if port != nil {
-		_ = port.Close() // the wire is going away either way
-	}
+	w.stop()
 	qp.wg.Wait()
 	qp.cfg.SendCQ.detach()
 	qp.cfg.RecvCQ.detach()

@@ -296,6 +296,42 @@ func (qp *QP) PSN() uint32 {
 	return qp.psn
 }
 
+// wiring is what ties a QP to the NIC and the wire: its engine, its wire and its
+// connection manager's channel, or a UD QP's engine and port. Destroy and reset take
+// it under QP.mu and stop it after.
+type wiring struct {
+	eng    *engine
+	port   roce.Port
+	cm     *roce.CM
+	ud     *udEngine
+	udPort *roce.DatagramPort
+}
+
+// wiringLocked returns the QP's wiring. Called with QP.mu held.
+func (qp *QP) wiringLocked() wiring {
+	return wiring{eng: qp.eng, port: qp.port, cm: qp.cm, ud: qp.ud, udPort: qp.udPort}
+}
+
+// stop ends the engines (each releases every run it held) and closes the wires; the
+// peer of a connection manager's channel learns of it.
+func (w wiring) stop() {
+	if w.ud != nil {
+		w.ud.stop()
+	}
+	if w.udPort != nil {
+		_ = w.udPort.Close() // the port is going away either way
+	}
+	if w.cm != nil {
+		_ = w.cm.Disconnect() // the channel is gone either way
+	}
+	if w.eng != nil {
+		w.eng.stop()
+	}
+	if w.port != nil {
+		_ = w.port.Close() // the wire is going away either way
+	}
+}
+
 // reset moves a connected QP to RESET, as ibv_modify_qp does: the engine stops and
 // the wire closes (a connection manager's channel is disconnected), the work queued
 // on both queues is dropped without completions, and the completions of this QP
@@ -313,26 +349,11 @@ func (qp *QP) reset() error {
 		return wrap(ErrQPState, "QP %d is being reset", qp.qpn)
 	}
 	qp.resetting = true
-	eng, port, cm, ud, udPort := qp.eng, qp.port, qp.cm, qp.ud, qp.udPort
+	w := qp.wiringLocked()
 	qp.cm = nil // its watch ends without moving the QP to ERR
 	qp.mu.Unlock()
 
-	if ud != nil {
-		ud.stop()
-	}
-	if udPort != nil {
-		_ = udPort.Close() // the port is going away either way
-	}
-
-	if cm != nil {
-		_ = cm.Disconnect() // the peer learns of it; the channel is gone either way
-	}
-	if eng != nil {
-		eng.stop() // releases every run it held; nothing of the engine runs after
-	}
-	if port != nil {
-		_ = port.Close() // the wire is going away either way
-	}
+	w.stop() // nothing of the engines runs after
 
 	qp.mu.Lock()
 	qp.resetting = false

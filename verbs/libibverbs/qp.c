@@ -634,6 +634,16 @@ static void set_state(struct emu_qp *q, struct ibv_qp_attr *attr, int mask, enum
 
 enum { UD_INIT_MASK = IBV_QP_STATE | IBV_QP_PKEY_INDEX | IBV_QP_PORT | IBV_QP_QKEY };
 
+/* to_init moves q to INIT; from RESET, mask must hold the attributes need names. */
+static int to_init(struct emu_qp *q, const struct ibv_qp_attr *attr, int mask, int need)
+{
+	if (q->qp.state == IBV_QPS_RESET && (mask & need) != need)
+		return EINVAL;
+	if ((mask & IBV_QP_PORT) && attr->port_num != 1)
+		return EINVAL;
+	return be.odpemu_modify_qp_state(q->h, IBV_QPS_INIT);
+}
+
 /* modify_ud is ibv_modify_qp of a UD QP: INIT with its Q_Key, RTR binds it at the
  * device's address (it receives from then on), RTS with its SQ PSN lets it send. */
 static int modify_ud(struct emu_qp *q, struct ibv_qp_attr *attr, int mask)
@@ -652,11 +662,7 @@ static int modify_ud(struct emu_qp *q, struct ibv_qp_attr *attr, int mask)
 	int e;
 	switch (to) {
 	case IBV_QPS_INIT:
-		if (qp->state == IBV_QPS_RESET && (mask & UD_INIT_MASK) != UD_INIT_MASK)
-			return EINVAL;
-		if ((mask & IBV_QP_PORT) && attr->port_num != 1)
-			return EINVAL;
-		e = be.odpemu_modify_qp_state(q->h, IBV_QPS_INIT);
+		e = to_init(q, attr, mask, UD_INIT_MASK);
 		break;
 	case IBV_QPS_RTR:
 		if (qp->state != IBV_QPS_INIT)
@@ -696,11 +702,7 @@ EXPORT int ibv_modify_qp(struct ibv_qp *qp, struct ibv_qp_attr *attr, int mask)
 	int e = 0;
 	switch (to) {
 	case IBV_QPS_INIT:
-		if (qp->state == IBV_QPS_RESET && (mask & INIT_MASK) != INIT_MASK)
-			return EINVAL;
-		if ((mask & IBV_QP_PORT) && attr->port_num != 1)
-			return EINVAL;
-		e = be.odpemu_modify_qp_state(q->h, IBV_QPS_INIT);
+		e = to_init(q, attr, mask, INIT_MASK);
 		break;
 	case IBV_QPS_RTR:
 		if (qp->state != IBV_QPS_INIT || (mask & RTR_MASK) != RTR_MASK)
