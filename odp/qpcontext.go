@@ -217,19 +217,20 @@ func (qp *QP) toErrorLocked() {
 	qp.flushRecvsLocked()
 }
 
-// failWith moves the QP to ERR for the send work request whose error completion is
-// wc, queued first, before the flushes of the posted receives, in the order a NIC
-// writes them (an application that polls one CQ for both finds the error before the
-// flushes, as rdma-core's tests expect).
-func (qp *QP) failWith(wc WC) {
+// failWith moves the QP to ERR for the work request whose error completion is wc,
+// queued on cq (the send or the receive CQ) once the QP is in ERR and before the
+// flushes of the posted receives, in the order a NIC writes them: an application that
+// polls the error finds the QP in ERR, and one that polls one CQ for both finds the
+// error before the flushes, as rdma-core's tests expect.
+func (qp *QP) failWith(cq *CQ, wc WC) {
 	qp.mu.Lock()
 	defer qp.mu.Unlock()
 	if qp.state == StateError || qp.resetting {
-		qp.cfg.SendCQ.push(wc)
+		cq.push(wc)
 		return
 	}
 	qp.setStateLocked(StateError)
-	qp.cfg.SendCQ.push(wc)
+	cq.push(wc)
 	qp.flushRecvsLocked()
 }
 

@@ -478,7 +478,7 @@ func (e *engine) retire() {
 			// An application that polls the error finds the QP in ERR and the
 			// counters that say why.
 			e.count()
-			e.qp.failWith(wc)
+			e.qp.failWith(e.qp.cfg.SendCQ, wc)
 			e.toError()
 			continue
 		}

@@ -311,3 +311,21 @@ func TestPostInErrorWhileConnecting(t *testing.T) {
 	stop.Store(true)
 	wg.Wait()
 }
+
+// TestReceiveErrorFindsQPInError: a receive that fails (its lkey reaches no MR) completes
+// with LOC_PROT_ERR once its QP is in ERR, before the flushes of the receives after it.
+func TestReceiveErrorFindsQPInError(t *testing.T) {
+	for range 20 {
+		a, b := pair(t, Config{})
+		_, smr := a.region(t, ps, rw)
+		_, dmr := b.region(t, ps, rw)
+		require.NoError(t, b.qp.PostRecv(RecvWR{WRID: 1, SGL: []SGE{{Addr: dmr.Addr(), Length: 64, LKey: dmr.LKey() ^ 0x100}}}))
+		require.NoError(t, b.qp.PostRecv(RecvWR{WRID: 2, SGL: sge(dmr, 0, 64)}))
+		require.NoError(t, a.qp.PostSend(SendWR{WRID: 3, Opcode: OpSend, SGL: sge(smr, 0, 8), Flags: SendSignaled}))
+		wc := wait(t, b.rcq)
+		require.Equal(t, WCLocProtErr, wc.Status, wc.Detail)
+		require.Equal(t, StateError, b.qp.State(), "polled the error: the QP is in ERR")
+		assert.Equal(t, WC{WRID: 2, Status: WCWRFlushErr, Opcode: WCRecv, QPNum: b.qp.QPNum()}, wait(t, b.rcq))
+		assert.Equal(t, WCRemOpErr, wait(t, a.scq).Status)
+	}
+}

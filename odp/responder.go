@@ -233,7 +233,7 @@ func (e *engine) placeRun(s *roce.Segment, v *roce.Verdict) bool {
 			if starts {
 				e.qp.takeRecv(seq)
 			}
-			e.qp.cfg.RecvCQ.push(WC{WRID: recv.WRID, Status: WCLocProtErr, Opcode: WCRecv, QPNum: e.qp.qpn,
+			e.qp.failWith(e.qp.cfg.RecvCQ, WC{WRID: recv.WRID, Status: WCLocProtErr, Opcode: WCRecv, QPNum: e.qp.qpn,
 				Detail: err.Error()})
 			e.recv = nil
 			e.refuse(e.resp.Fail(roce.SynNAKRemoteOperation), "receive: "+err.Error())

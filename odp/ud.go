@@ -204,7 +204,7 @@ func (e *udEngine) retire() {
 		q.head.Store(head + 1)
 		switch {
 		case failed && !e.errored:
-			e.qp.failWith(wc)
+			e.qp.failWith(e.qp.cfg.SendCQ, wc)
 			e.errored = true
 		case report:
 			e.qp.cfg.SendCQ.push(wc)
@@ -277,8 +277,7 @@ func (e *udEngine) place(d *roce.Datagram) {
 	}
 	if wc.Status != WCSuccess {
 		wc.ByteLen, wc.Flags, wc.SrcQP = 0, 0, 0
-		qp.cfg.RecvCQ.push(wc)
-		qp.toError()
+		qp.failWith(qp.cfg.RecvCQ, wc)
 		return
 	}
 	qp.cfg.RecvCQ.push(wc)
