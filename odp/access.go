@@ -37,6 +37,18 @@ func (a Access) String() string {
 }
 
 // writable reports whether the NIC may write the region through some access.
+// check refuses what no registration may ask for: unknown flags, remote write or
+// atomic access without LOCAL_WRITE (ib_check_mr_access).
+func (a Access) check() error {
+	switch {
+	case a&^accessKnown != 0:
+		return wrap(ErrInvalidArgument, "unknown access flags %#x", uint32(a&^accessKnown))
+	case a&(AccessRemoteWrite|AccessRemoteAtomic) != 0 && a&AccessLocalWrite == 0:
+		return wrap(ErrInvalidArgument, "%v needs LOCAL_WRITE", a)
+	}
+	return nil
+}
+
 func (a Access) writable() bool {
 	return a&(AccessLocalWrite|AccessRemoteWrite|AccessRemoteAtomic) != 0
 }

@@ -17,11 +17,8 @@ func (pd *domain) regImplicitMR(access Access) (*MR, error) {
 		return nil, wrap(ErrInvalidArgument, "RegImplicitMR on a deallocated PD")
 	}
 	access |= AccessOnDemand
-	switch {
-	case access&^accessKnown != 0:
-		return nil, wrap(ErrInvalidArgument, "unknown access flags %#x", uint32(access&^accessKnown))
-	case access&(AccessRemoteWrite|AccessRemoteAtomic) != 0 && access&AccessLocalWrite == 0:
-		return nil, wrap(ErrInvalidArgument, "%v needs LOCAL_WRITE", access)
+	if err := access.check(); err != nil {
+		return nil, err
 	}
 	d := pd.dev
 	s := d.as

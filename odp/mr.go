@@ -103,13 +103,11 @@ func (pd *domain) regMR(buf []byte, access Access) (*MR, error) {
 		return nil, wrap(ErrInvalidArgument, "RegMR on a deallocated PD")
 	}
 	d := pd.dev
-	switch {
-	case len(buf) == 0:
+	if len(buf) == 0 {
 		return nil, wrap(ErrInvalidArgument, "zero-length MR")
-	case access&^accessKnown != 0:
-		return nil, wrap(ErrInvalidArgument, "unknown access flags %#x", uint32(access&^accessKnown))
-	case access&(AccessRemoteWrite|AccessRemoteAtomic) != 0 && access&AccessLocalWrite == 0:
-		return nil, wrap(ErrInvalidArgument, "%v needs LOCAL_WRITE", access)
+	}
+	if err := access.check(); err != nil {
+		return nil, err
 	}
 	ps := pagefault.PageSize
 	start := addrOf(buf)
@@ -168,11 +166,10 @@ func (mr *MR) Entry(p int) mmu.Entry { return mr.table.Entry(p) }
 func (mr *MR) rereg(pd *domain, access Access) error {
 	d := mr.dev
 	old := mr.Access()
+	if err := access.check(); err != nil {
+		return err
+	}
 	switch {
-	case access&^accessKnown != 0:
-		return wrap(ErrInvalidArgument, "unknown access flags %#x", uint32(access&^accessKnown))
-	case access&(AccessRemoteWrite|AccessRemoteAtomic) != 0 && access&AccessLocalWrite == 0:
-		return wrap(ErrInvalidArgument, "%v needs LOCAL_WRITE", access)
 	case (access^old)&AccessOnDemand != 0:
 		return wrap(ErrInvalidArgument, "rereg from %v to %v: AccessOnDemand changes the registration", old, access)
 	case pd != nil && pd.dev != d:

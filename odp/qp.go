@@ -174,7 +174,7 @@ func (qp *QP) Modify(to QPState) error {
 		}
 		qp.startLocked()
 	case StateReset:
-		if qp.port != nil || qp.udPort != nil {
+		if qp.port != nil || qp.ud != nil {
 			qp.mu.Unlock()
 			err := qp.reset()
 			qp.mu.Lock() // for the deferred unlock
@@ -357,7 +357,7 @@ func (qp *QP) BindUD(local netip.AddrPort, mtu int) error {
 	switch {
 	case qp.destroyed:
 		return ErrClosed
-	case qp.udPort != nil:
+	case qp.ud != nil:
 		return wrap(ErrQPState, "UD QP %d is bound already", qp.qpn)
 	case qp.state != StateReset && qp.state != StateInit:
 		return wrap(ErrQPState, "BindUD in %v", qp.state)
@@ -366,7 +366,6 @@ func (qp *QP) BindUD(local netip.AddrPort, mtu int) error {
 	if err != nil {
 		return wrap(ErrInvalidArgument, "%v", err)
 	}
-	qp.udPort = port
 	qp.setStateLocked(StateRTR)
 	qp.startUDLocked(port, ep.Addr())
 	return nil

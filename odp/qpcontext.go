@@ -65,11 +65,10 @@ type QP struct {
 	mu     sync.Mutex // protects everything below
 	state  QPState
 	attr   QPAttr
-	port   roce.Port // the wire, attached by Connect
-	remote Remote    // the peer QP
-	eng    *engine   // the engine, once started
-	ud     *udEngine // a UD QP's engine, once bound (BindUD)
-	udPort *roce.DatagramPort
+	port   roce.Port     // the wire, attached by Connect
+	remote Remote        // the peer QP
+	eng    *engine       // the engine, once started
+	ud     *udEngine     // a UD QP's engine, once bound (BindUD): it holds the QP's port
 	cm     *roce.CM      // the connection manager's channel (Accept, Dial)
 	done   chan struct{} // closed by Destroy
 	// lastRefusal says why the responder last answered a NAK (RespError).
@@ -298,19 +297,18 @@ func (qp *QP) PSN() uint32 {
 }
 
 // wiring is what ties a QP to the NIC and the wire: its engine, its wire and its
-// connection manager's channel, or a UD QP's engine and port. Destroy and reset take
-// it under QP.mu and stop it after.
+// connection manager's channel, or a UD QP's engine and the port it holds. Destroy
+// and reset take it under QP.mu and stop it after.
 type wiring struct {
-	eng    *engine
-	port   roce.Port
-	cm     *roce.CM
-	ud     *udEngine
-	udPort *roce.DatagramPort
+	eng  *engine
+	port roce.Port
+	cm   *roce.CM
+	ud   *udEngine
 }
 
 // wiringLocked returns the QP's wiring. Called with QP.mu held.
 func (qp *QP) wiringLocked() wiring {
-	return wiring{eng: qp.eng, port: qp.port, cm: qp.cm, ud: qp.ud, udPort: qp.udPort}
+	return wiring{eng: qp.eng, port: qp.port, cm: qp.cm, ud: qp.ud}
 }
 
 // stop ends the engines (each releases every run it held) and closes the wires; the
@@ -318,9 +316,7 @@ func (qp *QP) wiringLocked() wiring {
 func (w wiring) stop() {
 	if w.ud != nil {
 		w.ud.stop()
-	}
-	if w.udPort != nil {
-		_ = w.udPort.Close() // the port is going away either way
+		_ = w.ud.port.Close() // the port is going away either way
 	}
 	if w.cm != nil {
 		_ = w.cm.Disconnect() // the channel is gone either way
@@ -364,7 +360,7 @@ func (qp *QP) reset() error {
 	}
 	qp.eng, qp.port, qp.remote, qp.lastRefusal = nil, nil, Remote{}, ""
 	qp.engA.Store(nil)
-	qp.ud, qp.udPort = nil, nil
+	qp.ud = nil
 	qp.udA.Store(nil)
 	qp.qkey.Store(0)
 	qp.setStateLocked(StateReset)
