@@ -275,7 +275,7 @@ func (r dmaRef) release(copied bool) (torn bool) {
 		r.check(faulted)
 	}
 	if r.hold != nil {
-		r.hold.put()
+		r.hold.put(1)
 	} else if overtaken := mr.endDMA(r.d, r.gated); overtaken && r.audit {
 		mr.countOvertaken()
 	}
@@ -307,50 +307,66 @@ func (mr *MR) countOvertaken() {
 	d.stats.overtaken.Add(1)
 }
 
-// dmaHold is one DMA on an MR under which several runs are read (a requester's
-// transmit round, as a NIC's DMA engine reads several packets of one MR): one entry
-// in the device's gate and one in the table's DMA count, whatever the runs. Each run
-// checks its own pages (run) and holds a reference; the hold ends when the last
-// reference is released (put), the opener's included.
+// dmaHold is one DMA on an MR under which several runs are read or written (a
+// requester's transmit round, a responder's pass over the runs it received, as a
+// NIC's DMA engine moves several packets of one MR): one entry in the device's gate
+// and one in the table's DMA count, whatever the runs. Each run checks its own pages
+// (check) and, when it leaves the engine, holds a reference; the hold ends when the
+// last reference is released (put), the opener's included.
 //
 // Without the audit, a run read under a hold carries the hold itself as its
 // roce.Ref (finishRun releases it, given the run's payload): nothing is allocated
 // per run. The torn-copy check of a run then starts from the hold's fault sequence,
 // which can only find more faults than the run's own would.
+//
+// The opener counts the runs it hands out in runs, a field only it touches, and adds
+// them to refs when it closes the hold (close): the runs are not on the wire before
+// that, so no reader can release one first, and the hold costs one atomic add per
+// round rather than one per run.
 type dmaHold struct {
 	mr    *MR
 	d     mmu.DMA
 	gated bool
 	mark  uint64 // the fault server's fault sequence when the hold began
 	refs  atomic.Int32
+	runs  int32 // references handed out and not yet in refs (the opener's)
 }
 
 // Release implements roce.Ref for a run that was dropped unread.
-func (h *dmaHold) Release() { h.put() }
+func (h *dmaHold) Release() { h.put(1) }
 
 // finishRun releases a run read under the hold whose payload was copied, and
 // reports whether the copy was torn (see dmaRef.release).
 func (h *dmaHold) finishRun(payload []byte) (torn bool) {
-	mr, d := h.mr, h.mr.dev
-	if mr.odp && len(payload) > 0 && !d.cfg.NoInvalidate && d.as.gate.FaultSeq() != h.mark {
-		first, count := mr.pageSpan(uint64(uintptr(unsafe.Pointer(&payload[0]))-mr.start), uint64(len(payload)))
-		lo := mr.base + uintptr(first)*pagefault.PageSize
-		if faulted, _ := d.as.server.FaultedSince(h.mark, lo, lo+uintptr(count)*pagefault.PageSize); faulted {
-			torn = true
-			mr.tornAsync(first, count)
-		}
-	}
-	h.put()
+	torn = h.torn(payload)
+	h.put(1)
 	return torn
 }
 
-// check checks MR bytes [off, off+n) (already bounds-checked) for reading under the
-// hold: it returns -1, or the first page that needs a network page fault, or why the
-// MR cannot be read.
-func (h *dmaHold) check(off, n uint64) (int, error) {
+// torn reports whether a copy of MR bytes b under the hold may be torn (see
+// dmaRef.release): a thread found a page of them missing since the hold began. It
+// then invalidates those pages, so that the copy made again faults them anew.
+func (h *dmaHold) torn(b []byte) bool {
+	mr, d := h.mr, h.mr.dev
+	if !mr.odp || len(b) == 0 || d.cfg.NoInvalidate || d.as.gate.FaultSeq() == h.mark {
+		return false
+	}
+	first, count := mr.pageSpan(uint64(uintptr(unsafe.Pointer(&b[0]))-mr.start), uint64(len(b)))
+	lo := mr.base + uintptr(first)*pagefault.PageSize
+	if faulted, _ := d.as.server.FaultedSince(h.mark, lo, lo+uintptr(count)*pagefault.PageSize); !faulted {
+		return false
+	}
+	mr.tornAsync(first, count)
+	return true
+}
+
+// check checks MR bytes [off, off+n) (already bounds-checked) for a copy under the
+// hold, into the MR if write: it returns -1, or the first page that needs a
+// network page fault, or why the MR cannot be accessed.
+func (h *dmaHold) check(off, n uint64, write bool) (int, error) {
 	mr := h.mr
 	first, count := mr.pageSpan(off, n)
-	if miss := mr.table.Missing(first, count, false); miss >= 0 {
+	if miss := mr.table.Missing(first, count, write); miss >= 0 {
 		if !mr.odp {
 			return -1, mr.missErr(first, count)
 		}
@@ -380,22 +396,17 @@ func (mr *MR) openHold() (*dmaHold, error) {
 	return h, nil
 }
 
-// run checks MR bytes [off, off+n) for reading and returns its DMA under the hold
-// (a reference on it), or the first page that needs a network page fault, or why the
-// MR cannot be read: the audited way of reading a run.
-func (h *dmaHold) run(off, n uint64) (dmaRef, int, error) {
-	if miss, err := h.check(off, n); miss >= 0 || err != nil {
-		return dmaRef{}, miss, err
-	}
-	h.refs.Add(1)
-	r := h.mr.started(off, n, h.d, h.gated)
-	r.hold = h
-	return r, -1, nil
+// close hands the references the opener counted to refs and drops the opener's own:
+// the hold ends now if no run holds it.
+func (h *dmaHold) close() {
+	n := h.runs
+	h.runs = 0
+	h.put(1 - n)
 }
 
-// put releases a reference; the last ends the hold's DMA.
-func (h *dmaHold) put() {
-	if h.refs.Add(-1) != 0 {
+// put releases n references (a negative n adds them); the last ends the hold's DMA.
+func (h *dmaHold) put(n int32) {
+	if h.refs.Add(-n) != 0 {
 		return
 	}
 	if overtaken := h.mr.endDMA(h.d, h.gated); overtaken && h.mr.dev.cfg.Audit {

@@ -114,8 +114,12 @@ type engine struct {
 	dstPSN   uint32
 	rnrUntil time.Time
 	rnrSince time.Time
-	holds    []*dmaHold          // the DMAs of this transmit round, one per MR read
-	last     roce.RequesterStats // the requester's counters when last added up
+	holds    []*dmaHold // the DMAs of this transmit round, one per MR read
+	placing  []*dmaHold // the DMAs of this receive pass, one per MR written
+	// drops are the references on the peer's holds of the runs this pass released:
+	// put together when the pass ends (letGo), one atomic add per hold.
+	drops []heldRuns
+	last  roce.RequesterStats // the requester's counters when last added up
 
 	// The responder side (responder.go).
 	jobs      []job // answers to send, jobs[jobHead] the oldest
@@ -138,6 +142,12 @@ type engine struct {
 	recv    *RecvWR // the receive the SEND in progress fills (&recvWR), or nil
 	recvWR  RecvWR  // the receive looked at last (peekRecv), its SGL in recvSGL
 	recvSGL [4]SGE
+}
+
+// heldRuns counts runs read under one hold.
+type heldRuns struct {
+	h *dmaHold
+	n int32
 }
 
 // faultJob is a network page fault resolved on a goroutine of its own.
@@ -195,7 +205,15 @@ func ackTimeout(t uint8) time.Duration {
 
 // wake tells the engine that something changed: work was posted, runs arrived, a
 // fault ended, the state changed. Any goroutine may call it; it never blocks.
+//
+// A wake that finds woken set stores nothing: the engine clears woken only at the
+// top of its loop, before it looks at what changed, so a wake seen set was set
+// after that clear and the engine looks again before it sleeps. Under load the
+// engine is woken many times per loop, and each store would take its cache line.
 func (e *engine) wake() {
+	if e.woken.Load() {
+		return
+	}
 	e.woken.Store(true)
 	if e.sleeping.Load() {
 		select {
@@ -225,7 +243,9 @@ func (e *engine) run() {
 			return
 		default:
 		}
-		e.woken.Store(false)
+		if e.woken.Load() {
+			e.woken.Store(false)
+		}
 		e.now = time.Now()
 		e.refresh()
 		e.faults()
@@ -240,6 +260,7 @@ func (e *engine) run() {
 		busy = e.flush() || busy
 		e.count()
 		e.retire()
+		e.letGo() // what respond, transmit and flush released: nothing is held asleep
 		if !busy {
 			e.park()
 		}
@@ -340,6 +361,7 @@ func (e *engine) park() {
 // answers (ACKs, NAKs, READ responses, atomic results) and the peer's requests. A
 // request the responder cannot take yet stays at the head.
 func (e *engine) receive() bool {
+	defer e.letGo()
 	busy := false
 	if !e.lost {
 		n, next, err := e.port.Recv(e.rx, e.now)
@@ -424,7 +446,12 @@ func (e *engine) release(s *roce.Segment) (torn bool) {
 	}
 	switch r := s.Ref.(type) {
 	case *dmaHold:
-		torn = r.finishRun(s.Payload)
+		torn = r.torn(s.Payload)
+		if n := len(e.drops); n > 0 && e.drops[n-1].h == r {
+			e.drops[n-1].n++
+		} else {
+			e.drops = append(e.drops, heldRuns{h: r, n: 1})
+		}
 	case *srcRef:
 		torn = r.finish()
 	default:
@@ -434,9 +461,21 @@ func (e *engine) release(s *roce.Segment) (torn bool) {
 	return torn
 }
 
+// letGo ends the DMAs of the receive pass: the holds it placed runs under, then the
+// references of the runs it released (the holds may rely on those runs' gate entry).
+func (e *engine) letGo() {
+	closeHolds(&e.placing)
+	for i, d := range e.drops {
+		d.h.put(d.n)
+		e.drops[i] = heldRuns{}
+	}
+	e.drops = e.drops[:0]
+}
+
 // detach copies every run in the inbox that reads the peer's memory by reference
 // and releases those DMAs: the responder waits, and must not hold them meanwhile.
 func (e *engine) detach() {
+	e.letGo()
 	for i := e.inHead; i < len(e.inbox); i++ {
 		s := &e.inbox[i]
 		switch s.Ref.(type) {
@@ -576,6 +615,7 @@ func (e *engine) teardown() {
 	for i := range e.out {
 		e.release(&e.out[i])
 	}
+	e.letGo()
 	e.inbox, e.out, e.jobs, e.jobHead = nil, nil, nil, 0
 	if e.timer != nil {
 		e.timer.Stop()

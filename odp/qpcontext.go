@@ -8,6 +8,7 @@ import (
 	"sync/atomic"
 
 	"github.com/odpemu/odpemu/transport/roce"
+	"golang.org/x/sys/cpu"
 )
 
 // QPType is a QP's transport.
@@ -151,12 +152,17 @@ func (q *recvQueue) flushLocked(done func(wrid uint64)) {
 // fills the slot at tail (under mu, for concurrent posters) and the engine, its only
 // reader, processes slots from its own cursor and retires them at head, in order.
 // A slot is reused only after it was retired, so the engine reads a posted slot
-// without a lock once it has seen tail.
+// without a lock once it has seen tail. What the posters write (mu, tail) and what
+// the engine writes (head) are on cache lines of their own: a post and a retirement
+// on two cores do not take each other's line every message.
 type sendQueue struct {
-	mu    sync.Mutex // serialises posters
 	slots []wqe
+	_     cpu.CacheLinePad
+	mu    sync.Mutex    // serialises posters
 	tail  atomic.Uint64 // the next slot to post
+	_     cpu.CacheLinePad
 	head  atomic.Uint64 // the oldest slot not retired
+	_     cpu.CacheLinePad
 }
 
 // wqe is a send queue slot: the work request as posted, and what the engine found.

@@ -110,7 +110,7 @@ func (e *engine) message(w *wqe) (roce.Request, WCStatus, string) {
 // roomWait that it stopped because the link was full.
 func (e *engine) transmit() bool {
 	busy := false
-	defer e.closeHolds()
+	defer closeHolds(&e.holds)
 	runs, room := e.room()
 	asked, waiting := false, e.roomWait
 	e.roomWait = false
@@ -179,22 +179,21 @@ func (e *engine) payload(w *wqe, t *roce.Transmit) bool {
 	mr := w.mrs[i]
 	if uint64(t.Len) <= uint64(w.wr.SGL[i].Length)-in && mr.file == nil {
 		off := w.wr.SGL[i].Addr - uint64(mr.start) + in
-		h, err := e.holdOn(mr)
+		h, err := holdOn(&e.holds, mr)
 		miss := -1
 		if err == nil {
-			miss, err = h.check(off, uint64(t.Len))
+			miss, err = h.check(off, uint64(t.Len), false)
 		}
 		if ok := e.readable(t.ID, mr, off, w.wr.SGL[i].Length, in, miss, err); !ok {
 			return false
 		}
 		t.Seg.Payload = mr.slice(off, uint64(t.Len))
+		h.runs++ // the run's reference, added when the round closes the hold
 		if !e.dev.cfg.Audit {
-			h.refs.Add(1)
 			t.Seg.Ref = h // the run's range is its payload: nothing per run
 			return true
 		}
 		sr := srcRefs.Get().(*srcRef)
-		h.refs.Add(1)
 		sr.r = mr.started(off, uint64(t.Len), h.d, h.gated)
 		sr.r.hold = h
 		t.Seg.Ref = sr
@@ -209,28 +208,29 @@ func (e *engine) payload(w *wqe, t *roce.Transmit) bool {
 	return true
 }
 
-// holdOn returns the DMA hold of this transmit round on mr, opening it.
-func (e *engine) holdOn(mr *MR) (*dmaHold, error) {
-	for _, h := range e.holds {
+// holdOn returns the hold on mr among holds (a transmit round's, a receive pass's),
+// opening it.
+func holdOn(holds *[]*dmaHold, mr *MR) (*dmaHold, error) {
+	for _, h := range *holds {
 		if h.mr == mr {
 			return h, nil
 		}
 	}
 	h, err := mr.openHold()
 	if err == nil {
-		e.holds = append(e.holds, h)
+		*holds = append(*holds, h)
 	}
 	return h, err
 }
 
-// closeHolds drops the round's own references on its holds: each ends once the
-// peer has read the last run read under it.
-func (e *engine) closeHolds() {
-	for i, h := range e.holds {
-		h.put()
-		e.holds[i] = nil
+// closeHolds closes the holds of a transmit round or a receive pass: each ends once
+// the last run read under it is released.
+func closeHolds(holds *[]*dmaHold) {
+	for i, h := range *holds {
+		h.close()
+		(*holds)[i] = nil
 	}
-	e.holds = e.holds[:0]
+	*holds = (*holds)[:0]
 }
 
 // readable handles the outcome of a DMA the requester tried on mr's bytes from off
@@ -453,7 +453,8 @@ func (e *engine) complete(out roce.Output, why string) {
 // retire completes finished work requests from the head of the send queue, in
 // posting order: a completion for those signaled and for every error, after which
 // the QP is in ERR. A slot is free again before its completion is seen, as a verbs
-// application that polls a completion expects to post again.
+// application that polls a completion expects to post again; head moves once per
+// completion and once at the end, not per slot (a poster reads it every post).
 func (e *engine) retire() {
 	q := &e.qp.sq
 	head := q.head.Load()
@@ -473,7 +474,9 @@ func (e *engine) retire() {
 		}
 		*w = wqe{}
 		head++
-		q.head.Store(head)
+		if report {
+			q.head.Store(head) // the slot is free before its completion is seen
+		}
 		if failed && !e.errored {
 			// An application that polls the error finds the QP in ERR and the
 			// counters that say why.
@@ -486,4 +489,5 @@ func (e *engine) retire() {
 			e.qp.cfg.SendCQ.push(wc)
 		}
 	}
+	q.head.Store(head)
 }

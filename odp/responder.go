@@ -301,16 +301,37 @@ func (e *engine) write(mr *MR, off uint64, payload []byte, s *roce.Segment) (fau
 	if len(payload) == 0 {
 		return faultNone, -1, 0, nil
 	}
-	ref, miss, err := mr.tryAcquire(off, uint64(len(payload)), true, e.covering > 0)
-	if res := dmaOutcome(miss, err); res != faultNone {
-		return res, miss, mr.pageSpanEnd(off + uint64(len(payload))), err
-	}
-	if mr.file != nil {
-		err = mr.fileCopy(off, payload, true)
+	var (
+		torn bool
+		err  error
+		miss = -1
+	)
+	if !e.dev.cfg.Audit && mr.file == nil {
+		// Under the receive pass's hold on mr: a page check and the copy per run.
+		var h *dmaHold
+		if h, err = holdOn(&e.placing, mr); err == nil {
+			miss, err = h.check(off, uint64(len(payload)), true)
+		}
+		if res := dmaOutcome(miss, err); res != faultNone {
+			return res, miss, mr.pageSpanEnd(off + uint64(len(payload))), err
+		}
+		dst := mr.slice(off, uint64(len(payload)))
+		if err = e.dev.dmaCopy(dst, payload); err == nil {
+			torn = h.torn(dst)
+		}
 	} else {
-		err = e.dev.dmaCopy(ref.bytes(), payload)
+		var ref dmaRef
+		ref, miss, err = mr.tryAcquire(off, uint64(len(payload)), true, e.covering > 0)
+		if res := dmaOutcome(miss, err); res != faultNone {
+			return res, miss, mr.pageSpanEnd(off + uint64(len(payload))), err
+		}
+		if mr.file != nil {
+			err = mr.fileCopy(off, payload, true)
+		} else {
+			err = e.dev.dmaCopy(ref.bytes(), payload)
+		}
+		torn = ref.release(err == nil)
 	}
-	torn := ref.release(err == nil)
 	switch {
 	case err != nil && srcFaulted(err, s.Payload):
 		return faultLost, -1, 0, nil
