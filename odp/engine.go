@@ -103,6 +103,7 @@ type engine struct {
 	roomAt    time.Time
 
 	out []roce.Segment // runs to send, oldest first
+	tx  roce.Transmit  // the run transmit builds
 
 	// The requester side (requester.go).
 	sqNext   uint64 // the next send queue slot to process

@@ -114,8 +114,8 @@ func (e *engine) transmit() bool {
 	runs, room := e.room()
 	asked, waiting := false, e.roomWait
 	e.roomWait = false
-	for len(e.out) < maxOut && e.srcFault == nil && e.retryAt.IsZero() && e.req.Pending() {
-		t, _ := e.req.Next(e.maxRun)
+	t := &e.tx
+	for len(e.out) < maxOut && e.srcFault == nil && e.retryAt.IsZero() && e.req.NextInto(t, e.maxRun) {
 		n := roce.WireSize(&t.Seg, t.Len)
 		if runs <= 0 || (room >= 0 && n > room) {
 			// The link is full: what the requester counts as sent is on it.
@@ -133,12 +133,12 @@ func (e *engine) transmit() bool {
 		}
 		w := e.qp.sq.slot(t.ID)
 		if t.Len > 0 {
-			if !e.payload(w, &t) {
+			if !e.payload(w, t) {
 				break
 			}
 		}
 		t.Seg.DestQP = e.remote
-		e.req.Sent(&t, e.now)
+		e.req.Sent(t, e.now)
 		e.out = append(e.out, t.Seg)
 		runs--
 		if room >= 0 {
@@ -174,7 +174,7 @@ func (e *engine) payload(w *wqe, t *roce.Transmit) bool {
 	i, in := sglAt(w.wr.SGL, uint64(t.Offset))
 	if room := uint64(w.wr.SGL[i].Length) - in; uint64(t.Len) > room && t.Seg.Count > 1 && room >= uint64(e.mtu) {
 		// The run crosses into the next SGE: send the packets before it by reference.
-		*t, _ = e.req.Next(int(room) / e.mtu)
+		e.req.NextInto(t, int(room)/e.mtu)
 	}
 	mr := w.mrs[i]
 	if uint64(t.Len) <= uint64(w.wr.SGL[i].Length)-in && mr.file == nil {

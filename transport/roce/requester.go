@@ -249,34 +249,44 @@ func (q *Requester) find(psn uint32) int {
 // the segment and calls Sent; if it cannot (the run's memory must fault first), it
 // calls nothing and asks again later.
 func (q *Requester) Next(maxPackets int) (Transmit, bool) {
+	var t Transmit
+	ok := q.NextInto(&t, maxPackets)
+	return t, ok
+}
+
+// NextInto is Next writing the run into *t, which it overwrites whole: an engine
+// keeps one Transmit and copies no headers per run.
+func (q *Requester) NextInto(t *Transmit, maxPackets int) bool {
 	if !q.Pending() {
-		return Transmit{}, false
+		*t = Transmit{}
+		return false
 	}
 	i := q.cursorIndex()
 	if i < 0 { // cannot happen: the cursor lies between the oldest's first PSN and nextPSN
 		panic(fmt.Sprintf("roce: requester cursor %#x outside the outstanding messages", q.cursor))
 	}
 	o := q.at(i)
-	t := Transmit{ID: o.ID}
-	p := Packet{PKey: 0xffff, PSN: q.cursor}
+	*t = Transmit{ID: o.ID}
+	s := &t.Seg
+	s.PKey, s.PSN, s.Count = 0xffff, q.cursor, 1
 	switch o.Kind {
 	case KindReadRequest:
-		p.Opcode, p.AckReq = ReadRequest, true
-		p.PSN, p.VA, p.RKey, p.DMALen = o.first, o.VA, o.RKey, o.Length
-		t.Seg, t.next = One(p), (o.last+1)&psnMask
+		s.Opcode, s.AckReq = ReadRequest, true
+		s.PSN, s.VA, s.RKey, s.DMALen = o.first, o.VA, o.RKey, o.Length
+		s.Last, t.next = s.Opcode, (o.last+1)&psnMask
 		t.Retransmit = q.resent(o.first, 1)
-		return t, true
+		return true
 	case KindCompareSwap, KindFetchAdd:
-		p.Opcode, p.AckReq = CompareSwap, true
+		s.Opcode, s.AckReq = CompareSwap, true
 		if o.Kind == KindFetchAdd {
-			p.Opcode = FetchAdd
+			s.Opcode = FetchAdd
 		}
-		p.VA, p.RKey, p.Swap, p.Compare = o.VA, o.RKey, o.Swap, o.Compare
-		t.Seg, t.next = One(p), (o.last+1)&psnMask
+		s.VA, s.RKey, s.Swap, s.Compare = o.VA, o.RKey, o.Swap, o.Compare
+		s.Last, t.next = s.Opcode, (o.last+1)&psnMask
 		t.Retransmit = q.resent(o.first, 1)
-		return t, true
+		return true
 	}
-	ops := segmentOps[o.Kind]
+	ops := &segmentOps[o.Kind]
 	total := Packets(int(o.Length), q.cfg.MTU)
 	k := int(psnDiff(q.cursor, o.first)) // the first packet's index in the message
 	count := max(1, min(maxPackets, total-k))
@@ -295,22 +305,21 @@ func (q *Requester) Next(maxPackets int) (Transmit, bool) {
 		}
 		return ops[1]
 	}
-	p.Opcode = op(k)
+	s.Opcode, s.Count, s.Last = op(k), count, op(k+count-1)
 	if k == 0 && o.Kind == KindWrite {
-		p.VA, p.RKey, p.DMALen = o.VA, o.RKey, o.Length
+		s.VA, s.RKey, s.DMALen = o.VA, o.RKey, o.Length
 	}
 	if k+count == total {
-		p.AckReq = true
+		s.AckReq = true
 		if o.HasImm {
-			p.Imm = o.Imm
+			s.Imm = o.Imm
 		}
 	}
-	t.Seg = Segment{Packet: p, Count: count, Last: op(k + count - 1)}
 	t.Offset = uint32(k * q.cfg.MTU)
 	t.Len = min(count*q.cfg.MTU, int(o.Length)-k*q.cfg.MTU)
 	t.next = (q.cursor + uint32(count)) & psnMask
 	t.Retransmit = q.resent(q.cursor, count)
-	return t, true
+	return true
 }
 
 // resent counts the packets of [psn, psn+count) sent before.
