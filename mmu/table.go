@@ -238,6 +238,14 @@ func (t *Table) Missing(first, n int, write bool) int {
 	return -1
 }
 
+// Probe is Missing without counting a miss and without a DMA: a hint of what a DMA
+// would find (entries may change right after it), for a caller that faults pages in
+// ahead of a DMA that checks them again.
+func (t *Table) Probe(first, n int, write bool) int {
+	t.check(first, n)
+	return t.entries.missing(first, n, write)
+}
+
 // end uncounts a DMA of epoch e, waking an invalidation waiting for the count. A
 // count below zero means a DMA was ended twice (or never begun).
 func (t *Table) end(e uint64) {

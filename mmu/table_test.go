@@ -60,6 +60,9 @@ func TestMissingAcrossWords(t *testing.T) {
 			got := tb.MissingLocked(tc.qFirst, tc.qN, tc.qWrite)
 			tb.Unlock()
 			assert.Equal(t, tc.want, got)
+			// Probe answers the same without the lock, and counts no miss.
+			assert.Equal(t, tc.want, tb.Probe(tc.qFirst, tc.qN, tc.qWrite))
+			assert.Zero(t, tb.Stats().Misses)
 		})
 	}
 }

@@ -323,13 +323,17 @@ func (mr *MR) countOvertaken() {
 // them to refs when it closes the hold (close): the runs are not on the wire before
 // that, so no reader can release one first, and the hold costs one atomic add per
 // round rather than one per run.
+//
+// A responder's hold over READ response runs names the responder (owner), which
+// counts such holds not yet ended and is told when one ends.
 type dmaHold struct {
 	mr    *MR
 	d     mmu.DMA
 	gated bool
 	mark  uint64 // the fault server's fault sequence when the hold began
 	refs  atomic.Int32
-	runs  int32 // references handed out and not yet in refs (the opener's)
+	runs  int32                    // references handed out and not yet in refs (the opener's)
+	owner interface{ readEnded() } // READ responses: the responder counting the hold
 }
 
 // Release implements roce.Ref for a run that was dropped unread.
@@ -379,9 +383,11 @@ func (h *dmaHold) check(off, n uint64, write bool) (int, error) {
 }
 
 // openHold starts a hold on mr without waiting (errGateBusy: try again later).
-func (mr *MR) openHold() (*dmaHold, error) {
+// covered says the caller holds a DMA of this address space inside the gate for as
+// long as the hold lasts (see tryAcquire): then the hold does not enter the gate.
+func (mr *MR) openHold(covered bool) (*dmaHold, error) {
 	d := mr.dev
-	gated := !d.cfg.NoInvalidate
+	gated := !covered && !d.cfg.NoInvalidate
 	if gated {
 		if !d.as.gate.TryEnter() {
 			return nil, errGateBusy
@@ -411,6 +417,9 @@ func (h *dmaHold) put(n int32) {
 	}
 	if overtaken := h.mr.endDMA(h.d, h.gated); overtaken && h.mr.dev.cfg.Audit {
 		h.mr.countOvertaken()
+	}
+	if h.owner != nil {
+		h.owner.readEnded()
 	}
 }
 
@@ -546,15 +555,15 @@ func (mr *MR) pageSpanEnd(end uint64) int {
 }
 
 // firstMissing returns the first page of MR bytes [off, off+n) an ODP MR lacks an
-// entry for (for write when write is set), or -1.
+// entry for (for write when write is set), or -1. It takes no lock: it is a hint
+// (a READ's pages, faulted before its response is built), and the DMA that follows
+// checks the pages again.
 func (mr *MR) firstMissing(off, n uint64, write bool) int {
 	if !mr.odp || n == 0 {
 		return -1
 	}
 	first, count := mr.pageSpan(off, n)
-	mr.table.Lock()
-	defer mr.table.Unlock()
-	return mr.table.MissingLocked(first, count, write)
+	return mr.table.Probe(first, count, write)
 }
 
 // fileCopy is the DMA copy of an MR over a file mapping, between MR bytes

@@ -117,6 +117,7 @@ type engine struct {
 	rnrSince time.Time
 	holds    []*dmaHold // the DMAs of this transmit round, one per MR read
 	placing  []*dmaHold // the DMAs of this receive pass, one per MR written
+	reading  []*dmaHold // the DMAs of this respond round, one per MR READ responses read
 	// drops are the references on the peer's holds of the runs this pass released:
 	// put together when the pass ends (letGo), one atomic add per hold.
 	drops []heldRuns
@@ -137,7 +138,11 @@ type engine struct {
 	// the requester has not copied yet: they read this device's memory then, so
 	// the responder changes no memory until they are read (a later WRITE must not
 	// show in an earlier READ's data).
+	// With the audit, each run counts; without it, each hold (dmaHold.owner) that
+	// READ responses were read under. memWait: the responder waits for unread to
+	// reach zero, and the reader that ends the last wakes it (readEnded).
 	unread  atomic.Int32
+	memWait atomic.Bool
 	msgMR   *MR // the WRITE in progress: its MR and the offset of its VA
 	msgOff  uint64
 	recv    *RecvWR // the receive the SEND in progress fills (&recvWR), or nil

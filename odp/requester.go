@@ -179,7 +179,7 @@ func (e *engine) payload(w *wqe, t *roce.Transmit) bool {
 	mr := w.mrs[i]
 	if uint64(t.Len) <= uint64(w.wr.SGL[i].Length)-in && mr.file == nil {
 		off := w.wr.SGL[i].Addr - uint64(mr.start) + in
-		h, err := holdOn(&e.holds, mr)
+		h, err := holdOn(&e.holds, mr, false)
 		miss := -1
 		if err == nil {
 			miss, err = h.check(off, uint64(t.Len), false)
@@ -208,15 +208,15 @@ func (e *engine) payload(w *wqe, t *roce.Transmit) bool {
 	return true
 }
 
-// holdOn returns the hold on mr among holds (a transmit round's, a receive pass's),
-// opening it.
-func holdOn(holds *[]*dmaHold, mr *MR) (*dmaHold, error) {
+// holdOn returns the hold on mr among holds (a transmit round's, a receive pass's,
+// a respond round's), opening it (covered: see openHold).
+func holdOn(holds *[]*dmaHold, mr *MR, covered bool) (*dmaHold, error) {
 	for _, h := range *holds {
 		if h.mr == mr {
 			return h, nil
 		}
 	}
-	h, err := mr.openHold()
+	h, err := mr.openHold(covered)
 	if err == nil {
 		*holds = append(*holds, h)
 	}
@@ -305,8 +305,8 @@ func (s *srcRef) Release() { s.finish() }
 // finish ends the DMA and reports whether its copy was torn (see dmaRef.release).
 func (s *srcRef) finish() bool {
 	torn := s.r.release(true)
-	if o := s.owner; o != nil && o.unread.Add(-1) == 0 {
-		o.wake() // its responder may write memory again
+	if o := s.owner; o != nil {
+		o.readEnded()
 	}
 	*s = srcRef{}
 	srcRefs.Put(s)
@@ -358,7 +358,7 @@ func (e *engine) deliver(id uint64, psn uint32, off uint64, data []byte, s *roce
 		sg, mr := w.wr.SGL[i], w.mrs[i]
 		n := min(uint64(len(data)-pos), uint64(sg.Length)-in)
 		moff := sg.Addr - uint64(mr.start) + in
-		ref, miss, err := mr.tryAcquire(moff, n, true, e.covering > 0)
+		miss, torn, err, copyErr := e.place(mr, moff, data[pos:pos+int(n)])
 		switch {
 		case errors.Is(err, errGateBusy):
 			e.gateBusy()
@@ -373,17 +373,11 @@ func (e *engine) deliver(id uint64, psn uint32, off uint64, data []byte, s *roce
 			e.dstFault, e.dstID, e.dstPSN = e.startFault(mr, miss, first+count, true), id, psn
 			e.releaseResponse(s)
 			return false
-		}
-		if mr.file != nil {
-			err = mr.fileCopy(moff, data[pos:pos+int(n)], true)
-		} else {
-			err = e.dev.dmaCopy(ref.bytes(), data[pos:pos+int(n)])
-		}
-		if torn := ref.release(err == nil); torn && err == nil {
+		case torn:
 			e.dropResponse(psn, s)
 			return false
 		}
-		if err != nil {
+		if err := copyErr; err != nil {
 			if s != nil && srcFaulted(err, s.Payload) { // the responder's memory went away under its DMA
 				e.dropResponse(psn, s)
 				return false

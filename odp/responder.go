@@ -301,46 +301,57 @@ func (e *engine) write(mr *MR, off uint64, payload []byte, s *roce.Segment) (fau
 	if len(payload) == 0 {
 		return faultNone, -1, 0, nil
 	}
-	var (
-		torn bool
-		err  error
-		miss = -1
-	)
-	if !e.dev.cfg.Audit && mr.file == nil {
-		// Under the receive pass's hold on mr: a page check and the copy per run.
-		var h *dmaHold
-		if h, err = holdOn(&e.placing, mr); err == nil {
-			miss, err = h.check(off, uint64(len(payload)), true)
-		}
-		if res := dmaOutcome(miss, err); res != faultNone {
-			return res, miss, mr.pageSpanEnd(off + uint64(len(payload))), err
-		}
-		dst := mr.slice(off, uint64(len(payload)))
-		if err = e.dev.dmaCopy(dst, payload); err == nil {
-			torn = h.torn(dst)
-		}
-	} else {
-		var ref dmaRef
-		ref, miss, err = mr.tryAcquire(off, uint64(len(payload)), true, e.covering > 0)
-		if res := dmaOutcome(miss, err); res != faultNone {
-			return res, miss, mr.pageSpanEnd(off + uint64(len(payload))), err
-		}
-		if mr.file != nil {
-			err = mr.fileCopy(off, payload, true)
-		} else {
-			err = e.dev.dmaCopy(ref.bytes(), payload)
-		}
-		torn = ref.release(err == nil)
+	miss, torn, err, copyErr := e.place(mr, off, payload)
+	if res := dmaOutcome(miss, err); res != faultNone {
+		return res, miss, mr.pageSpanEnd(off + uint64(len(payload))), err
 	}
 	switch {
-	case err != nil && srcFaulted(err, s.Payload):
+	case copyErr != nil && srcFaulted(copyErr, s.Payload):
 		return faultLost, -1, 0, nil
-	case err != nil:
-		return faultError, -1, 0, err
+	case copyErr != nil:
+		return faultError, -1, 0, copyErr
 	case torn:
 		return faultLost, -1, 0, nil // made again when the requester sends it again
 	}
 	return faultNone, -1, 0, nil
+}
+
+// place is the DMA that writes data at MR bytes [off, off+len(data)) (already
+// bounds-checked), for a WRITE or SEND run the responder places or a READ response
+// the requester delivers. Without the audit it runs under the receive pass's hold
+// on mr: a page check and the copy per run. It returns the first page missing, or
+// why the DMA could not begin (err: the gate, the MR), or why the copy failed
+// (copyErr), or whether the copy was torn (see dmaRef.release).
+func (e *engine) place(mr *MR, off uint64, data []byte) (miss int, torn bool, err, copyErr error) {
+	if !e.dev.cfg.Audit && mr.file == nil {
+		// Covered by a run in the inbox, the hold needs no gate entry of its
+		// own: without the audit every run the pass releases is put at its end
+		// (letGo), after the pass's holds are closed, so the run's entry lasts
+		// as long as the hold.
+		h, err := holdOn(&e.placing, mr, e.covering > 0)
+		miss := -1
+		if err == nil {
+			miss, err = h.check(off, uint64(len(data)), true)
+		}
+		if miss >= 0 || err != nil {
+			return miss, false, err, nil
+		}
+		dst := mr.slice(off, uint64(len(data)))
+		if copyErr = e.dev.dmaCopy(dst, data); copyErr != nil {
+			return -1, false, nil, copyErr
+		}
+		return -1, h.torn(dst), nil, nil
+	}
+	ref, miss, err := mr.tryAcquire(off, uint64(len(data)), true, e.covering > 0)
+	if miss >= 0 || err != nil {
+		return miss, false, err, nil
+	}
+	if mr.file != nil {
+		copyErr = mr.fileCopy(off, data, true)
+	} else {
+		copyErr = e.dev.dmaCopy(ref.bytes(), data)
+	}
+	return -1, ref.release(copyErr == nil), nil, copyErr
 }
 
 // scatter places payload at byte off of a receive's SGL, one DMA per SGE piece. It
@@ -458,6 +469,7 @@ func (e *engine) atomic(s *roce.Segment, v *roce.Verdict) bool {
 // respond queues the answers for the port in order: one-packet answers as they are,
 // READ responses run by run, each read from the MR by reference.
 func (e *engine) respond() bool {
+	defer closeHolds(&e.reading)
 	busy := false
 	for len(e.jobs) > e.jobHead && len(e.out) < maxOut {
 		j := &e.jobs[e.jobHead]
@@ -490,6 +502,19 @@ func (e *engine) respond() bool {
 					continue
 				}
 				seg.Payload, seg.Ref = buf, nil
+			} else if !e.dev.cfg.Audit {
+				// By reference under the round's hold on the MR, which the
+				// requester's copies end.
+				h, err := e.readHold(r.mr)
+				miss := -1
+				if err == nil {
+					miss, err = h.check(off, uint64(n), false)
+				}
+				if !e.readOK(r, miss, err) {
+					break
+				}
+				h.runs++
+				seg.Payload, seg.Ref = r.mr.slice(off, uint64(n)), h
 			} else {
 				ref, miss, err := r.mr.tryAcquire(off, uint64(n), false, false)
 				if !e.readOK(r, miss, err) {
@@ -550,7 +575,15 @@ func (e *engine) readFailed(r *readJob, err error) {
 // atomic after a READ must not show in the READ's data.
 func (e *engine) memoryBusy() bool {
 	if e.unread.Load() > 0 {
-		return true
+		// Say that the engine waits, then look again: either the reader that
+		// ends the last sees memWait, or this load sees its end.
+		e.memWait.Store(true)
+		if e.unread.Load() > 0 {
+			return true
+		}
+	}
+	if e.memWait.Load() {
+		e.memWait.Store(false)
 	}
 	for i := e.jobHead; i < len(e.jobs); i++ {
 		if e.jobs[i].read != nil {
@@ -558,6 +591,30 @@ func (e *engine) memoryBusy() bool {
 		}
 	}
 	return false
+}
+
+// readHold returns the respond round's hold on mr, opening it: it counts in unread
+// until the requester has copied every run read under it.
+func (e *engine) readHold(mr *MR) (*dmaHold, error) {
+	for _, h := range e.reading {
+		if h.mr == mr {
+			return h, nil
+		}
+	}
+	h, err := holdOn(&e.reading, mr, false)
+	if err == nil {
+		h.owner = e
+		e.unread.Add(1)
+	}
+	return h, err
+}
+
+// readEnded ends one unit of unread (a READ response run read by reference, or a
+// hold over such runs); the responder waiting for the last is woken.
+func (e *engine) readEnded() {
+	if e.unread.Add(-1) == 0 && e.memWait.Load() {
+		e.wake() // the responder may write memory again
+	}
 }
 
 // queueRead queues the READ v asks for, of MR bytes [off, off+length).

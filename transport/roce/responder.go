@@ -242,8 +242,8 @@ func (r *Responder) Placed(s *Segment, v *Verdict) bool {
 func (r *Responder) ReadDone(v *Verdict) {
 	n := Packets(int(v.Msg.Length), r.mtu)
 	last := (v.Msg.First + uint32(n) - 1) & psnMask
-	if len(r.reads) == r.maxSaved {
-		r.reads = r.reads[1:]
+	if len(r.reads) == r.maxSaved { // the oldest goes; the slice never walks off its array
+		r.reads = r.reads[:copy(r.reads, r.reads[1:])]
 	}
 	r.reads = append(r.reads, savedRead{first: v.Msg.First, last: last, va: v.Msg.VA, rkey: v.Msg.RKey, length: v.Msg.Length})
 	r.ePSN = (last + 1) & psnMask
@@ -257,7 +257,7 @@ func (r *Responder) AtomicDone(v *Verdict, orig uint64) *Message {
 	r.msn = (r.msn + 1) & psnMask
 	resp := Message{Kind: KindAtomicAck, PSN: v.Msg.First, Syndrome: SynACK, MSN: r.msn, Orig: orig}
 	if len(r.atomics) == r.maxSaved {
-		r.atomics = r.atomics[1:]
+		r.atomics = r.atomics[:copy(r.atomics, r.atomics[1:])]
 	}
 	r.atomics = append(r.atomics, savedAtomic{psn: v.Msg.First, resp: resp})
 	r.ePSN = (v.Msg.First + 1) & psnMask
