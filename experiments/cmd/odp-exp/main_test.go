@@ -155,6 +155,12 @@ func TestTinySuite(t *testing.T) {
 	require.NoError(t, err)
 	assert.Contains(t, string(b), `\csname odp@registration@1\endcsname`)
 	assert.Contains(t, string(b), `\providecommand{\resultstable}`)
+	// The link the run's NICs sent over, as its manifest records it.
+	cfg, ok := m.Config.(map[string]any)
+	require.True(t, ok, "the manifest's config")
+	link, _ := cfg["link"].(string)
+	require.NotEmpty(t, link, "the manifest names the link")
+	assert.Contains(t, string(b), `\csname resultslink\endcsname{`+strings.ReplaceAll(link, "µ", `\textmu{}`)+"}")
 }
 
 func TestOnlyAndList(t *testing.T) {
