@@ -24,27 +24,31 @@ package odp
 // the wait is over (hold).
 //
 // Where a packet's time goes, between two QPs in one process (CPU profiles of
-// odp-perf write_bw/read_bw --link-rate 0 --cpuprofile, with the engine goroutines
-// labelled by QP, on a 2-core VM):
+// odp-perf write_bw/read_bw --link-rate 0 --cpuprofile on a 2-core VM; a side's
+// share is that of the functions only it runs):
 //   - 1 MiB WRITE: the responder's engine is busy nine tenths of the time, almost
 //     all of it in the copy (dmaCopy, one memmove per run of up to 256 KiB). The
 //     memcpy floor copies each 1 MiB message in one memmove, which takes memmove's
 //     non-temporal path (1 MiB and up); a DMA stays at most 256 KiB (the fault
 //     server's waits for DMA in flight are built on it), so the NIC's copy is the
-//     cached one, at about 0.75 of the floor.
-//   - 64 KiB WRITE: the responder's engine is busy all the time, four fifths of it
-//     copying; the rest is the pipe, the wake-ups, the table checks and the RC state
-//     machines.
-//   - 64 B WRITE (about 2 Mpps): per WRITE, the requester's engine uses about 230 ns
-//     of CPU, the responder's 210 ns and the application (PostSend, polling) 100 ns:
-//     each engine is busy about half the time and waits for the other the rest.
-//     No single step dominates (taking the request with its table check and
-//     roce.Responder, reading the payload, roce.Requester.Next, the pipe); yielding
-//     instead of sleeping while idle was tried and was slower. What would speed it up
-//     is fewer steps per message (several messages per run), not a faster one.
-//   - 4 KiB READ: a READ is two packets (request, response) where a WRITE is one
-//     and a coalesced ACK, and its copy runs on the requester's engine: the engines
-//     use about 1.2 us of CPU per READ against 0.8 us per WRITE.
+//     cached one; the WRITE reaches about 0.85-0.9 of the floor.
+//   - 64 KiB WRITE (about 21 GB/s, 0.47 of a memcpy of the same slots, which stay in
+//     cache): the responder's engine is busy about three quarters of the time, 0.7
+//     of its CPU in the copy (dmaCopy); the requester's engine uses a few percent.
+//   - 64 B WRITE (2.4-3.0 Mpps): per WRITE, the engines use about 290 ns of CPU (the
+//     requester's some 170: taking the work request, building and handing over its
+//     run, the ACK and the completion; the responder's some 90: the RC state
+//     machine, the page check under the pass's hold, the copy), the application
+//     (PostSend, polling) about 50 and the scheduler about 30. What made it
+//     cheaper: DMA holds per transmit round, receive pass and respond round instead
+//     of a gate entry and a DMA count per run, references on them counted per
+//     round, the send queue's cache lines split between posters and the engine,
+//     headers written in place. Spinning instead of sleeping while idle is slower:
+//     the cores are shared with the application.
+//   - READ: a READ is two packets (request, response) where a WRITE is one and a
+//     coalesced ACK, its copy runs on the requester's engine, and at most
+//     max_rd_atomic (16) are outstanding: at 4 KiB it reaches about two thirds of
+//     WRITE's message rate, at 64 B a little over half.
 
 import (
 	"errors"
