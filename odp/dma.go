@@ -315,8 +315,8 @@ func (mr *MR) countOvertaken() {
 // last reference is released (put), the opener's included.
 //
 // Without the audit, a run read under a hold carries the hold itself as its
-// roce.Ref (finishRun releases it, given the run's payload): nothing is allocated
-// per run. The torn-copy check of a run then starts from the hold's fault sequence,
+// roce.Ref (the engine that copies it checks it with torn, given the run's payload,
+// and puts its reference): nothing is allocated per run. The torn-copy check of a run then starts from the hold's fault sequence,
 // which can only find more faults than the run's own would.
 //
 // The opener counts the runs it hands out in runs, a field only it touches, and adds
@@ -338,14 +338,6 @@ type dmaHold struct {
 
 // Release implements roce.Ref for a run that was dropped unread.
 func (h *dmaHold) Release() { h.put(1) }
-
-// finishRun releases a run read under the hold whose payload was copied, and
-// reports whether the copy was torn (see dmaRef.release).
-func (h *dmaHold) finishRun(payload []byte) (torn bool) {
-	torn = h.torn(payload)
-	h.put(1)
-	return torn
-}
 
 // torn reports whether a copy of MR bytes b under the hold may be torn (see
 // dmaRef.release): a thread found a page of them missing since the hold began. It

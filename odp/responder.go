@@ -596,13 +596,9 @@ func (e *engine) memoryBusy() bool {
 // readHold returns the respond round's hold on mr, opening it: it counts in unread
 // until the requester has copied every run read under it.
 func (e *engine) readHold(mr *MR) (*dmaHold, error) {
-	for _, h := range e.reading {
-		if h.mr == mr {
-			return h, nil
-		}
-	}
+	n := len(e.reading)
 	h, err := holdOn(&e.reading, mr, false)
-	if err == nil {
+	if err == nil && len(e.reading) > n { // opened now
 		h.owner = e
 		e.unread.Add(1)
 	}
