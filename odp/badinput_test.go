@@ -321,15 +321,22 @@ func TestBadPosts(t *testing.T) {
 	assert.ErrorIs(t, n.qp.Destroy(), ErrClosed)
 }
 
-func TestCQOverrun(t *testing.T) {
+// cqOfDepth returns a CQ of the given depth, a QP connected to a peer that completes
+// every send into it, and an MR of a page on each side.
+func cqOfDepth(t *testing.T, depth int) (cq *CQ, qp *QP, src, dst *MR) {
 	a, b := newNode(t, Config{}), newNode(t, Config{})
-	small, err := a.dev.CreateCQ(2)
+	cq, err := a.dev.CreateCQ(depth)
 	require.NoError(t, err)
-	qp, err := a.pd.CreateQP(QPConfig{SendCQ: small, RecvCQ: a.rcq, SigAll: true})
+	qp, err = a.pd.CreateQP(QPConfig{SendCQ: cq, RecvCQ: a.rcq, SigAll: true})
 	require.NoError(t, err)
 	require.NoError(t, ConnectLoopback(qp, b.qp))
-	_, src := a.region(t, ps, AccessLocalWrite)
-	_, dst := b.region(t, ps, rw)
+	_, src = a.region(t, ps, AccessLocalWrite)
+	_, dst = b.region(t, ps, rw)
+	return cq, qp, src, dst
+}
+
+func TestCQOverrun(t *testing.T) {
+	small, qp, src, dst := cqOfDepth(t, 2)
 	for i := 0; i < 3; i++ {
 		require.NoError(t, qp.PostSend(write(src, 0, 8, dst, 0)))
 	}
@@ -351,4 +358,39 @@ func TestCQOverrun(t *testing.T) {
 	assert.ErrorIs(t, small.Destroy(), ErrBusy)
 	require.NoError(t, qp.Destroy())
 	require.NoError(t, small.Destroy())
+}
+
+// Resize keeps the queued completions in order, refuses a depth below their number
+// or out of range, and a larger CQ then holds completions the smaller one would
+// have overrun.
+func TestCQResize(t *testing.T) {
+	cq, qp, src, dst := cqOfDepth(t, 3)
+	post := func(id uint64) {
+		t.Helper()
+		wr := write(src, 0, 8, dst, 0)
+		wr.WRID = id
+		require.NoError(t, qp.PostSend(wr))
+	}
+	require.NoError(t, cq.Resize(1), "an empty CQ shrinks")
+	post(1)
+	require.Eventually(t, func() bool { return queued(cq) == 1 }, 10*time.Second, time.Millisecond)
+	assert.ErrorIs(t, cq.Resize(0), ErrInvalidArgument)
+	require.NoError(t, cq.Resize(8))
+	for id := uint64(2); id <= 6; id++ {
+		post(id)
+	}
+	require.Eventually(t, func() bool { return queued(cq) == 6 }, 10*time.Second, time.Millisecond)
+	assert.ErrorIs(t, cq.Resize(5), ErrInvalidArgument, "fewer slots than completions queued")
+	require.NoError(t, cq.Resize(6))
+	wcs := make([]WC, 8)
+	n, err := cq.Poll(wcs)
+	require.NoError(t, err, "no overrun")
+	require.Equal(t, 6, n)
+	for i, wc := range wcs[:n] {
+		assert.Equal(t, uint64(i+1), wc.WRID, "completions in their order")
+		assert.Equal(t, WCSuccess, wc.Status)
+	}
+	require.NoError(t, qp.Destroy())
+	require.NoError(t, cq.Destroy())
+	assert.ErrorIs(t, cq.Resize(4), ErrClosed)
 }

@@ -55,8 +55,11 @@ type DeviceAttr struct {
 	// duplicates (max_qp_rd_atom); MaxQPInitRdAtom how many it has outstanding as a
 	// requester (max_qp_init_rd_atom). A QP uses both limits as they are.
 	MaxQPRdAtom, MaxQPInitRdAtom int
-	AtomicCap                    AtomicCap
-	ODP                          ODPCaps
+	// MaxSRQWR and MaxSRQSGE bound an SRQ's receives and their SGEs; SRQs are
+	// bounded by memory only.
+	MaxSRQWR, MaxSRQSGE int
+	AtomicCap           AtomicCap
+	ODP                 ODPCaps
 	// ResponderFaults is how a responder answers a request whose ODP pages are
 	// missing (the device's Config).
 	ResponderFaults FaultPolicy

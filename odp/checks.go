@@ -6,11 +6,25 @@ import "fmt"
 
 // localSGE checks one SGE against this device's MRs as the NIC does for a local key.
 func (qp *QP) localSGE(s SGE, write bool) (*MR, uint64, string) {
-	mr := qp.dev.lookupMR(s.LKey)
+	return qp.dev.localKey(qp.pd, s, write)
+}
+
+// recvSGE checks one SGE of a receive: against the SRQ's PD when the receive came
+// from an SRQ, the QP's otherwise.
+func (qp *QP) recvSGE(s SGE) (*MR, uint64, string) {
+	if qp.cfg.SRQ != nil {
+		return qp.dev.localKey(qp.cfg.SRQ.pd, s, true)
+	}
+	return qp.dev.localKey(qp.pd, s, true)
+}
+
+// localKey checks one SGE against the device's MRs of pd.
+func (d *nic) localKey(pd *domain, s SGE, write bool) (*MR, uint64, string) {
+	mr := d.lookupMR(s.LKey)
 	switch {
 	case mr == nil:
 		return nil, 0, fmt.Sprintf("lkey %#x is not a registered MR", s.LKey)
-	case mr.pd.Load() != qp.pd:
+	case mr.pd.Load() != pd:
 		return nil, 0, fmt.Sprintf("lkey %#x belongs to another PD", s.LKey)
 	case write && mr.Access()&AccessLocalWrite == 0:
 		return nil, 0, fmt.Sprintf("MR %#x lacks LOCAL_WRITE", s.LKey)

@@ -16,8 +16,46 @@ func (d *Device) CreateCQ(depth int) (*CQ, error) {
 	}
 	cq := &CQ{dev: &d.nic, ring: make([]WC, depth), notify: make(chan struct{}, 1)}
 	cq.unlistLocked = func() { delete(d.cqs, cq) }
+	cq.sendsOwed = func() int {
+		d.mu.Lock()
+		defer d.mu.Unlock()
+		n := 0
+		for qp := range d.qps {
+			if qp.cfg.SendCQ == cq {
+				n += int(qp.sq.tail.Load() - qp.sq.head.Load())
+			}
+		}
+		return n
+	}
 	d.cqs[cq] = struct{}{}
 	return cq, nil
+}
+
+// Resize changes the CQ's depth, as ibv_resize_cq does: the completions queued stay,
+// in order. A depth out of range, or below what the CQ must hold, is refused with
+// ErrInvalidArgument: the completions queued, and those the send work requests
+// posted on its QPs and not yet completed may still queue (the NIC completes them
+// asynchronously: a resize cannot tell one that is about to complete from one
+// already in the ring). Receives posted are not counted: they may never complete.
+func (cq *CQ) Resize(depth int) error {
+	if depth < 1 || depth > maxCQE {
+		return wrap(ErrInvalidArgument, "CQ depth %d", depth)
+	}
+	owed := cq.sendsOwed() // Device.mu before CQ.mu, not under it
+	cq.mu.Lock()
+	defer cq.mu.Unlock()
+	if cq.dead {
+		return ErrClosed
+	}
+	if depth < cq.n+owed {
+		return wrap(ErrInvalidArgument, "CQ depth %d below the %d completions queued and %d owed", depth, cq.n, owed)
+	}
+	ring := make([]WC, depth)
+	for i := range cq.n {
+		ring[i] = cq.ring[(cq.head+i)%len(cq.ring)]
+	}
+	cq.ring, cq.head = ring, 0
+	return nil
 }
 
 // Poll moves up to len(wcs) completions into wcs without blocking and returns how many.

@@ -10,6 +10,9 @@ type CQ struct {
 	dev *nic
 	// unlistLocked removes the CQ from its device's list. Called with Device.mu held.
 	unlistLocked func()
+	// sendsOwed counts the send work requests posted on the QPs that complete into
+	// the CQ and not yet completed (it takes Device.mu).
+	sendsOwed func() int
 	notify       chan struct{} // holds a token while completions may be queued
 
 	mu      sync.Mutex // protects the fields below

@@ -22,10 +22,10 @@
 //	floor                      files                              what they hold
 //	5 verbs                    device pd memory cq qp cm counters the public surface: Open, AllocPD, RegMR,
 //	                                                              Alloc/Free/MapFile, CreateCQ, CreateQP,
-//	                                                              PostSend, Poll, counters
-//	4 the engine               cqring qpcontext checks engine     a QP as the NIC holds it (state, queues),
-//	                           requester responder ud             its engine goroutine (a UD QP's: ud), the
-//	                                                              CQ ring it fills
+//	                                                              CreateSRQ, PostSend, Poll, counters
+//	4 the engine               cqring qpcontext srqcontext checks a QP as the NIC holds it (state, queues),
+//	                           engine requester responder ud      an SRQ's receives, the engine goroutine (a
+//	                                                              UD QP's: ud), the CQ ring it fills
 //	3 DMA                      dma                                copies under the table check and the gate,
 //	                                                              the audit
 //	2 registration and faults  mr register notifier fault        nic (a device as its MRs see it), MRs,
@@ -58,6 +58,9 @@
 //	space.mu                 the address space's buffers, ODP and locked ranges
 //	paging.Pager.rmu     the pager's region list (Alloc adds a region under space.mu)
 //	QP.mu                    a QP's state, queues and pending WRs
+//	SRQ.mu                   a shared receive queue's receives and QPs (a QP takes
+//	                         a receive under QP.mu; CreateQP and SRQ.Destroy take it
+//	                         under Device.mu)
 //	sendQueue.mu             a QP's posters (PostSend); a flush or a reset takes it
 //	                         under QP.mu, and a flush pushes completions under it
 //	CQ.mu                    a CQ's ring (completions are pushed under QP.mu; CreateQP
@@ -241,16 +244,16 @@ func mapKeys[K comparable, V any](m map[K]V) []K {
 // QueryDevice reports the device's limits and capabilities. The NIC's atomics are
 // the CPU's atomic instructions on the registered memory, so they are atomic with
 // the application's atomics too (AtomicGlob). Every RC operation works on ODP memory,
-// explicit or implicit (RegImplicitMR); there is no SRQ.
+// explicit or implicit (RegImplicitMR), and so do receives from an SRQ.
 func (d *Device) QueryDevice() DeviceAttr {
 	return DeviceAttr{
 		Name: d.cfg.Name, PageSize: PageSize, MaxMRSize: maxMRSize, MaxMsgSize: maxMsg, MaxQPWR: maxQPWR,
 		MaxSGE: maxSGE, MaxInlineData: maxInline, MaxCQE: maxCQE, AtomicCap: AtomicGlob,
-		MaxQPRdAtom: maxRdAtomic, MaxQPInitRdAtom: maxRdAtomic,
+		MaxQPRdAtom: maxRdAtomic, MaxQPInitRdAtom: maxRdAtomic, MaxSRQWR: maxQPWR, MaxSRQSGE: maxSGE,
 		ODP: ODPCaps{
 			General: ODPSupport | ODPSupportImplicit,
-			RC:      ODPSend | ODPRecv | ODPWrite | ODPRead | ODPAtomic,
-			UD:      ODPSend | ODPRecv,
+			RC:      ODPSend | ODPRecv | ODPWrite | ODPRead | ODPAtomic | ODPSRQRecv,
+			UD:      ODPSend | ODPRecv | ODPSRQRecv,
 		},
 		ResponderFaults: d.cfg.ResponderFaults,
 	}

@@ -30,7 +30,7 @@ var floors = []struct {
 	{"registration and faults", []string{"mr.go", "register.go", "notifier.go", "fault.go", "implicit.go",
 		"file.go", "advise.go"}},
 	{"DMA", []string{"dma.go"}},
-	{"the engine", []string{"cqring.go", "qpcontext.go", "checks.go", "engine.go", "requester.go", "responder.go", "ud.go"}},
+	{"the engine", []string{"cqring.go", "qpcontext.go", "srqcontext.go", "checks.go", "engine.go", "requester.go", "responder.go", "ud.go"}},
 	{"verbs", []string{"device.go", "pd.go", "memory.go", "cq.go", "qp.go", "cm.go", "counters.go"}},
 }
 

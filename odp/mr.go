@@ -48,8 +48,9 @@ type nic struct {
 type domain struct {
 	dev  *nic
 	dead atomic.Bool
-	// qps counts the QPs created in it and not destroyed. Protected by Device.mu.
-	qps int
+	// qps and srqs count the QPs and SRQs created in it and not destroyed.
+	// Protected by Device.mu.
+	qps, srqs int
 }
 
 // MR is a registered memory region. Its translation table is the NIC's view of the

@@ -31,8 +31,8 @@ func (pd *PD) Dealloc() error {
 			return wrap(ErrBusy, "PD has MR %#x", mr.key)
 		}
 	}
-	if pd.qps > 0 {
-		return wrap(ErrBusy, "PD has %d QPs", pd.qps)
+	if pd.qps > 0 || pd.srqs > 0 {
+		return wrap(ErrBusy, "PD has %d QPs and %d SRQs", pd.qps, pd.srqs)
 	}
 	delete(d.pds, pd)
 	pd.dead.Store(true)
@@ -93,3 +93,31 @@ func (pd *PD) AdviseMR(advice Advice, flags AdviseFlags, sgl []SGE) error {
 // pinned MR that gains LOCAL_WRITE is faulted in for write first, as pinning for
 // write does, and fails with ErrBadAddress where its memory cannot be written.
 func (mr *MR) Rereg(pd *PD, access Access) error { return mr.rereg(pd.dom(), access) }
+
+// CreateSRQ creates a shared receive queue in the PD.
+func (pd *PD) CreateSRQ(cfg SRQConfig) (*SRQ, error) {
+	if pd == nil || pd.dead.Load() {
+		return nil, wrap(ErrInvalidArgument, "CreateSRQ on a deallocated PD")
+	}
+	if cfg.MaxWR == 0 {
+		cfg.MaxWR = 128
+	}
+	if cfg.MaxSGE == 0 {
+		cfg.MaxSGE = 16
+	}
+	if cfg.MaxWR < 0 || cfg.MaxWR > maxQPWR || cfg.MaxSGE < 0 || cfg.MaxSGE > maxSGE || cfg.Limit < 0 ||
+		cfg.Limit > cfg.MaxWR {
+		return nil, wrap(ErrInvalidArgument, "SRQ of %d receives of %d SGEs, limit %d", cfg.MaxWR, cfg.MaxSGE, cfg.Limit)
+	}
+	d := pd.owner
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	if d.closed {
+		return nil, ErrClosed
+	}
+	s := &SRQ{pd: &pd.domain, dev: &d.nic, maxSGE: cfg.MaxSGE, onLimit: cfg.OnLimit, limit: cfg.Limit,
+		qps: map[*QP]struct{}{}}
+	s.rq.slots = make([]rqe, cfg.MaxWR)
+	pd.srqs++
+	return s, nil
+}

@@ -22,7 +22,14 @@ func (pd *PD) CreateQP(cfg QPConfig) (*QP, error) {
 	if cfg.MaxSendWR == 0 {
 		cfg.MaxSendWR = 128
 	}
-	if cfg.MaxRecvWR == 0 {
+	if cfg.SRQ != nil {
+		if cfg.MaxRecvWR != 0 {
+			return nil, wrap(ErrInvalidArgument, "a QP with an SRQ has no receive queue of its own")
+		}
+		if cfg.SRQ.dev != &pd.owner.nic {
+			return nil, wrap(ErrInvalidArgument, "SRQ of another device")
+		}
+	} else if cfg.MaxRecvWR == 0 {
 		cfg.MaxRecvWR = 128
 	}
 	if cfg.MaxSGE == 0 {
@@ -63,12 +70,22 @@ func (pd *PD) CreateQP(cfg QPConfig) (*QP, error) {
 	}
 	qp := &QP{pd: &pd.domain, dev: &d.nic, qpn: nextQPN(), cfg: cfg, attr: DefaultQPAttr, done: make(chan struct{}),
 		psn: rand.Uint32() & (1<<24 - 1)}
+	if cfg.SRQ != nil {
+		if err := cfg.SRQ.attachLocked(qp); err != nil {
+			cfg.SendCQ.detach()
+			cfg.RecvCQ.detach()
+			return nil, err
+		}
+	}
 	qp.access.Store(uint32(DefaultQPAttr.Access))
 	qp.sq.slots = make([]wqe, cfg.MaxSendWR)
 	qp.rq.slots = make([]rqe, cfg.MaxRecvWR)
 	qp.unlistLocked = func() {
 		delete(d.qps, qp)
 		pd.qps--
+		if cfg.SRQ != nil {
+			cfg.SRQ.detach(qp)
+		}
 	}
 	d.qps[qp] = struct{}{}
 	pd.qps++
@@ -314,6 +331,9 @@ func (qp *QP) PostSend(wr SendWR) error {
 
 // PostRecv queues a receive work request.
 func (qp *QP) PostRecv(wr RecvWR) error {
+	if qp.cfg.SRQ != nil {
+		return wrap(ErrInvalidArgument, "the QP receives from an SRQ: post to it")
+	}
 	if len(wr.SGL) > qp.cfg.MaxSGE {
 		return wrap(ErrInvalidArgument, "%d SGEs > max %d", len(wr.SGL), qp.cfg.MaxSGE)
 	}
@@ -400,6 +420,14 @@ func (qp *QP) Destroy() error {
 
 	w.stop()
 	qp.wg.Wait()
+	if qp.cfg.SRQ != nil { // the engine has stopped: what it held goes back
+		qp.mu.Lock()
+		lost := qp.giveBackLocked()
+		qp.mu.Unlock()
+		if lost != nil {
+			qp.cfg.RecvCQ.push(*lost)
+		}
+	}
 	qp.cfg.SendCQ.detach()
 	qp.cfg.RecvCQ.detach()
 	qp.dev.mu.Lock()

@@ -29,6 +29,9 @@ type QPConfig struct {
 	MaxSGE         int  // default 16
 	MaxInlineData  int  // largest SendInline request; default 256, at most 1024
 	SigAll         bool // every send work request completes, as if signaled
+	// SRQ is the shared receive queue the QP receives from, instead of a receive
+	// queue of its own (MaxRecvWR is then 0, and PostRecv refused).
+	SRQ *SRQ
 }
 
 // QP is a reliable-connected queue pair. It is created in RESET and becomes usable with
@@ -79,6 +82,11 @@ type QP struct {
 	// and the engine's moves to ERR are ignored.
 	resetting bool
 	rq        recvQueue // posted receives (the engine takes them)
+	// With an SRQ: the receive taken from it for the message being received
+	// (held), numbered heldSeq for takeRecv.
+	held    RecvWR
+	holding bool
+	heldSeq uint64
 }
 
 // recvQueue is a QP's receive queue, a ring of MaxRecvWR slots: PostRecv fills the
@@ -245,6 +253,10 @@ func (qp *QP) flushRecvsLocked() {
 	qp.rq.flushLocked(func(wrid uint64) {
 		qp.cfg.RecvCQ.push(WC{WRID: wrid, Status: WCWRFlushErr, Opcode: WCRecv, QPNum: qp.qpn})
 	})
+	if qp.holding { // the SRQ's receive it took; the SRQ keeps the others
+		qp.holding = false
+		qp.cfg.RecvCQ.push(WC{WRID: qp.held.WRID, Status: WCWRFlushErr, Opcode: WCRecv, QPNum: qp.qpn})
+	}
 	if qp.eng == nil && qp.ud == nil {
 		qp.flushUnstartedLocked() // takes the send queue's lock under QP.mu
 	}
@@ -256,19 +268,45 @@ func (qp *QP) toError() {
 	qp.mu.Unlock()
 }
 
-// hasRecv reports whether a receive is posted.
+// hasRecv reports whether a receive is posted (or, with an SRQ, held or posted
+// to the SRQ).
 func (qp *QP) hasRecv() bool {
 	qp.mu.Lock()
 	defer qp.mu.Unlock()
+	if srq := qp.cfg.SRQ; srq != nil {
+		return qp.holding || srq.Len() > 0 // SRQ.mu under QP.mu
+	}
 	return qp.rq.lenLocked() > 0
 }
 
 // peekRecv copies the oldest posted receive into dst (reusing dst's SGL) and
-// returns its number for takeRecv; ok is false when none is posted.
+// returns its number for takeRecv; ok is false when none is posted. With an SRQ
+// it is the receive the QP holds, taken from the SRQ if it holds none; the SRQ's
+// limit event, if that take reached it, is raised here, with no lock held.
 func (qp *QP) peekRecv(dst *RecvWR) (seq uint64, ok bool) {
+	srq := qp.cfg.SRQ
+	if srq == nil {
+		qp.mu.Lock()
+		defer qp.mu.Unlock()
+		return qp.rq.peekLocked(dst)
+	}
+	limit := false
 	qp.mu.Lock()
-	defer qp.mu.Unlock()
-	return qp.rq.peekLocked(dst)
+	if !qp.holding && qp.state != StateError && !qp.destroyed {
+		srq.mu.Lock()
+		qp.holding, limit = srq.takeLocked(&qp.held)
+		srq.mu.Unlock()
+		qp.heldSeq++
+	}
+	if qp.holding {
+		dst.WRID, dst.SGL = qp.held.WRID, append(dst.SGL[:0], qp.held.SGL...)
+	}
+	seq, ok = qp.heldSeq, qp.holding
+	qp.mu.Unlock()
+	if limit {
+		srq.onLimit()
+	}
+	return seq, ok
 }
 
 // takeRecv removes receive seq, which peekRecv returned, and reports whether it
@@ -277,7 +315,32 @@ func (qp *QP) peekRecv(dst *RecvWR) (seq uint64, ok bool) {
 func (qp *QP) takeRecv(seq uint64) bool {
 	qp.mu.Lock()
 	defer qp.mu.Unlock()
+	if qp.cfg.SRQ != nil {
+		if !qp.holding || seq != qp.heldSeq {
+			return false
+		}
+		qp.holding = false
+		return true
+	}
 	return qp.rq.takeLocked(seq)
+}
+
+// giveBackLocked returns the receive the QP holds to its SRQ (a reset or a
+// destroy). If the SRQ has no room left, it returns the WR_FLUSH_ERR completion
+// the receive ends with instead, for the caller to push. Called with QP.mu held.
+func (qp *QP) giveBackLocked() *WC {
+	if !qp.holding {
+		return nil
+	}
+	qp.holding = false
+	srq := qp.cfg.SRQ
+	srq.mu.Lock()
+	back := srq.giveBackLocked(&qp.held)
+	srq.mu.Unlock()
+	if back {
+		return nil
+	}
+	return &WC{WRID: qp.held.WRID, Status: WCWRFlushErr, Opcode: WCRecv, QPNum: qp.qpn}
 }
 
 // minRNRTimer is the RNR timer the responder asks for.
@@ -374,6 +437,7 @@ func (qp *QP) reset() error {
 	qp.access.Store(uint32(DefaultQPAttr.Access))
 	qp.attrGen.Add(1)
 	qp.rq.flushLocked(func(uint64) {})
+	lost := qp.giveBackLocked()
 	q := &qp.sq
 	q.mu.Lock() // posters see RESET from here on (PostSend checks it under q.mu)
 	for h := q.head.Load(); h < q.tail.Load(); h++ {
@@ -385,6 +449,9 @@ func (qp *QP) reset() error {
 	qp.cfg.SendCQ.dropQP(qp.qpn)
 	if qp.cfg.RecvCQ != qp.cfg.SendCQ {
 		qp.cfg.RecvCQ.dropQP(qp.qpn)
+	}
+	if lost != nil {
+		qp.cfg.RecvCQ.push(*lost)
 	}
 	return nil
 }

@@ -79,17 +79,22 @@ func TestQueryDevice(t *testing.T) {
 	d := newNode(t, Config{ResponderFaults: FaultStall}).dev
 	attr := d.QueryDevice()
 	assert.Equal(t, ODPSupport, attr.ODP.General&ODPSupport)
-	for _, c := range []ODPTransportCaps{ODPSend, ODPRecv, ODPWrite, ODPRead, ODPAtomic} {
+	for _, c := range []ODPTransportCaps{ODPSend, ODPRecv, ODPWrite, ODPRead, ODPAtomic, ODPSRQRecv} {
 		assert.NotZero(t, attr.ODP.RC&c, "RC cap %#x", c)
 	}
-	assert.Zero(t, attr.ODP.RC&ODPSRQRecv, "no SRQ")
+	// An SRQ of the size reported is created; a larger one is refused.
+	pd, err := d.AllocPD()
+	require.NoError(t, err)
+	srq, err := pd.CreateSRQ(SRQConfig{MaxWR: attr.MaxSRQWR, MaxSGE: attr.MaxSRQSGE})
+	require.NoError(t, err)
+	require.NoError(t, srq.Destroy())
+	_, err = pd.CreateSRQ(SRQConfig{MaxWR: attr.MaxSRQWR + 1})
+	assert.ErrorIs(t, err, ErrInvalidArgument)
 	assert.Equal(t, PageSize, attr.PageSize)
 	assert.Equal(t, FaultStall, attr.ResponderFaults)
 	// The limits are the ones the verbs enforce.
-	_, err := d.CreateCQ(attr.MaxCQE + 1)
+	_, err = d.CreateCQ(attr.MaxCQE + 1)
 	assert.ErrorIs(t, err, ErrInvalidArgument)
-	pd, err := d.AllocPD()
-	require.NoError(t, err)
 	cq, err := d.CreateCQ(16)
 	require.NoError(t, err)
 	_, err = pd.CreateQP(QPConfig{SendCQ: cq, RecvCQ: cq, MaxSGE: attr.MaxSGE + 1})

@@ -360,7 +360,7 @@ func (e *engine) scatter(sgl []SGE, off uint64, payload []byte, s *roce.Segment)
 	for pos := 0; pos < len(payload); {
 		i, in := sglAt(sgl, off+uint64(pos))
 		sg := sgl[i]
-		mr, moff, why := e.qp.localSGE(SGE{Addr: sg.Addr + in, Length: sg.Length - uint32(in), LKey: sg.LKey}, true)
+		mr, moff, why := e.qp.recvSGE(SGE{Addr: sg.Addr + in, Length: sg.Length - uint32(in), LKey: sg.LKey})
 		if mr == nil {
 			return faultError, nil, -1, 0, errors.New(why)
 		}

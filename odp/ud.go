@@ -290,7 +290,7 @@ func (e *udEngine) scatter(sgl []SGE, msg []byte) error {
 			break
 		}
 		n := min(len(msg), int(s.Length))
-		mr, off, why := e.qp.localSGE(SGE{Addr: s.Addr, Length: uint32(n), LKey: s.LKey}, true)
+		mr, off, why := e.qp.recvSGE(SGE{Addr: s.Addr, Length: uint32(n), LKey: s.LKey})
 		if mr == nil {
 			return errors.New(why)
 		}

@@ -80,6 +80,8 @@ func fillAttr(attr *C.struct_odpemu_device_attr, a odp.DeviceAttr) {
 		odp_uc_caps:         C.uint32_t(a.ODP.UC),
 		odp_ud_caps:         C.uint32_t(a.ODP.UD),
 		active_mtu:          4096,
+		max_srq_wr:          C.uint32_t(a.MaxSRQWR),
+		max_srq_sge:         C.uint32_t(a.MaxSRQSGE),
 	}
 }
 

@@ -217,6 +217,18 @@ func odpemu_destroy_cq(h C.odpemu_handle) C.int {
 	return 0
 }
 
+// odpemu_resize_cq changes a CQ's depth, keeping its completions (EINVAL: more are
+// queued than the new depth holds).
+//
+//export odpemu_resize_cq
+func odpemu_resize_cq(h C.odpemu_handle, depth C.int) C.int {
+	c, ok := lookup[*completionQueue](h)
+	if !ok {
+		return C.int(syscall.EINVAL)
+	}
+	return errno(c.cq.Resize(int(depth)))
+}
+
 // odpemu_poll_cq returns how many completions it wrote into wcs, or a negative errno
 // value. When it returns fewer than n, it has armed the CQ's doorbell: it arms it,
 // then polls once more, so that a completion queued between its poll and its arming
@@ -283,13 +295,21 @@ const (
 )
 
 //export odpemu_create_qp
-func odpemu_create_qp(h, sendCQ, recvCQ C.odpemu_handle, typ C.uint32_t, caps *C.struct_odpemu_qp_caps,
+func odpemu_create_qp(h, sendCQ, recvCQ, srqH C.odpemu_handle, typ C.uint32_t, caps *C.struct_odpemu_qp_caps,
 	sigAll C.uint32_t, out *C.odpemu_handle, qpn *C.uint32_t) C.int {
 	pd, ok := lookup[*protectionDomain](h)
 	scq, ok1 := lookup[*completionQueue](sendCQ)
 	rcq, ok2 := lookup[*completionQueue](recvCQ)
 	if !ok || !ok1 || !ok2 {
 		return C.int(syscall.EINVAL)
+	}
+	var srq *odp.SRQ
+	if srqH != 0 {
+		s, ok := lookup[*sharedReceiveQueue](srqH)
+		if !ok {
+			return C.int(syscall.EINVAL)
+		}
+		srq = s.srq
 	}
 	qpType := odp.QPTypeRC
 	switch typ {
@@ -301,7 +321,7 @@ func odpemu_create_qp(h, sendCQ, recvCQ C.odpemu_handle, typ C.uint32_t, caps *C
 	}
 	qp, err := pd.pd.CreateQP(odp.QPConfig{Type: qpType, SendCQ: scq.cq, RecvCQ: rcq.cq, MaxSendWR: int(caps.max_send_wr),
 		MaxRecvWR: int(caps.max_recv_wr), MaxSGE: int(caps.max_sge), MaxInlineData: int(caps.max_inline_data),
-		SigAll: sigAll != 0})
+		SigAll: sigAll != 0, SRQ: srq})
 	if err != nil {
 		return errno(err)
 	}
@@ -459,4 +479,76 @@ func odpemu_post_recv(h C.odpemu_handle, wrID C.uint64_t, sg *C.struct_odpemu_sg
 		return C.int(syscall.EINVAL)
 	}
 	return errno(q.qp.PostRecv(odp.RecvWR{WRID: uint64(wrID), SGL: sgl(sg, n)}))
+}
+
+// An SRQ as the verbs library holds it.
+type sharedReceiveQueue struct {
+	srq *odp.SRQ
+}
+
+// odpemu_create_srq creates an SRQ in a PD: *maxWR receives of *maxSGE SGEs (0: the
+// emulator's default), written back as granted. Each time its armed limit is reached
+// it writes event (eventLen bytes: the struct ibv_async_event the C library built)
+// into asyncFD, whose write end is non-blocking: a full pipe drops the event.
+//
+//export odpemu_create_srq
+func odpemu_create_srq(h C.odpemu_handle, maxWR, maxSGE *C.uint32_t, limit C.uint32_t, asyncFD C.int,
+	event unsafe.Pointer, eventLen C.size_t, out *C.odpemu_handle) C.int {
+	pd, ok := lookup[*protectionDomain](h)
+	if !ok || event == nil || eventLen == 0 {
+		return C.int(syscall.EINVAL)
+	}
+	ev := C.GoBytes(event, C.int(eventLen))
+	fd := int(asyncFD)
+	srq, err := pd.pd.CreateSRQ(odp.SRQConfig{MaxWR: int(*maxWR), MaxSGE: int(*maxSGE), Limit: int(limit),
+		OnLimit: func() { _, _ = syscall.Write(fd, ev) }})
+	if err != nil {
+		return errno(err)
+	}
+	a := srq.Attr()
+	*maxWR, *maxSGE = C.uint32_t(a.MaxWR), C.uint32_t(a.MaxSGE)
+	*out = C.odpemu_handle(cgo.NewHandle(&sharedReceiveQueue{srq: srq}))
+	return 0
+}
+
+//export odpemu_arm_srq
+func odpemu_arm_srq(h C.odpemu_handle, limit C.uint32_t) C.int {
+	s, ok := lookup[*sharedReceiveQueue](h)
+	if !ok {
+		return C.int(syscall.EINVAL)
+	}
+	return errno(s.srq.Arm(int(limit)))
+}
+
+//export odpemu_query_srq
+func odpemu_query_srq(h C.odpemu_handle, maxWR, maxSGE, limit *C.uint32_t) C.int {
+	s, ok := lookup[*sharedReceiveQueue](h)
+	if !ok {
+		return C.int(syscall.EINVAL)
+	}
+	a := s.srq.Attr()
+	*maxWR, *maxSGE, *limit = C.uint32_t(a.MaxWR), C.uint32_t(a.MaxSGE), C.uint32_t(a.Limit)
+	return 0
+}
+
+//export odpemu_destroy_srq
+func odpemu_destroy_srq(h C.odpemu_handle) C.int {
+	s, ok := lookup[*sharedReceiveQueue](h)
+	if !ok {
+		return C.int(syscall.EINVAL)
+	}
+	if err := s.srq.Destroy(); err != nil {
+		return errno(err)
+	}
+	cgo.Handle(h).Delete()
+	return 0
+}
+
+//export odpemu_post_srq_recv
+func odpemu_post_srq_recv(h C.odpemu_handle, wrID C.uint64_t, sg *C.struct_odpemu_sge, n C.uint32_t) C.int {
+	s, ok := lookup[*sharedReceiveQueue](h)
+	if !ok {
+		return C.int(syscall.EINVAL)
+	}
+	return errno(s.srq.PostRecv(odp.RecvWR{WRID: uint64(wrID), SGL: sgl(sg, n)}))
 }

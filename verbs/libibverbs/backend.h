@@ -9,7 +9,9 @@
  * message (NUL-terminated, at most errlen bytes) into err. Objects are named by
  * handles (odpemu_handle): opaque non-zero values the Go half hands out and takes back.
  * odpemu_post_send posts n work requests in order, stopping at the first that fails:
- * *posted says how many were posted.
+ * *posted says how many were posted. odpemu_create_srq takes the asynchronous event
+ * its limit raises as bytes (a struct ibv_async_event the C library built), which the
+ * Go half writes into async_fd, non-blocking, each time the armed limit is reached.
  */
 #ifndef ODPEMU_BACKEND_H
 #define ODPEMU_BACKEND_H
@@ -35,6 +37,7 @@ struct odpemu_device_attr {
 	uint64_t odp_general_caps; /* enum ibv_odp_general_caps bits */
 	uint32_t odp_rc_caps, odp_uc_caps, odp_ud_caps; /* enum ibv_odp_transport_cap_bits */
 	uint32_t active_mtu; /* bytes */
+	uint32_t max_srq_wr, max_srq_sge;
 };
 
 /* A scatter/gather element: struct ibv_sge's layout. */
@@ -115,11 +118,12 @@ struct odpemu_connect {
 				  const struct odpemu_sge *sg, uint32_t num_sge))                     \
 	X(int, odpemu_create_cq, (odpemu_handle dev, int depth, uint32_t *bell, odpemu_handle *cq))  \
 	X(int, odpemu_destroy_cq, (odpemu_handle cq))                                            \
+	X(int, odpemu_resize_cq, (odpemu_handle cq, int depth))                                   \
 	X(int, odpemu_poll_cq, (odpemu_handle cq, int n, struct odpemu_wc *wcs))                  \
 	X(int, odpemu_req_notify_cq, (odpemu_handle cq, int fd, uint64_t event))                  \
 	X(int, odpemu_create_qp, (odpemu_handle pd, odpemu_handle send_cq, odpemu_handle recv_cq, \
-				  uint32_t type, struct odpemu_qp_caps *caps, uint32_t sig_all,       \
-				  odpemu_handle *qp, uint32_t *qpn))                                  \
+				  odpemu_handle srq, uint32_t type, struct odpemu_qp_caps *caps,      \
+				  uint32_t sig_all, odpemu_handle *qp, uint32_t *qpn))                \
 	X(int, odpemu_bind_ud_qp, (odpemu_handle qp, uint32_t mtu))                               \
 	X(int, odpemu_set_qp_qkey, (odpemu_handle qp, uint32_t qkey))                             \
 	X(int, odpemu_rtr_qp, (odpemu_handle qp, const struct odpemu_connect *c))                  \
@@ -130,6 +134,15 @@ struct odpemu_connect {
 	X(int, odpemu_post_send, (odpemu_handle qp, const struct odpemu_send_wr *wrs, uint32_t n,  \
 				  uint32_t *posted))                                                  \
 	X(int, odpemu_post_recv, (odpemu_handle qp, uint64_t wr_id, const struct odpemu_sge *sg,   \
-				  uint32_t num_sge))
+				  uint32_t num_sge))                                                  \
+	X(int, odpemu_create_srq, (odpemu_handle pd, uint32_t *max_wr, uint32_t *max_sge,          \
+				   uint32_t limit, int async_fd, const void *event, size_t event_len,  \
+				   odpemu_handle *srq))                                               \
+	X(int, odpemu_arm_srq, (odpemu_handle srq, uint32_t limit))                               \
+	X(int, odpemu_query_srq, (odpemu_handle srq, uint32_t *max_wr, uint32_t *max_sge,          \
+				  uint32_t *limit))                                                   \
+	X(int, odpemu_destroy_srq, (odpemu_handle srq))                                          \
+	X(int, odpemu_post_srq_recv, (odpemu_handle srq, uint64_t wr_id,                          \
+				      const struct odpemu_sge *sg, uint32_t num_sge))
 
 #endif

@@ -24,9 +24,12 @@ extern struct emu_backend {
  * with ENODEV (verbs.c). */
 extern int emu_forked;
 
-/* The Go half's handles of a context's device and of a PD. */
+/* The Go half's handles of a context's device, a PD and an SRQ; the write end of a
+ * context's asynchronous event pipe (non-blocking). */
 odpemu_handle emu_dev_handle(struct ibv_context *ctx);
 odpemu_handle emu_pd_handle(struct ibv_pd *pd);
+odpemu_handle emu_srq_handle(struct ibv_srq *srq);
+int emu_async_wr(struct ibv_context *ctx);
 
 /* Send flags the emulated NIC accepts and ignores: every completion is an event, so a
  * solicited one is too. */
@@ -57,6 +60,27 @@ struct emu_qp {
 	struct emu_wr_batch *batch; /* a QP created with send_ops_flags: the ibv_wr_* API */
 };
 
+/* A CQ. Its doorbell (backend.h) lets an empty CQ answer ibv_poll_cq from C: after a
+ * poll of the Go half that returned fewer completions than asked for (idle), the CQ is
+ * empty until the Go half sets bell. The poll that goes to the Go half holds lock, so
+ * that idle describes the last of them. A CQ made by ibv_create_cq_ex is also an
+ * ibv_cq_ex (whose first members are an ibv_cq's), polled one completion at a time
+ * into cur (cqex.c). */
+struct emu_cq {
+	union {
+		struct ibv_cq cq;
+		struct ibv_cq_ex cq_ex;
+	};
+	odpemu_handle h;
+	uint32_t bell, idle; /* read and written with __atomic builtins */
+	pthread_mutex_t lock;
+	struct ibv_wc cur; /* the completion start_poll or next_poll found */
+};
+
+/* emu_poll_cq is ibv_poll_cq (qp.c); emu_create_cq_ex is ibv_create_cq_ex (cqex.c). */
+int emu_poll_cq(struct ibv_cq *cq, int num_entries, struct ibv_wc *wc);
+struct ibv_cq_ex *emu_create_cq_ex(struct ibv_context *context, struct ibv_cq_init_attr_ex *attr);
+
 /* An address handle: a UD SEND's destination, by GID (RoCE addresses by GID: the
  * emulator sends to the IPv4 address an IPv4-mapped GID holds, port 4791). */
 struct emu_ah {
@@ -69,7 +93,9 @@ struct emu_ah {
 int emu_wr_init(struct emu_qp *q, uint64_t ops);
 void emu_wr_free(struct emu_qp *q);
 
-/* emu_set_qp_ops gives a new context the data-path ops (qp.c). */
+/* emu_set_qp_ops gives a new context the data-path ops (qp.c), emu_set_srq_ops the
+ * SRQ's (srq.c). */
 void emu_set_qp_ops(struct ibv_context *ctx);
+void emu_set_srq_ops(struct ibv_context *ctx);
 
 #endif

@@ -30,17 +30,6 @@ struct emu_mr {
 	odpemu_handle h;
 };
 
-/* A CQ. Its doorbell (backend.h) lets an empty CQ answer ibv_poll_cq from C: after a
- * poll of the Go half that returned fewer completions than asked for (idle), the CQ is
- * empty until the Go half sets bell. The poll that goes to the Go half holds lock, so
- * that idle describes the last of them. */
-struct emu_cq {
-	struct ibv_cq cq;
-	odpemu_handle h;
-	uint32_t bell, idle; /* read and written with __atomic builtins */
-	pthread_mutex_t lock;
-};
-
 /* A completion channel: a pipe. An armed CQ's next completion writes the CQ's
  * address into it (the Go half does, non-blocking); ibv_get_cq_event reads it, as
  * rdma-core reads the kernel's event from the channel's file. */
@@ -264,7 +253,7 @@ static void wait_empty(struct emu_cq *c)
 	empty_loop.last = now_ns();
 }
 
-static int emu_poll_cq(struct ibv_cq *cq, int num_entries, struct ibv_wc *wc)
+int emu_poll_cq(struct ibv_cq *cq, int num_entries, struct ibv_wc *wc)
 {
 	struct emu_cq *c = container_of(cq, struct emu_cq, cq);
 	if (__atomic_load_n(&c->idle, __ATOMIC_ACQUIRE) && !emu_forked) {
@@ -349,6 +338,17 @@ EXPORT struct ibv_cq *ibv_create_cq(struct ibv_context *context, int cqe, void *
 	pthread_mutex_init(&c->cq.mutex, NULL);
 	pthread_cond_init(&c->cq.cond, NULL);
 	return &c->cq;
+}
+
+EXPORT int ibv_resize_cq(struct ibv_cq *cq, int cqe)
+{
+	if (cqe < 1)
+		return EINVAL;
+	int e = be.odpemu_resize_cq(container_of(cq, struct emu_cq, cq)->h, cqe);
+	if (e)
+		return e;
+	cq->cqe = cqe;
+	return 0;
 }
 
 EXPORT int ibv_destroy_cq(struct ibv_cq *cq)
@@ -466,13 +466,14 @@ void emu_set_qp_ops(struct ibv_context *ctx)
 	ctx->ops.post_send = emu_post_send;
 	ctx->ops.post_recv = emu_post_recv;
 	verbs_get_ctx(ctx)->create_qp_ex = emu_create_qp_ex;
+	verbs_get_ctx(ctx)->create_cq_ex = emu_create_cq_ex;
 }
 
 /* create_qp creates an RC QP as init (an ibv_qp_init_attr's fields) asks. */
 static struct emu_qp *create_qp(struct ibv_pd *pd, struct ibv_qp_init_attr *init)
 {
-	if ((init->qp_type != IBV_QPT_RC && init->qp_type != IBV_QPT_UD) || init->srq) {
-		errno = EOPNOTSUPP; /* RC and UD QPs without an SRQ only */
+	if (init->qp_type != IBV_QPT_RC && init->qp_type != IBV_QPT_UD) {
+		errno = EOPNOTSUPP; /* RC and UD QPs only */
 		return NULL;
 	}
 	if (!init->send_cq || !init->recv_cq) {
@@ -487,13 +488,15 @@ static struct emu_qp *create_qp(struct ibv_pd *pd, struct ibv_qp_init_attr *init
 	uint32_t sge = init->cap.max_send_sge > init->cap.max_recv_sge ? init->cap.max_send_sge : init->cap.max_recv_sge;
 	struct odpemu_qp_caps caps = {
 		.max_send_wr = init->cap.max_send_wr ? init->cap.max_send_wr : 1,
-		.max_recv_wr = init->cap.max_recv_wr ? init->cap.max_recv_wr : 1,
+		/* A QP with an SRQ has no receive queue of its own: its max_recv_wr is ignored. */
+		.max_recv_wr = init->srq ? 0 : init->cap.max_recv_wr ? init->cap.max_recv_wr : 1,
 		.max_sge = sge ? sge : 1,
 		.max_inline_data = init->cap.max_inline_data,
 	};
 	uint32_t qpn;
 	int e = be.odpemu_create_qp(emu_pd_handle(pd), container_of(init->send_cq, struct emu_cq, cq)->h,
-				    container_of(init->recv_cq, struct emu_cq, cq)->h, (uint32_t)init->qp_type, &caps,
+				    container_of(init->recv_cq, struct emu_cq, cq)->h,
+				    init->srq ? emu_srq_handle(init->srq) : 0, (uint32_t)init->qp_type, &caps,
 				    init->sq_sig_all != 0, &q->h, &qpn);
 	if (e) {
 		free(q);
@@ -511,6 +514,7 @@ static struct emu_qp *create_qp(struct ibv_pd *pd, struct ibv_qp_init_attr *init
 	qp->pd = pd;
 	qp->send_cq = init->send_cq;
 	qp->recv_cq = init->recv_cq;
+	qp->srq = init->srq;
 	qp->handle = qpn;
 	qp->qp_num = qpn;
 	qp->state = IBV_QPS_RESET;
@@ -818,6 +822,7 @@ EXPORT int ibv_query_qp(struct ibv_qp *qp, struct ibv_qp_attr *attr, int mask, s
 	init->qp_context = qp->qp_context;
 	init->send_cq = qp->send_cq;
 	init->recv_cq = qp->recv_cq;
+	init->srq = qp->srq;
 	init->cap = q->cap;
 	init->qp_type = qp->qp_type;
 	init->sq_sig_all = q->sq_sig_all;

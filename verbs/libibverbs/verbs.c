@@ -182,7 +182,7 @@ struct emu_context {
 	struct verbs_context vctx;
 	odpemu_handle dev;
 	struct odpemu_device_attr attr;
-	int async_rd, async_wr; /* async_fd is the read end; no async event is raised yet */
+	int async_rd, async_wr; /* async_fd is the read end; the Go half writes SRQ limit events */
 };
 
 static struct emu_context *ectx(struct ibv_context *c)
@@ -196,6 +196,8 @@ struct emu_pd {
 };
 
 odpemu_handle emu_dev_handle(struct ibv_context *ctx) { return ectx(ctx)->dev; }
+
+int emu_async_wr(struct ibv_context *ctx) { return ectx(ctx)->async_wr; }
 
 odpemu_handle emu_pd_handle(struct ibv_pd *pd) { return container_of(pd, struct emu_pd, pd)->h; }
 
@@ -281,6 +283,9 @@ static void device_attr(struct emu_context *c, struct ibv_device_attr *a)
 	a->max_qp_rd_atom = (int)e->max_qp_rd_atom;
 	a->max_qp_init_rd_atom = (int)e->max_qp_init_rd_atom;
 	a->max_res_rd_atom = (int)e->max_qp_rd_atom * EMU_MAX_QP;
+	a->max_srq = EMU_MAX_QP;
+	a->max_srq_wr = (int)e->max_srq_wr;
+	a->max_srq_sge = (int)e->max_srq_sge;
 	a->atomic_cap = (enum ibv_atomic_cap)e->atomic_cap;
 	a->max_pkeys = 1;
 	a->local_ca_ack_delay = 15;
@@ -467,7 +472,7 @@ EXPORT struct ibv_context *ibv_open_device(struct ibv_device *device)
 		return NULL;
 	}
 	int fds[2];
-	if (pipe2(fds, O_CLOEXEC)) {
+	if (pipe2(fds, O_CLOEXEC) || fcntl(fds[1], F_SETFL, O_NONBLOCK)) {
 		e = errno;
 		be.odpemu_close(c->dev);
 		free(c);
@@ -488,6 +493,7 @@ EXPORT struct ibv_context *ibv_open_device(struct ibv_device *device)
 	c->vctx.query_port = emu_query_port;
 	c->vctx.advise_mr = emu_advise_mr;
 	emu_set_qp_ops(ctx);
+	emu_set_srq_ops(ctx);
 	return ctx;
 }
 
@@ -508,8 +514,9 @@ EXPORT int ibv_close_device(struct ibv_context *context)
 
 EXPORT int ibv_get_async_event(struct ibv_context *context, struct ibv_async_event *event)
 {
-	/* No asynchronous event is raised yet: a reader blocks, or sees EAGAIN on a
-	 * non-blocking async_fd, as on a device that has none to report. */
+	/* The only event raised is an SRQ's limit, which the Go half writes whole (a
+	 * pipe write of this size is atomic); a reader blocks, or sees EAGAIN on a
+	 * non-blocking async_fd, while there is none. */
 	struct ibv_async_event ev;
 	ssize_t n = read(context->async_fd, &ev, sizeof ev);
 	if (n != (ssize_t)sizeof ev)

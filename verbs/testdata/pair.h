@@ -21,7 +21,7 @@
 
 /* connect_qp moves qp through INIT, RTR and RTS, connected to the QP dest of the same
  * context; its responder accepts what access allows. */
-static void connect_qp(struct ibv_context *ctx, struct ibv_qp *qp, uint32_t dest, int access)
+static inline void connect_qp(struct ibv_context *ctx, struct ibv_qp *qp, uint32_t dest, int access)
 {
 	union ibv_gid gid;
 	if (ibv_query_gid(ctx, 1, 0, &gid))
@@ -42,8 +42,22 @@ static void connect_qp(struct ibv_context *ctx, struct ibv_qp *qp, uint32_t dest
 		DIE("RTS");
 }
 
+/* poll_one polls cq until it returns one completion. */
+static inline struct ibv_wc poll_one(struct ibv_cq *cq)
+{
+	struct ibv_wc wc;
+	for (long i = 0; i < 200000000; i++) {
+		int n = ibv_poll_cq(cq, 1, &wc);
+		if (n < 0)
+			DIE("poll_cq: %d", n);
+		if (n == 1)
+			return wc;
+	}
+	DIE("no completion");
+}
+
 /* create_qp creates an RC QP on pd with 256 WRs of one SGE each way. */
-static struct ibv_qp *create_qp(struct ibv_pd *pd, struct ibv_cq *scq, struct ibv_cq *rcq)
+static inline struct ibv_qp *create_qp(struct ibv_pd *pd, struct ibv_cq *scq, struct ibv_cq *rcq)
 {
 	struct ibv_qp_init_attr init = {.send_cq = scq, .recv_cq = rcq, .qp_type = IBV_QPT_RC,
 					.cap = {.max_send_wr = 256, .max_recv_wr = 256, .max_send_sge = 1,

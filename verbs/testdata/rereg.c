@@ -27,20 +27,6 @@ static struct ibv_context *ctx;
 static struct ibv_cq *cq;
 static struct ibv_qp *a, *b;
 
-/* wait_wc polls cq for one completion. */
-static struct ibv_wc wait_wc(void)
-{
-	struct ibv_wc wc;
-	for (long i = 0; i < 200000000; i++) {
-		int n = ibv_poll_cq(cq, 1, &wc);
-		if (n < 0)
-			DIE("poll_cq: %d", n);
-		if (n == 1)
-			return wc;
-	}
-	DIE("no completion");
-}
-
 /* write_status WRITEs 64 bytes from src into dst through a and returns the status. */
 static enum ibv_wc_status write_status(struct ibv_mr *src, struct ibv_mr *dst, uint32_t rkey)
 {
@@ -52,7 +38,7 @@ static enum ibv_wc_status write_status(struct ibv_mr *src, struct ibv_mr *dst, u
 	wr.wr.rdma.rkey = rkey;
 	if (ibv_post_send(a, &wr, &bad))
 		DIE("post_send");
-	struct ibv_wc wc = wait_wc();
+	struct ibv_wc wc = poll_one(cq);
 	if (wc.wr_id != 1 || wc.qp_num != a->qp_num)
 		DIE("completion %llu of QP %u", (unsigned long long)wc.wr_id, wc.qp_num);
 	return wc.status;
