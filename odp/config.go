@@ -121,8 +121,9 @@ const (
 	// with immediate that finds no receive posted is answered the same way. The
 	// default.
 	FaultRNR FaultPolicy = iota
-	// FaultStall resolves the fault (or waits for the receive) before answering: the
-	// requester never sees it but as latency.
+	// FaultStall resolves the fault before answering: the requester never sees it
+	// but as latency. A SEND or WRITE with immediate that finds no receive posted
+	// is answered RNR NAK, as rxe does.
 	FaultStall
 )
 

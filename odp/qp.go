@@ -352,9 +352,9 @@ func (qp *QP) PostRecv(wr RecvWR) error {
 	if !qp.rq.postLocked(&wr) {
 		return wrap(ErrQueueFull, "%d receive WRs outstanding", qp.rq.lenLocked())
 	}
-	if qp.eng != nil {
-		qp.eng.wake() // a SEND may wait for it
-	}
+	// The engine is not woken: no engine waits for a receive. A SEND that found
+	// none was answered RNR NAK and comes again after the RNR timer, as on mlx5
+	// and rxe; a UD datagram that found none was dropped.
 	return nil
 }
 

@@ -48,8 +48,8 @@ type SRQ struct {
 	destroyed bool
 }
 
-// PostRecv queues a receive for any of the SRQ's QPs, and wakes their engines: a
-// SEND may be waiting for it.
+// PostRecv queues a receive for any of the SRQ's QPs. As QP.PostRecv, it wakes no
+// engine: none waits for a receive.
 func (s *SRQ) PostRecv(wr RecvWR) error {
 	if len(wr.SGL) > s.maxSGE {
 		return wrap(ErrInvalidArgument, "%d SGEs > max %d", len(wr.SGL), s.maxSGE)
@@ -61,11 +61,6 @@ func (s *SRQ) PostRecv(wr RecvWR) error {
 	}
 	if !s.rq.postLocked(&wr) {
 		return wrap(ErrQueueFull, "%d receive WRs outstanding", s.rq.lenLocked())
-	}
-	for qp := range s.qps {
-		if e := qp.engA.Load(); e != nil {
-			e.wake()
-		}
 	}
 	return nil
 }
