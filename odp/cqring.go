@@ -13,7 +13,7 @@ type CQ struct {
 	// sendsOwed counts the send work requests posted on the QPs that complete into
 	// the CQ and not yet completed (it takes Device.mu).
 	sendsOwed func() int
-	notify       chan struct{} // holds a token while completions may be queued
+	notify    chan struct{} // holds a token while completions may be queued
 
 	mu      sync.Mutex // protects the fields below
 	ring    []WC
