@@ -230,6 +230,46 @@ func TestSRQErrorAndDestroyKeepReceives(t *testing.T) {
 	}
 }
 
+// A QP reset while it holds a receive (its SEND waits for a fault) gives the receive
+// back, behind those posted since, and completes nothing; one destroyed while the SRQ
+// has filled up behind it completes its receive with WR_FLUSH_ERR instead. The faults
+// take a second and are not widened (see TestSRQErrorAndDestroyKeepReceives).
+func TestSRQResetAndFullGiveBack(t *testing.T) {
+	const perFault = time.Second
+	s := newSRQSide(t, Config{ResponderFaults: FaultStall, FaultAround: 1, FaultModel: FaultModel{PerFault: perFault}}, 2,
+		SRQConfig{MaxWR: 2})
+	_, smr := s.send.region(t, ps, rw)
+	_, dmr := s.recv.region(t, 8*ps, rw|AccessOnDemand)
+	for i := range 2 {
+		require.NoError(t, s.srq.PostRecv(RecvWR{WRID: uint64(i), SGL: sge(dmr, 4*i*ps, ps)}))
+	}
+	start := time.Now()
+	require.NoError(t, s.senders[0].PostSend(SendWR{Opcode: OpSend, SGL: sge(smr, 0, 8)}))
+	require.Eventually(t, func() bool { return s.srq.Len() == 1 }, 10*time.Second, time.Millisecond)
+	require.NoError(t, s.receivers[0].Modify(StateReset))
+	n, err := s.recv.rcq.Poll(make([]WC, 4))
+	require.NoError(t, err)
+	if time.Since(start) >= perFault {
+		t.Skipf("the fault may have ended before the reset (%v): the machine is too slow for this test", time.Since(start))
+	}
+	assert.Equal(t, 2, s.srq.Len(), "the reset QP's receive is back in the SRQ")
+	assert.Zero(t, n, "a reset QP completes nothing")
+
+	// Receive 1 is the oldest now (0 went back behind it): QP 1 takes it and waits;
+	// a receive posted meanwhile fills the SRQ, so the destroy cannot give it back.
+	start = time.Now()
+	require.NoError(t, s.senders[1].PostSend(SendWR{Opcode: OpSend, SGL: sge(smr, 0, 8)}))
+	require.Eventually(t, func() bool { return s.srq.Len() == 1 }, 10*time.Second, time.Millisecond)
+	require.NoError(t, s.srq.PostRecv(RecvWR{WRID: 7, SGL: sge(dmr, 6*ps, ps)}))
+	require.NoError(t, s.receivers[1].Destroy())
+	if time.Since(start) >= perFault {
+		t.Skipf("the fault may have ended before the destroy (%v): the machine is too slow for this test", time.Since(start))
+	}
+	rwc := wait(t, s.recv.rcq)
+	assert.Equal(t, WC{WRID: 1, Status: WCWRFlushErr, Opcode: WCRecv, QPNum: s.receivers[1].QPNum()}, rwc)
+	assert.Equal(t, 2, s.srq.Len())
+}
+
 // UD QPs receive from an SRQ too: datagrams to two UD QPs take its receives in order.
 func TestSRQUD(t *testing.T) {
 	const qkey = 0x2222
