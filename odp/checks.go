@@ -12,10 +12,11 @@ func (qp *QP) localSGE(s SGE, write bool) (*MR, uint64, string) {
 // recvSGE checks one SGE of a receive: against the SRQ's PD when the receive came
 // from an SRQ, the QP's otherwise.
 func (qp *QP) recvSGE(s SGE) (*MR, uint64, string) {
+	pd := qp.pd
 	if qp.cfg.SRQ != nil {
-		return qp.dev.localKey(qp.cfg.SRQ.pd, s, true)
+		pd = qp.cfg.SRQ.pd
 	}
-	return qp.dev.localKey(qp.pd, s, true)
+	return qp.dev.localKey(pd, s, true)
 }
 
 // localKey checks one SGE against the device's MRs of pd.

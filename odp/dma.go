@@ -315,9 +315,10 @@ func (mr *MR) countOvertaken() {
 // last reference is released (put), the opener's included.
 //
 // Without the audit, a run read under a hold carries the hold itself as its
-// roce.Ref (the engine that copies it checks it with torn, given the run's payload,
-// and puts its reference): nothing is allocated per run. The torn-copy check of a run then starts from the hold's fault sequence,
-// which can only find more faults than the run's own would.
+// roce.Ref (the engine that copies it checks it with torn, given the run's
+// payload, and puts its reference): nothing is allocated per run. The torn-copy
+// check of a run then starts from the hold's fault sequence, which can only find
+// more faults than the run's own would.
 //
 // The opener counts the runs it hands out in runs, a field only it touches, and adds
 // them to refs when it closes the hold (close): the runs are not on the wire before

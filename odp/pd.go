@@ -115,8 +115,7 @@ func (pd *PD) CreateSRQ(cfg SRQConfig) (*SRQ, error) {
 	if d.closed {
 		return nil, ErrClosed
 	}
-	s := &SRQ{pd: &pd.domain, dev: &d.nic, maxSGE: cfg.MaxSGE, onLimit: cfg.OnLimit, limit: cfg.Limit,
-		qps: map[*QP]struct{}{}}
+	s := &SRQ{pd: &pd.domain, dev: &d.nic, maxSGE: cfg.MaxSGE, onLimit: cfg.OnLimit, limit: cfg.Limit}
 	s.rq.slots = make([]rqe, cfg.MaxWR)
 	pd.srqs++
 	return s, nil

@@ -71,7 +71,7 @@ func (pd *PD) CreateQP(cfg QPConfig) (*QP, error) {
 	qp := &QP{pd: &pd.domain, dev: &d.nic, qpn: nextQPN(), cfg: cfg, attr: DefaultQPAttr, done: make(chan struct{}),
 		psn: rand.Uint32() & (1<<24 - 1)}
 	if cfg.SRQ != nil {
-		if err := cfg.SRQ.attachLocked(qp); err != nil {
+		if err := cfg.SRQ.attachLocked(); err != nil {
 			cfg.SendCQ.detach()
 			cfg.RecvCQ.detach()
 			return nil, err
@@ -84,7 +84,7 @@ func (pd *PD) CreateQP(cfg QPConfig) (*QP, error) {
 		delete(d.qps, qp)
 		pd.qps--
 		if cfg.SRQ != nil {
-			cfg.SRQ.detach(qp)
+			cfg.SRQ.detach()
 		}
 	}
 	d.qps[qp] = struct{}{}

@@ -192,6 +192,27 @@ func TestSRQBadInputs(t *testing.T) {
 	require.NoError(t, pd2.Dealloc())
 }
 
+// perFault is the modelled fault of pendingSRQ's side: the longest a fault model
+// allows, so that a receive's fault is pending while a test acts.
+const perFault = time.Second
+
+// pendingSRQ is an SRQ side of two QPs with maxWR receives, whose faults stall for
+// perFault and are not widened, with an ODP receive region of 8 pages. take(i, left)
+// SENDs on QP i and waits until the SEND took a receive, leaving left in the SRQ: its
+// fault is then pending, the receive held.
+func pendingSRQ(t *testing.T, maxWR int) (s *srqSide, dmr *MR, take func(i, left int)) {
+	s = newSRQSide(t, Config{ResponderFaults: FaultStall, FaultAround: 1, FaultModel: FaultModel{PerFault: perFault}}, 2,
+		SRQConfig{MaxWR: maxWR})
+	_, smr := s.send.region(t, ps, rw)
+	_, dmr = s.recv.region(t, 8*ps, rw|AccessOnDemand)
+	take = func(i, left int) {
+		t.Helper()
+		require.NoError(t, s.senders[i].PostSend(SendWR{Opcode: OpSend, SGL: sge(smr, 0, 8)}))
+		require.Eventually(t, func() bool { return s.srq.Len() == left }, 10*time.Second, time.Millisecond)
+	}
+	return s, dmr, take
+}
+
 // A QP that goes to ERR completes only the receive it took, with WR_FLUSH_ERR; the
 // SRQ's other receives stay for its other QPs. A QP destroyed while it holds a
 // receive (its SEND waits for a fault) gives the receive back. The faults take a
@@ -199,17 +220,12 @@ func TestSRQBadInputs(t *testing.T) {
 // receive's fault is pending while the test acts; the destroy's check says what a
 // machine too slow for that margin showed instead.
 func TestSRQErrorAndDestroyKeepReceives(t *testing.T) {
-	const perFault = time.Second
-	s := newSRQSide(t, Config{ResponderFaults: FaultStall, FaultAround: 1, FaultModel: FaultModel{PerFault: perFault}}, 2,
-		SRQConfig{MaxWR: 8})
-	_, smr := s.send.region(t, ps, rw)
-	_, dmr := s.recv.region(t, 8*ps, rw|AccessOnDemand)
+	s, dmr, take := pendingSRQ(t, 8)
 	for i := range 3 {
 		require.NoError(t, s.srq.PostRecv(RecvWR{WRID: uint64(i), SGL: sge(dmr, 2*i*ps, ps)}))
 	}
 	// The SEND on QP 0 takes receive 0 and waits for its page.
-	require.NoError(t, s.senders[0].PostSend(SendWR{Opcode: OpSend, SGL: sge(smr, 0, 8)}))
-	require.Eventually(t, func() bool { return s.srq.Len() == 2 }, 10*time.Second, time.Millisecond)
+	take(0, 2)
 	require.NoError(t, s.receivers[0].Modify(StateError))
 	rwc := wait(t, s.recv.rcq)
 	assert.Equal(t, WC{WRID: 0, Status: WCWRFlushErr, Opcode: WCRecv, QPNum: s.receivers[0].QPNum()}, rwc)
@@ -217,8 +233,7 @@ func TestSRQErrorAndDestroyKeepReceives(t *testing.T) {
 
 	// QP 1 takes receive 1 and waits; destroyed meanwhile, it gives it back.
 	start := time.Now()
-	require.NoError(t, s.senders[1].PostSend(SendWR{Opcode: OpSend, SGL: sge(smr, 0, 8)}))
-	require.Eventually(t, func() bool { return s.srq.Len() == 1 }, 10*time.Second, time.Millisecond)
+	take(1, 1)
 	require.NoError(t, s.receivers[1].Destroy())
 	n, err := s.recv.rcq.Poll(make([]WC, 4))
 	require.NoError(t, err)
@@ -235,17 +250,12 @@ func TestSRQErrorAndDestroyKeepReceives(t *testing.T) {
 // has filled up behind it completes its receive with WR_FLUSH_ERR instead. The faults
 // take a second and are not widened (see TestSRQErrorAndDestroyKeepReceives).
 func TestSRQResetAndFullGiveBack(t *testing.T) {
-	const perFault = time.Second
-	s := newSRQSide(t, Config{ResponderFaults: FaultStall, FaultAround: 1, FaultModel: FaultModel{PerFault: perFault}}, 2,
-		SRQConfig{MaxWR: 2})
-	_, smr := s.send.region(t, ps, rw)
-	_, dmr := s.recv.region(t, 8*ps, rw|AccessOnDemand)
+	s, dmr, take := pendingSRQ(t, 2)
 	for i := range 2 {
 		require.NoError(t, s.srq.PostRecv(RecvWR{WRID: uint64(i), SGL: sge(dmr, 4*i*ps, ps)}))
 	}
 	start := time.Now()
-	require.NoError(t, s.senders[0].PostSend(SendWR{Opcode: OpSend, SGL: sge(smr, 0, 8)}))
-	require.Eventually(t, func() bool { return s.srq.Len() == 1 }, 10*time.Second, time.Millisecond)
+	take(0, 1)
 	require.NoError(t, s.receivers[0].Modify(StateReset))
 	n, err := s.recv.rcq.Poll(make([]WC, 4))
 	require.NoError(t, err)
@@ -258,8 +268,7 @@ func TestSRQResetAndFullGiveBack(t *testing.T) {
 	// Receive 1 is the oldest now (0 went back behind it): QP 1 takes it and waits;
 	// a receive posted meanwhile fills the SRQ, so the destroy cannot give it back.
 	start = time.Now()
-	require.NoError(t, s.senders[1].PostSend(SendWR{Opcode: OpSend, SGL: sge(smr, 0, 8)}))
-	require.Eventually(t, func() bool { return s.srq.Len() == 1 }, 10*time.Second, time.Millisecond)
+	take(1, 1)
 	require.NoError(t, s.srq.PostRecv(RecvWR{WRID: 7, SGL: sge(dmr, 6*ps, ps)}))
 	require.NoError(t, s.receivers[1].Destroy())
 	if time.Since(start) >= perFault {

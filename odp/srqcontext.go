@@ -44,7 +44,7 @@ type SRQ struct {
 	mu        sync.Mutex // protects everything below
 	rq        recvQueue
 	limit     int // armed limit (0: disarmed)
-	qps       map[*QP]struct{}
+	qps       int // QPs attached
 	destroyed bool
 }
 
@@ -107,8 +107,8 @@ func (s *SRQ) Destroy() error {
 	if s.destroyed {
 		return ErrClosed
 	}
-	if len(s.qps) > 0 {
-		return wrap(ErrBusy, "SRQ has %d QPs", len(s.qps))
+	if s.qps > 0 {
+		return wrap(ErrBusy, "SRQ has %d QPs", s.qps)
 	}
 	s.destroyed = true
 	s.rq.flushLocked(func(uint64) {})
@@ -116,22 +116,23 @@ func (s *SRQ) Destroy() error {
 	return nil
 }
 
-// attachLocked makes qp one of the SRQ's QPs. Called with Device.mu held.
-func (s *SRQ) attachLocked(qp *QP) error {
+// attachLocked counts one more QP of the SRQ's, unless the SRQ was destroyed.
+// Called with Device.mu held (SRQ.Destroy checks the count under it).
+func (s *SRQ) attachLocked() error {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	if s.destroyed {
 		return wrap(ErrInvalidArgument, "destroyed SRQ")
 	}
-	s.qps[qp] = struct{}{}
+	s.qps++
 	return nil
 }
 
-// detach removes qp from the SRQ's QPs.
-func (s *SRQ) detach(qp *QP) {
+// detach counts one QP of the SRQ's less.
+func (s *SRQ) detach() {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	delete(s.qps, qp)
+	s.qps--
 }
 
 // takeLocked moves the oldest receive into dst and reports whether there was one;

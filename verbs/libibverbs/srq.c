@@ -73,10 +73,8 @@ static struct ibv_srq *emu_create_srq_ex(struct ibv_context *context, struct ibv
 
 EXPORT int ibv_modify_srq(struct ibv_srq *srq, struct ibv_srq_attr *attr, int mask)
 {
-	if (mask & ~(IBV_SRQ_MAX_WR | IBV_SRQ_LIMIT))
-		return EINVAL;
-	if (mask & IBV_SRQ_MAX_WR)
-		return EINVAL; /* resizing is not supported, as on mlx5 */
+	if (mask & ~IBV_SRQ_LIMIT)
+		return EINVAL; /* unknown bits, or IBV_SRQ_MAX_WR: no resizing, as on mlx5 */
 	if (mask & IBV_SRQ_LIMIT)
 		return be.odpemu_arm_srq(emu_srq_handle(srq), attr->srq_limit);
 	return 0;
