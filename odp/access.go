@@ -11,11 +11,14 @@ const (
 	AccessRemoteWrite  Access = 1 << 1
 	AccessRemoteRead   Access = 1 << 2
 	AccessRemoteAtomic Access = 1 << 3
+	// AccessMWBind lets memory windows be bound to the MR (IBV_ACCESS_MW_BIND).
+	AccessMWBind Access = 1 << 4
 	// AccessOnDemand registers without pinning: pages are faulted in when the NIC
 	// first touches them (IBV_ACCESS_ON_DEMAND).
 	AccessOnDemand Access = 1 << 6
 
-	accessKnown = AccessLocalWrite | AccessRemoteWrite | AccessRemoteRead | AccessRemoteAtomic | AccessOnDemand
+	accessKnown = AccessLocalWrite | AccessRemoteWrite | AccessRemoteRead | AccessRemoteAtomic | AccessMWBind |
+		AccessOnDemand
 )
 
 // String lists the flags as verbs names them.
@@ -25,7 +28,7 @@ func (a Access) String() string {
 		bit  Access
 		name string
 	}{{AccessLocalWrite, "LOCAL_WRITE"}, {AccessRemoteWrite, "REMOTE_WRITE"}, {AccessRemoteRead, "REMOTE_READ"},
-		{AccessRemoteAtomic, "REMOTE_ATOMIC"}, {AccessOnDemand, "ON_DEMAND"}} {
+		{AccessRemoteAtomic, "REMOTE_ATOMIC"}, {AccessMWBind, "MW_BIND"}, {AccessOnDemand, "ON_DEMAND"}} {
 		if a&f.bit != 0 {
 			s = append(s, f.name)
 		}

@@ -37,13 +37,13 @@ func (d *nic) localKey(pd *domain, s SGE, write bool) (*MR, uint64, string) {
 	return mr, off, ""
 }
 
-// remoteMR checks a request's rkey, range and rights against this device's MRs, and
-// says why it refuses.
+// remoteMR checks a request's rkey, range and rights against this device's MRs and
+// memory windows, and says why it refuses.
 func (qp *QP) remoteMR(rkey uint32, va, n uint64, need Access) (*MR, uint64, string) {
 	mr := qp.dev.lookupMR(rkey)
 	switch {
 	case mr == nil:
-		return nil, 0, fmt.Sprintf("rkey %#x is not a registered MR", rkey)
+		return qp.remoteMW(rkey, va, n, need)
 	case mr.pd.Load() != qp.pd:
 		return nil, 0, fmt.Sprintf("rkey %#x belongs to another PD", rkey)
 	case mr.Access()&need == 0:

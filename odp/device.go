@@ -22,15 +22,17 @@
 //	floor                      files                              what they hold
 //	5 verbs                    device pd memory cq qp cm counters the public surface: Open, AllocPD, RegMR,
 //	                                                              Alloc/Free/MapFile, CreateCQ, CreateQP,
-//	                                                              CreateSRQ, PostSend, Poll, counters
+//	                                                              CreateSRQ, AllocMW, PostSend, Poll,
+//	                                                              counters
 //	4 the engine               cqring qpcontext srqcontext checks a QP as the NIC holds it (state, queues),
 //	                           engine requester responder ud      an SRQ's receives, the engine goroutine (a
-//	                                                              UD QP's: ud), the CQ ring it fills
+//	                           mwbind                             UD QP's: ud), the CQ ring it fills, memory
+//	                                                              window binds and invalidations
 //	3 DMA                      dma                                copies under the table check and the gate,
 //	                                                              the audit
 //	2 registration and faults  mr register notifier fault        nic (a device as its MRs see it), MRs,
-//	                           implicit file advise               keys, the notifier, network page faults,
-//	                                                              prefetch
+//	                           implicit file advise mw            memory windows, keys, the notifier,
+//	                                                              network page faults, prefetch
 //	1 the address space        space buffer filemap               the process's userfaultfd, fault server,
 //	                                                              pump, pager, buffers and file mappings
 //	0 vocabulary               errors access config faultmodel    types every floor names: work requests,
@@ -55,6 +57,7 @@
 //	invalidate.Registry.mu   held for reading while notifiers run
 //	mmu.Table.mu             an MR's table lock (umem_mutex); notifiers take it
 //	Device.mu (nic.mu)       a device's MRs, keys, PDs, CQs, QPs, pinned accounting
+//	nic.mwMu                 memory windows' bindings (the engines take it alone)
 //	space.mu                 the address space's buffers, ODP and locked ranges
 //	paging.Pager.rmu     the pager's region list (Alloc adds a region under space.mu)
 //	QP.mu                    a QP's state, queues and pending WRs
@@ -143,7 +146,7 @@ func Open(cfg Config) (*Device, error) {
 	if cfg.FaultAround < 1 || cfg.FaultAround > 1<<16 || cfg.FaultAround&(cfg.FaultAround-1) != 0 {
 		return nil, wrap(ErrInvalidArgument, "FaultAround %d: want a power of two in [1, 65536]", cfg.FaultAround)
 	}
-	d := &Device{nic: nic{cfg: cfg, mrs: map[uint32]*MR{}, limit: cfg.MemlockLimit}, pds: map[*PD]struct{}{},
+	d := &Device{nic: nic{cfg: cfg, mrs: map[uint32]*MR{}, mws: map[uint32]*MW{}, limit: cfg.MemlockLimit}, pds: map[*PD]struct{}{},
 		cqs: map[*CQ]struct{}{}, qps: map[*QP]struct{}{}}
 	if d.limit == 0 {
 		d.limit = memlockLimit()
@@ -207,6 +210,9 @@ func (d *Device) Close() error {
 	}
 	d.faulting.Wait() // network page faults the engines started end
 	d.mu.Lock()
+	for _, mw := range d.mws { // unbound first: an MR with windows bound stays
+		mw.deallocLocked()
+	}
 	mrs := make([]*MR, 0, len(d.mrs))
 	for _, mr := range d.mrs {
 		mrs = append(mrs, mr)

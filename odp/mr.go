@@ -32,8 +32,15 @@ type nic struct {
 	mrs    map[uint32]*MR // by key index; every change is mirrored in keyed
 	// keyed maps key indices to MRs like mrs, for the engines' lookups of every
 	// work request and request without a lock (written under mu).
-	keyed  mkeyTable[MR]
-	keys   keyAllocator
+	keyed mkeyTable[MR]
+	// mws are the memory windows by key index, mirrored in windows as mrs in keyed
+	// (MR and window indices come from one allocator).
+	mws     map[uint32]*MW
+	windows mkeyTable[MW]
+	keys    keyAllocator
+	// mwMu protects the windows' bindings and the MRs' counts of windows bound. Taken after Device.mu (Dereg, Dealloc), or alone by the
+	// engines, which bind and invalidate windows without Device.mu.
+	mwMu   sync.Mutex
 	pinned int64 // bytes accounted as pinned (pinned_vm)
 
 	stats deviceCounters
@@ -48,9 +55,9 @@ type nic struct {
 type domain struct {
 	dev  *nic
 	dead atomic.Bool
-	// qps and srqs count the QPs and SRQs created in it and not destroyed.
-	// Protected by Device.mu.
-	qps, srqs int
+	// qps, srqs and mws count the QPs, SRQs and memory windows created in it and
+	// not destroyed. Protected by Device.mu.
+	qps, srqs, mws int
 }
 
 // MR is a registered memory region. Its translation table is the NIC's view of the
@@ -95,6 +102,9 @@ type MR struct {
 	detached atomic.Pointer[detachedPages]
 
 	stats mrCounters
+	// windows counts the memory windows bound to the MR, which Dereg refuses.
+	// Protected by nic.mwMu.
+	windows int
 }
 
 // regMR is RegMR.
@@ -224,8 +234,15 @@ func (mr *MR) Dereg() error {
 		d.mu.Unlock()
 		return wrap(ErrInvalidArgument, "MR %#x is not registered", mr.key)
 	}
+	d.mwMu.Lock() // a bind either counted itself or finds the MR gone
+	if mr.windows > 0 {
+		d.mwMu.Unlock()
+		d.mu.Unlock()
+		return wrap(ErrBusy, "MR %#x has %d memory windows bound", mr.key, mr.windows)
+	}
 	delete(d.mrs, mr.key>>8)
 	d.keyed.storeLocked(mr.key>>8, nil)
+	d.mwMu.Unlock()
 	d.mu.Unlock()
 
 	if mr.sub != nil {

@@ -18,7 +18,7 @@ func (d *Device) AllocPD() (*PD, error) {
 	return pd, nil
 }
 
-// Dealloc frees the PD; it fails with ErrBusy while MRs or QPs use it.
+// Dealloc frees the PD; it fails with ErrBusy while MRs, QPs, SRQs or windows use it.
 func (pd *PD) Dealloc() error {
 	d := pd.owner
 	d.mu.Lock()
@@ -31,8 +31,8 @@ func (pd *PD) Dealloc() error {
 			return wrap(ErrBusy, "PD has MR %#x", mr.key)
 		}
 	}
-	if pd.qps > 0 || pd.srqs > 0 {
-		return wrap(ErrBusy, "PD has %d QPs and %d SRQs", pd.qps, pd.srqs)
+	if pd.qps > 0 || pd.srqs > 0 || pd.mws > 0 {
+		return wrap(ErrBusy, "PD has %d QPs, %d SRQs and %d memory windows", pd.qps, pd.srqs, pd.mws)
 	}
 	delete(d.pds, pd)
 	pd.dead.Store(true)
@@ -119,4 +119,22 @@ func (pd *PD) CreateSRQ(cfg SRQConfig) (*SRQ, error) {
 	s.rq.slots = make([]rqe, cfg.MaxWR)
 	pd.srqs++
 	return s, nil
+}
+
+// AllocMW allocates a memory window of type t in the PD, unbound.
+func (pd *PD) AllocMW(t MWType) (*MW, error) {
+	if t != MWType1 && t != MWType2 {
+		return nil, wrap(ErrInvalidArgument, "memory window type %d", t) // as uverbs refuses it
+	}
+	d := &pd.owner.nic
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	if d.closed || pd.dead.Load() {
+		return nil, ErrClosed
+	}
+	key, ok := d.keys.alloc()
+	if !ok {
+		return nil, wrap(ErrNoMemory, "no memory key left")
+	}
+	return pd.newMWLocked(t, key), nil
 }

@@ -258,6 +258,12 @@ func (qp *QP) PostSend(wr SendWR) error {
 	if wr.Opcode.atomic() && (len(wr.SGL) != 1 || wr.SGL[0].Length != 8) {
 		return wrap(ErrInvalidArgument, "an atomic's SGL must be one 8-byte SGE")
 	}
+	if wr.Opcode == OpBindMW && wr.Bind == nil {
+		return wrap(ErrInvalidArgument, "a bind work request needs a binding")
+	}
+	if wr.Opcode.local() && len(wr.SGL) > 0 {
+		return wrap(ErrInvalidArgument, "a local operation has no SGL")
+	}
 	if qp.cfg.Type == QPTypeUD {
 		switch {
 		case wr.Opcode != OpSend && wr.Opcode != OpSendImm:
@@ -303,7 +309,11 @@ func (qp *QP) PostSend(wr SendWR) error {
 	// Field by field: the caller's SGL is copied, never kept (so it does not
 	// escape, and a caller's WR on the stack costs no allocation).
 	*w = wqe{wr: SendWR{WRID: wr.WRID, Opcode: wr.Opcode, Flags: wr.Flags, RemoteAddr: wr.RemoteAddr, RKey: wr.RKey,
-		Imm: wr.Imm, CompareAdd: wr.CompareAdd, Swap: wr.Swap, inline: inline}}
+		Imm: wr.Imm, CompareAdd: wr.CompareAdd, Swap: wr.Swap, InvRKey: wr.InvRKey, inline: inline}}
+	if wr.Opcode == OpBindMW {
+		w.bind = *wr.Bind
+		w.wr.Bind = &w.bind
+	}
 	if len(wr.SGL) <= len(w.sgl) {
 		w.wr.SGL = w.sgl[:copy(w.sgl[:], wr.SGL)]
 	} else {

@@ -45,6 +45,18 @@ func (e *engine) post() bool {
 			// waits until one completes, as rxe's requester does (check_init_depth).
 			break
 		}
+		if w.wr.Opcode.local() {
+			w.done, w.status, w.detail = true, WCSuccess, e.local(&w.wr)
+			if w.detail != "" {
+				w.status = WCLocQPOpErr
+				if w.wr.Opcode == OpBindMW {
+					w.status = WCMWBindErr
+				}
+			}
+			e.sqNext++
+			busy = true
+			continue
+		}
 		r, status, detail := e.message(w)
 		if status != WCSuccess {
 			w.done, w.status, w.detail = true, status, detail
@@ -95,6 +107,8 @@ func (e *engine) message(w *wqe) (roce.Request, WCStatus, string) {
 		r.Kind, r.HasImm, r.Imm = roce.KindWrite, wr.Opcode == OpRDMAWriteImm, wr.Imm
 	case OpSend, OpSendImm:
 		r.Kind, r.VA, r.RKey, r.HasImm, r.Imm = roce.KindSend, 0, 0, wr.Opcode == OpSendImm, wr.Imm
+	case OpSendInv:
+		r.Kind, r.VA, r.RKey, r.Inv, r.Imm = roce.KindSend, 0, 0, true, wr.InvRKey
 	case OpRDMARead:
 		r.Kind = roce.KindReadRequest
 	case OpAtomicCmpSwap:
@@ -103,6 +117,17 @@ func (e *engine) message(w *wqe) (roce.Request, WCStatus, string) {
 		r.Kind, r.Swap = roce.KindFetchAdd, wr.CompareAdd
 	}
 	return r, WCSuccess, ""
+}
+
+// local executes a request the NIC carries out without the wire, a bind or a local
+// invalidate, when the send queue reaches it, and says why it failed ("": it did
+// not). A failure completes the request with an error and moves the QP to ERR, as
+// on rxe.
+func (e *engine) local(wr *SendWR) string {
+	if wr.Opcode == OpBindMW {
+		return e.qp.bind(wr.Bind)
+	}
+	return e.qp.invalidate(wr.InvRKey)
 }
 
 // transmit builds the requester's next runs out of local memory, as far as the

@@ -252,6 +252,18 @@ func (e *engine) placeRun(s *roce.Segment, v *roce.Verdict) bool {
 		}
 		e.recv = recv
 	}
+	if v.Ends && v.Msg.Inv {
+		if why := e.qp.invalidate(v.Msg.Imm); why != "" {
+			// rxe's class J: the receive completes with the error, the QP goes to
+			// ERR, and the requester learns of an invalid request.
+			e.qp.failWith(e.qp.cfg.RecvCQ, WC{WRID: e.recv.WRID, Status: WCRemInvReqErr, Opcode: WCRecv,
+				QPNum: e.qp.qpn, Detail: "SEND with invalidate: " + why})
+			e.recv = nil
+			e.msgMR = nil
+			e.refuse(e.resp.Fail(roce.SynNAKInvalidRequest), "SEND with invalidate: "+why)
+			return true
+		}
+	}
 	if e.resp.Placed(s, v) {
 		e.ackOwed = true
 	}
@@ -260,8 +272,11 @@ func (e *engine) placeRun(s *roce.Segment, v *roce.Verdict) bool {
 		switch {
 		case v.Msg.Kind == roce.KindSend:
 			wc := WC{WRID: e.recv.WRID, Opcode: WCRecv, QPNum: e.qp.qpn, ByteLen: v.Off + uint32(len(payload))}
-			if v.Msg.HasImm {
+			switch {
+			case v.Msg.HasImm:
 				wc.Flags, wc.ImmData = WCWithImm, v.Msg.Imm
+			case v.Msg.Inv:
+				wc.Flags, wc.InvRKey = WCWithInv, v.Msg.Imm
 			}
 			e.recvDone(wc)
 			e.recv = nil

@@ -14,6 +14,7 @@ const (
 	WCLocQPOpErr     WCStatus = 2
 	WCLocProtErr     WCStatus = 4
 	WCWRFlushErr     WCStatus = 5
+	WCMWBindErr      WCStatus = 6
 	WCBadRespErr     WCStatus = 7
 	WCLocAccessErr   WCStatus = 8
 	WCRemInvReqErr   WCStatus = 9
@@ -26,7 +27,7 @@ const (
 
 var wcStatusNames = map[WCStatus]string{
 	WCSuccess: "success", WCLocLenErr: "local length error", WCLocQPOpErr: "local QP operation error",
-	WCLocProtErr: "local protection error", WCWRFlushErr: "Work Request Flushed Error",
+	WCLocProtErr: "local protection error", WCWRFlushErr: "Work Request Flushed Error", WCMWBindErr: "memory bind operation error",
 	WCBadRespErr: "bad response error", WCLocAccessErr: "local access error",
 	WCRemInvReqErr: "remote invalid request error", WCRemAccessErr: "remote access error",
 	WCRemOpErr: "remote operation error", WCRetryExcErr: "transport retry counter exceeded",
@@ -51,6 +52,8 @@ const (
 	WCRDMARead  WCOpcode = 2
 	WCCompSwap  WCOpcode = 3
 	WCFetchAdd  WCOpcode = 4
+	WCBindMW    WCOpcode = 5
+	WCLocalInv  WCOpcode = 6
 	WCRecv      WCOpcode = 128
 	// WCRecvRDMAWithImm completes a receive consumed by an RDMA WRITE with
 	// immediate: ByteLen is the bytes written, nothing is placed in the receive.
@@ -67,6 +70,9 @@ const (
 	WCGRH WCFlags = 1 << 0
 	// WCWithImm: ImmData holds the sender's immediate data.
 	WCWithImm WCFlags = 1 << 1
+	// WCWithInv: a SEND with invalidate invalidated the window whose R_Key is
+	// InvRKey.
+	WCWithInv WCFlags = 1 << 3
 )
 
 // WC is a work completion.
@@ -79,6 +85,7 @@ type WC struct {
 	Flags   WCFlags
 	ImmData uint32 // with WCWithImm
 	SrcQP   uint32 // UD receives: the sending QP's number
+	InvRKey uint32 // with WCWithInv
 	// Detail says why a completion failed (the vendor syndrome's role).
 	Detail string
 }
@@ -87,8 +94,12 @@ func wcOpcode(op Opcode) WCOpcode {
 	switch op {
 	case OpRDMARead:
 		return WCRDMARead
-	case OpSend, OpSendImm:
+	case OpSend, OpSendImm, OpSendInv:
 		return WCSend
+	case OpBindMW:
+		return WCBindMW
+	case OpLocalInv:
+		return WCLocalInv
 	case OpAtomicCmpSwap:
 		return WCCompSwap
 	case OpAtomicFetchAdd:

@@ -24,9 +24,21 @@ const (
 	// OpAtomicFetchAdd adds CompareAdd to the 8 bytes at RemoteAddr; the original
 	// value lands in the SGL.
 	OpAtomicFetchAdd Opcode = 6
+	// OpLocalInv invalidates the type 2 memory window whose R_Key is InvRKey, in the
+	// send queue's order, without the wire (WCLocalInv).
+	OpLocalInv Opcode = 7
+	// OpBindMW binds Bind.MW to a range of an MR, in the send queue's order, without
+	// the wire (WCBindMW); it fails with WCMWBindErr.
+	OpBindMW Opcode = 8
+	// OpSendInv is a SEND whose arrival invalidates the peer's type 2 memory window
+	// whose R_Key is InvRKey; its receive completion says so (WCWithInv).
+	OpSendInv Opcode = 9
 )
 
-func (o Opcode) valid() bool { return o >= OpRDMAWrite && o <= OpAtomicFetchAdd }
+func (o Opcode) valid() bool { return o >= OpRDMAWrite && o <= OpSendInv }
+
+// local reports whether the NIC executes the request without the wire.
+func (o Opcode) local() bool { return o == OpLocalInv || o == OpBindMW }
 
 func (o Opcode) atomic() bool { return o == OpAtomicCmpSwap || o == OpAtomicFetchAdd }
 
@@ -36,7 +48,7 @@ func (o Opcode) readsBack() bool { return o == OpRDMARead || o.atomic() }
 
 // carriesData reports whether the request carries the SGL's bytes to the peer.
 func (o Opcode) carriesData() bool {
-	return o == OpRDMAWrite || o == OpRDMAWriteImm || o == OpSend || o == OpSendImm
+	return o == OpRDMAWrite || o == OpRDMAWriteImm || o == OpSend || o == OpSendImm || o == OpSendInv
 }
 
 // SendFlags are a send work request's flags, with ibv_send_flags' values.
@@ -81,8 +93,30 @@ type SendWR struct {
 	// UD is where a UD QP's SEND goes (the address handle, remote QPN and Q_Key of
 	// ibv_send_wr.wr.ud); nil on an RC QP.
 	UD *UDDest
+	// InvRKey is the R_Key OpLocalInv and OpSendInv invalidate (invalidate_rkey).
+	InvRKey uint32
+	// Bind is OpBindMW's window and binding (ibv_send_wr.bind_mw).
+	Bind *MWBind
 
 	inline []byte // SendInline: the bytes, copied at post time
+}
+
+// MWBind is a bind work request's window and binding, named by keys as the NIC's
+// bind WQE names them (rxe's mw_rkey and mr_lkey); MW.BindTo makes one.
+type MWBind struct {
+	MWRKey uint32 // the window, by its R_Key before the bind
+	// RKey is the window's R_Key once bound: its low eight bits (the key's tag,
+	// which the application advances for each bind, as ibv_inc_rkey does) replace
+	// the window's; its index stays the window's.
+	RKey uint32
+	// MRLKey is the region the window opens, by its L_Key; it needs AccessMWBind,
+	// and AccessLocalWrite for a writable window. A zero Length unbinds a type 1
+	// window (MRLKey is not looked at then).
+	MRLKey       uint32
+	Addr, Length uint64
+	// Access is the window's remote rights: AccessRemoteRead, AccessRemoteWrite,
+	// AccessRemoteAtomic (AccessLocalWrite is accepted and ignored).
+	Access Access
 }
 
 // UDDest is the destination of a UD SEND.

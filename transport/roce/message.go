@@ -42,10 +42,11 @@ func (m *Message) Segment() Segment {
 func Packets(n, mtu int) int { return max(1, (n+mtu-1)/mtu) }
 
 // segmentOps are the opcodes of a multi-packet message kind: first, middle, last,
-// only, and last and only with immediate (where one exists); zero for the other
-// kinds. An array, not a map: the requester looks it up for every run.
-var segmentOps = [KindAtomicAck + 1][6]Opcode{
-	KindSend:         {SendFirst, SendMiddle, SendLast, SendOnly, SendLastImm, SendOnlyImm},
+// only, last and only with immediate, and last and only with invalidate (where they
+// exist); zero for the other kinds. An array, not a map: the requester looks it up
+// for every run.
+var segmentOps = [KindAtomicAck + 1][8]Opcode{
+	KindSend:         {SendFirst, SendMiddle, SendLast, SendOnly, SendLastImm, SendOnlyImm, SendLastInv, SendOnlyInv},
 	KindWrite:        {WriteFirst, WriteMiddle, WriteLast, WriteOnly, WriteLastImm, WriteOnlyImm},
 	KindReadResponse: {ReadRespFirst, ReadRespMiddle, ReadRespLast, ReadRespOnly, ReadRespLast, ReadRespOnly},
 }

@@ -3,7 +3,7 @@
 // them on Ethernet, and the invariant CRC that ends every packet.
 //
 // A Packet is one RC packet: the base transport header (BTH), the extended headers
-// its opcode implies (RETH, AETH, AtomicETH, AtomicAckETH, ImmDt), the payload and
+// its opcode implies (RETH, AETH, AtomicETH, AtomicAckETH, ImmDt, IETH), the payload and
 // its pad. Append encodes it and computes the ICRC; Decode checks every field and
 // length against the packet and against the configured Limits before it returns
 // anything, and allocates nothing: the payload it returns aliases the datagram.
@@ -69,7 +69,10 @@ const (
 	AtomicAck      Opcode = 0x12
 	CompareSwap    Opcode = 0x13
 	FetchAdd       Opcode = 0x14
-	lastRCOpcode          = FetchAdd
+	// SEND with invalidate: the last packet's IETH names an R_Key the responder
+	// invalidates once the message is placed (a type 2 memory window's).
+	SendLastInv Opcode = 0x16
+	SendOnlyInv Opcode = 0x17
 )
 
 // The UD opcodes (IBTA 9.2, rxe_opcode.c): a UD message is one packet.
@@ -87,6 +90,7 @@ const (
 	AtomicETHSize    = 28
 	AtomicAckETHSize = 8
 	ImmDtSize        = 4
+	IETHSize         = 4
 	DETHSize         = 8
 	ICRCSize         = 4
 )
@@ -100,6 +104,7 @@ const (
 	hasImm
 	hasPayload
 	hasDETH
+	hasIETH
 )
 
 // position is a packet's place in its message.
@@ -141,6 +146,8 @@ var opInfo = [lastOpcode + 1]struct {
 	AtomicAck:      {"ATOMIC_ACKNOWLEDGE", hasAETH | hasAtomicAckETH, KindAtomicAck, posOnly},
 	CompareSwap:    {"COMPARE_SWAP", hasAtomicETH, KindCompareSwap, posOnly},
 	FetchAdd:       {"FETCH_ADD", hasAtomicETH, KindFetchAdd, posOnly},
+	SendLastInv:    {"SEND_LAST_WITH_INVALIDATE", hasPayload | hasIETH, KindSend, posLast},
+	SendOnlyInv:    {"SEND_ONLY_WITH_INVALIDATE", hasPayload | hasIETH, KindSend, posOnly},
 	UDSendOnly:     {"UD_SEND_ONLY", hasDETH | hasPayload, KindSend, posOnly},
 	UDSendOnlyImm:  {"UD_SEND_ONLY_WITH_IMMEDIATE", hasDETH | hasImm | hasPayload, KindSend, posOnly},
 }
@@ -163,7 +170,7 @@ func (o Opcode) String() string {
 
 // IsRequest reports whether a requester sends o.
 func (o Opcode) IsRequest() bool {
-	return o.Valid() && (o <= ReadRequest || o == CompareSwap || o == FetchAdd || o.UD())
+	return o.Valid() && (o <= ReadRequest || o == CompareSwap || o == FetchAdd || o == SendLastInv || o == SendOnlyInv || o.UD())
 }
 
 // HasPayload reports whether o carries data.
@@ -176,7 +183,7 @@ func (o Opcode) HeaderSize() int {
 	for _, h := range []struct {
 		bit, size int
 	}{{hasRETH, RETHSize}, {hasAETH, AETHSize}, {hasAtomicETH, AtomicETHSize}, {hasAtomicAckETH, AtomicAckETHSize},
-		{hasImm, ImmDtSize}, {hasDETH, DETHSize}} {
+		{hasImm, ImmDtSize}, {hasDETH, DETHSize}, {hasIETH, IETHSize}} {
 		if f&h.bit != 0 {
 			n += h.size
 		}
@@ -232,7 +239,9 @@ type Packet struct {
 	// AtomicAckETH: the value found at the address.
 	Orig uint64
 
-	// ImmDt: the immediate data of *_WITH_IMMEDIATE.
+	// ImmDt: the immediate data of *_WITH_IMMEDIATE; or IETH: the R_Key that
+	// SEND_*_WITH_INVALIDATE invalidates. No opcode carries both; the two headers
+	// have the same size and place.
 	Imm uint32
 
 	// DETH: a UD SEND's queue key and the sending QP's number (24 bits).
@@ -361,7 +370,7 @@ func (p *Packet) appendHeaders(b []byte) ([]byte, error) {
 	if f&hasAtomicAckETH != 0 {
 		b = be.AppendUint64(b, p.Orig)
 	}
-	if f&hasImm != 0 {
+	if f&(hasImm|hasIETH) != 0 {
 		b = be.AppendUint32(b, p.Imm)
 	}
 	return b, nil
@@ -436,7 +445,7 @@ func Decode(b []byte, ep Endpoints, lim Limits) (Packet, error) {
 		p.Orig = be.Uint64(b[at:])
 		at += AtomicAckETHSize
 	}
-	if f&hasImm != 0 {
+	if f&(hasImm|hasIETH) != 0 {
 		p.Imm = be.Uint32(b[at:])
 		at += ImmDtSize
 	}

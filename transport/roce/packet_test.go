@@ -54,6 +54,9 @@ func samples() []Packet {
 		if f&hasImm != 0 {
 			p.Imm = 0xdeadbeef
 		}
+		if f&hasIETH != 0 {
+			p.Imm = 0x12345678 // the R_Key to invalidate
+		}
 		if f&hasDETH != 0 {
 			p.QKey, p.SrcQP, p.AckReq = 0x80010203, 0xabcdef, false
 		}
@@ -94,6 +97,24 @@ func TestHeaderLayout(t *testing.T) {
 	assert.Equal(t, BTHSize+AETHSize, Acknowledge.HeaderSize())
 	assert.Equal(t, BTHSize+AETHSize+AtomicAckETHSize, AtomicAck.HeaderSize())
 	assert.Equal(t, BTHSize+AtomicETHSize, CompareSwap.HeaderSize())
+	assert.Equal(t, BTHSize+IETHSize, SendOnlyInv.HeaderSize())
+}
+
+// A SEND with invalidate's IETH follows the BTH (IBTA 9.3.8), where a SEND with
+// immediate has its ImmDt.
+func TestIETHLayout(t *testing.T) {
+	p := Packet{Opcode: SendOnlyInv, PKey: 0xffff, DestQP: 0x000011, PSN: 5, AckReq: true, Imm: 0x0a0b0c0d,
+		Payload: []byte{7, 8, 9, 10}}
+	b, err := p.Append(nil, ep4)
+	require.NoError(t, err)
+	want := []byte{
+		0x17, 0x00, 0xff, 0xff, 0x00, 0x00, 0x00, 0x11, 0x80, 0x00, 0x00, 0x05, // BTH
+		0x0a, 0x0b, 0x0c, 0x0d, // IETH: the R_Key
+		7, 8, 9, 10,
+	}
+	assert.Equal(t, want, b[:len(b)-ICRCSize])
+	assert.Equal(t, "SEND_LAST_WITH_INVALIDATE", SendLastInv.String())
+	assert.True(t, SendLastInv.IsRequest())
 }
 
 // rcSamples is samples() of the RC opcodes: what an RC QP's link takes.

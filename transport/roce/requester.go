@@ -37,7 +37,10 @@ type Request struct {
 	VA     uint64 // WRITE, READ, atomics
 	RKey   uint32
 	HasImm bool // SEND and WRITE with immediate
-	Imm    uint32
+	// Inv: a SEND with invalidate, whose last packet's IETH carries Imm, the R_Key
+	// the responder invalidates.
+	Inv bool
+	Imm uint32
 	// Swap is a compare-and-swap's new value or a fetch-and-add's addend; Compare
 	// the value a compare-and-swap expects.
 	Swap, Compare uint64
@@ -195,7 +198,8 @@ func (q *Requester) Post(r Request, now time.Time) (Output, error) {
 	default:
 		return out, fmt.Errorf("%w: request kind %d", ErrMalformed, r.Kind)
 	}
-	if r.Length > maxRCMessage || (r.HasImm && r.Kind != KindSend && r.Kind != KindWrite) {
+	if r.Length > maxRCMessage || (r.HasImm && r.Kind != KindSend && r.Kind != KindWrite) ||
+		(r.Inv && (r.Kind != KindSend || r.HasImm)) {
 		return out, fmt.Errorf("%w: %d-byte request of kind %d", ErrMalformed, r.Length, r.Kind)
 	}
 	if q.failed {
@@ -294,12 +298,16 @@ func (q *Requester) NextInto(t *Transmit, maxPackets int) bool {
 		switch {
 		case total == 1 && o.HasImm:
 			return ops[5]
+		case total == 1 && o.Inv:
+			return ops[7]
 		case total == 1:
 			return ops[3]
 		case i == 0:
 			return ops[0]
 		case i == total-1 && o.HasImm:
 			return ops[4]
+		case i == total-1 && o.Inv:
+			return ops[6]
 		case i == total-1:
 			return ops[2]
 		}
@@ -311,7 +319,7 @@ func (q *Requester) NextInto(t *Transmit, maxPackets int) bool {
 	}
 	if k+count == total {
 		s.AckReq = true
-		if o.HasImm {
+		if o.HasImm || o.Inv {
 			s.Imm = o.Imm
 		}
 	}

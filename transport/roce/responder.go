@@ -49,9 +49,10 @@ type MessageInfo struct {
 	VA     uint64 // WRITE, READ, atomics
 	RKey   uint32
 	Length uint32 // WRITE: the RETH's length; READ: the bytes asked for
-	// The last packet's: immediate data (HasImm), the ACK request.
-	HasImm bool
-	Imm    uint32
+	// The last packet's: immediate data (HasImm) or the R_Key a SEND with
+	// invalidate invalidates (Inv), the ACK request.
+	HasImm, Inv bool
+	Imm         uint32
 	// Atomics: the swap value or addend, and the compare value.
 	Swap, Compare uint64
 }
@@ -204,8 +205,11 @@ func (r *Responder) Receive(s *Segment) Verdict {
 	}
 	if v.Ends {
 		v.AckReq = s.AckReq
-		if s.Last.flags()&hasImm != 0 {
+		switch f := s.Last.flags(); {
+		case f&hasImm != 0:
 			v.Msg.HasImm, v.Msg.Imm = true, s.Imm
+		case f&hasIETH != 0:
+			v.Msg.Inv, v.Msg.Imm = true, s.Imm
 		}
 	}
 	v.Act = ActPlace

@@ -341,3 +341,44 @@ func FuzzResponder(f *testing.F) {
 		}
 	})
 }
+
+// A SEND with invalidate ends with SEND_LAST_WITH_INVALIDATE (or is one
+// SEND_ONLY_WITH_INVALIDATE), whose IETH the responder hands on with the message's end.
+func TestSendWithInvalidate(t *testing.T) {
+	const mtu = 256
+	lim := Limits{MTU: mtu, MaxMessage: 1 << 20}
+	for _, n := range []uint32{3*mtu - 5, 9} {
+		send := Request{ID: 1, Kind: KindSend, Length: n, Inv: true, Imm: 0xabcd01}
+		total := Packets(int(n), mtu)
+		s := runOf(t, mtu, 7, send, 0, total)
+		require.NoError(t, s.check(mtu))
+		ps := s.Packets(nil, mtu)
+		want := SendOnlyInv
+		if total > 1 {
+			want = SendLastInv
+			assert.Equal(t, SendFirst, ps[0].Opcode)
+		}
+		last := ps[len(ps)-1]
+		assert.Equal(t, want, last.Opcode)
+		assert.EqualValues(t, 0xabcd01, last.Imm, "the IETH")
+		for _, p := range ps[:len(ps)-1] {
+			assert.Zero(t, p.Imm, "%v: only the last packet has the IETH", p.Opcode)
+		}
+
+		r := NewResponder(7, lim, 4)
+		v := r.Receive(&s)
+		require.Equal(t, ActPlace, v.Act)
+		require.True(t, v.Ends)
+		assert.True(t, v.Msg.Inv)
+		assert.False(t, v.Msg.HasImm)
+		assert.EqualValues(t, 0xabcd01, v.Msg.Imm)
+	}
+	q := NewRequester(RequesterConfig{MTU: mtu})
+	for _, bad := range []Request{
+		{Kind: KindWrite, Length: 8, Inv: true},
+		{Kind: KindSend, Length: 8, Inv: true, HasImm: true},
+	} {
+		_, err := q.Post(bad, zeroTime)
+		assert.ErrorIs(t, err, ErrMalformed, "%+v", bad)
+	}
+}

@@ -127,7 +127,7 @@ func (s *Segment) Packets(ps []Packet, mtu int) []Packet {
 		}
 		if i == s.Count-1 {
 			p.AckReq, p.Solicited = s.AckReq, s.Solicited
-			if f&hasImm != 0 {
+			if f&(hasImm|hasIETH) != 0 {
 				p.Imm = s.Imm
 			}
 		}

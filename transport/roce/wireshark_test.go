@@ -66,11 +66,11 @@ func TestWiresharkDecodes(t *testing.T) {
 	// them malformed): it is turned off, the InfiniBand dissector is what is checked.
 	rows, err := c.Fields([]string{"--disable-protocol", "rpcordma"}, "frame.protocols", "infiniband.bth.opcode",
 		"infiniband.bth.psn", "infiniband.invariant.crc", "ip.id", "ip.flags.df", "_ws.malformed", "_ws.expert.severity",
-		"infiniband.deth.q_key", "infiniband.deth.srcqp")
+		"infiniband.deth.q_key", "infiniband.deth.srcqp", "infiniband.ieth")
 	require.NoError(t, err)
 	require.Len(t, rows, len(pkts))
 	for i, f := range rows {
-		require.Len(t, f, 10, "%q", f)
+		require.Len(t, f, 11, "%q", f)
 		p := pkts[i]
 		assert.Contains(t, f[0], "infiniband", "%v: dissected as InfiniBand: %s", p.Opcode, f[0])
 		assert.Equal(t, strconv.Itoa(int(p.Opcode)), f[1], "%v: opcode", p.Opcode)
@@ -92,6 +92,11 @@ func TestWiresharkDecodes(t *testing.T) {
 			src, err := strconv.ParseUint(strings.TrimPrefix(f[9], "0x"), 16, 64)
 			require.NoError(t, err, "%v: a source QP field: %q", p.Opcode, f[9])
 			assert.Equal(t, [2]uint64{uint64(p.QKey), uint64(p.SrcQP)}, [2]uint64{qkey, src}, "%v: DETH", p.Opcode)
+		}
+		if p.Opcode.flags()&hasIETH != 0 { // the IETH's R_Key, as bytes (Wireshark lists the header and the field)
+			for _, k := range strings.Split(f[10], ",") {
+				assert.Equal(t, fmt.Sprintf("%08x", p.Imm), strings.ReplaceAll(k, ":", ""), "%v: IETH", p.Opcode)
+			}
 		}
 	}
 }

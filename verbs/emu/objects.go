@@ -262,9 +262,13 @@ func poll(cq *odp.CQ, wcs []C.struct_odpemu_wc) (int, error) {
 	for done < len(wcs) {
 		k, err := cq.Poll(buf[:min(len(buf), len(wcs)-done)])
 		for _, wc := range buf[:k] {
+			imm := wc.ImmData
+			if wc.Flags&odp.WCWithInv != 0 {
+				imm = wc.InvRKey
+			}
 			wcs[done] = C.struct_odpemu_wc{wr_id: C.uint64_t(wc.WRID), status: C.uint32_t(wc.Status),
 				opcode: C.uint32_t(wc.Opcode), byte_len: C.uint32_t(wc.ByteLen), qp_num: C.uint32_t(wc.QPNum),
-				wc_flags: C.uint32_t(wc.Flags), imm: C.uint32_t(wc.ImmData), src_qp: C.uint32_t(wc.SrcQP)}
+				wc_flags: C.uint32_t(wc.Flags), imm: C.uint32_t(imm), src_qp: C.uint32_t(wc.SrcQP)}
 			done++
 		}
 		if err != nil || k < len(buf) {
@@ -453,10 +457,18 @@ func odpemu_post_send(h C.odpemu_handle, wrs *C.struct_odpemu_send_wr, n C.uint3
 	}
 	ud := q.qp.Config().Type == odp.QPTypeUD
 	var dest odp.UDDest
+	var bind odp.MWBind
 	for i, wr := range unsafe.Slice(wrs, int(n)) {
 		swr := odp.SendWR{WRID: uint64(wr.wr_id), Opcode: odp.Opcode(wr.opcode), Flags: odp.SendFlags(wr.flags),
 			SGL: sgl(wr.sg_list, wr.num_sge), RemoteAddr: uint64(wr.remote_addr), RKey: uint32(wr.rkey), Imm: uint32(wr.imm),
-			CompareAdd: uint64(wr.compare_add), Swap: uint64(wr.swap)}
+			CompareAdd: uint64(wr.compare_add), Swap: uint64(wr.swap), InvRKey: uint32(wr.invalidate_rkey)}
+		if swr.Opcode == odp.OpBindMW { // PostSend copies the binding
+			var ok bool
+			if bind, ok = bindOf(&wr); !ok {
+				return C.int(syscall.EINVAL)
+			}
+			swr.Bind = &bind
+		}
 		if ud { // PostSend copies the destination
 			gid := *(*[16]byte)(unsafe.Pointer(&wr.dgid))
 			dest = odp.UDDest{Addr: netip.AddrPortFrom(netip.AddrFrom16(gid).Unmap(), roce.UDPPort),
@@ -469,6 +481,55 @@ func odpemu_post_send(h C.odpemu_handle, wrs *C.struct_odpemu_send_wr, n C.uint3
 		}
 		*posted = C.uint32_t(i + 1)
 	}
+	return 0
+}
+
+// bindOf is a bind work request's window and binding by their keys (the window's
+// current R_Key, the MR's L_Key), or false when a handle is not one.
+func bindOf(wr *C.struct_odpemu_send_wr) (odp.MWBind, bool) {
+	w, ok := lookup[*odp.MW](wr.mw)
+	if !ok {
+		return odp.MWBind{}, false
+	}
+	b := odp.MWBind{MWRKey: w.RKey(), RKey: uint32(wr.rkey), Addr: uint64(wr.bind_addr), Length: uint64(wr.bind_length),
+		Access: odp.Access(wr.bind_access)}
+	if wr.mr != 0 {
+		r, ok := lookup[*memoryRegion](wr.mr)
+		if !ok {
+			return odp.MWBind{}, false
+		}
+		b.MRLKey = r.mr.LKey()
+	}
+	return b, true
+}
+
+// odpemu_alloc_mw allocates a memory window of type typ (enum ibv_mw_type) in a PD.
+//
+//export odpemu_alloc_mw
+func odpemu_alloc_mw(h C.odpemu_handle, typ C.uint32_t, out *C.odpemu_handle, rkey *C.uint32_t) C.int {
+	pd, ok := lookup[*protectionDomain](h)
+	if !ok {
+		return C.int(syscall.EINVAL)
+	}
+	mw, err := pd.pd.AllocMW(odp.MWType(typ))
+	if err != nil {
+		return errno(err)
+	}
+	*out = C.odpemu_handle(cgo.NewHandle(mw))
+	*rkey = C.uint32_t(mw.RKey())
+	return 0
+}
+
+//export odpemu_dealloc_mw
+func odpemu_dealloc_mw(h C.odpemu_handle) C.int {
+	mw, ok := lookup[*odp.MW](h)
+	if !ok {
+		return C.int(syscall.EINVAL)
+	}
+	if err := mw.Dealloc(); err != nil {
+		return errno(err)
+	}
+	cgo.Handle(h).Delete()
 	return 0
 }
 

@@ -52,8 +52,8 @@ struct odpemu_send_wr {
 	uint64_t wr_id;
 	uint32_t opcode; /* enum ibv_wr_opcode */
 	uint32_t flags;  /* enum ibv_send_flags */
-	uint32_t imm;    /* as the application gave it (network order) */
-	uint32_t rkey;
+	uint32_t imm;    /* in host order (ibv_send_wr has it in network order) */
+	uint32_t rkey;   /* IBV_WR_BIND_MW: the window's new R_Key */
 	uint64_t remote_addr;
 	uint64_t compare_add, swap;
 	const struct odpemu_sge *sg_list;
@@ -61,6 +61,13 @@ struct odpemu_send_wr {
 	/* A UD SEND's destination: its address handle's GID, the remote QPN and Q_Key. */
 	uint8_t dgid[16];
 	uint32_t remote_qpn, remote_qkey;
+	/* IBV_WR_LOCAL_INV, IBV_WR_SEND_WITH_INV: the R_Key to invalidate. */
+	uint32_t invalidate_rkey;
+	/* IBV_WR_BIND_MW: the window and its ibv_mw_bind_info (mr 0, or a zero length:
+	 * unbind). */
+	odpemu_handle mw, mr;
+	uint64_t bind_addr, bind_length;
+	uint32_t bind_access;
 };
 
 /* A work completion. */
@@ -71,7 +78,7 @@ struct odpemu_wc {
 	uint32_t byte_len;
 	uint32_t qp_num;
 	uint32_t wc_flags; /* enum ibv_wc_flags */
-	uint32_t imm;      /* network order, as ibv_wc.imm_data */
+	uint32_t imm;      /* host order: immediate data (IBV_WC_WITH_IMM) or the R_Key invalidated (IBV_WC_WITH_INV) */
 	uint32_t src_qp;   /* a UD receive's sending QP */
 };
 
@@ -133,6 +140,8 @@ struct odpemu_connect {
 	X(int, odpemu_destroy_qp, (odpemu_handle qp))                                            \
 	X(int, odpemu_post_send, (odpemu_handle qp, const struct odpemu_send_wr *wrs, uint32_t n,  \
 				  uint32_t *posted))                                                  \
+	X(int, odpemu_alloc_mw, (odpemu_handle pd, uint32_t type, odpemu_handle *mw, uint32_t *rkey))  \
+	X(int, odpemu_dealloc_mw, (odpemu_handle mw))                                            \
 	X(int, odpemu_post_recv, (odpemu_handle qp, uint64_t wr_id, const struct odpemu_sge *sg,   \
 				  uint32_t num_sge))                                                  \
 	X(int, odpemu_create_srq, (odpemu_handle pd, uint32_t *max_wr, uint32_t *max_sge,          \

@@ -81,6 +81,19 @@ struct emu_cq {
 int emu_poll_cq(struct ibv_cq *cq, int num_entries, struct ibv_wc *wc);
 struct ibv_cq_ex *emu_create_cq_ex(struct ibv_context *context, struct ibv_cq_init_attr_ex *attr);
 
+/* An MR (qp.c) and a memory window (mw.c). */
+struct emu_mr {
+	struct ibv_mr mr;
+	odpemu_handle h;
+};
+struct emu_mw {
+	struct ibv_mw mw;
+	odpemu_handle h;
+};
+
+/* emu_bind_info fills a bind work request's window and binding (mw.c). */
+void emu_bind_info(struct odpemu_send_wr *w, struct ibv_mw *mw, uint32_t rkey, const struct ibv_mw_bind_info *info);
+
 /* An address handle: a UD SEND's destination, by GID (RoCE addresses by GID: the
  * emulator sends to the IPv4 address an IPv4-mapped GID holds, port 4791). */
 struct emu_ah {
@@ -94,8 +107,9 @@ int emu_wr_init(struct emu_qp *q, uint64_t ops);
 void emu_wr_free(struct emu_qp *q);
 
 /* emu_set_qp_ops gives a new context the data-path ops (qp.c), emu_set_srq_ops the
- * SRQ's (srq.c). */
+ * SRQ's (srq.c), emu_set_mw_ops the memory windows' (mw.c). */
 void emu_set_qp_ops(struct ibv_context *ctx);
 void emu_set_srq_ops(struct ibv_context *ctx);
+void emu_set_mw_ops(struct ibv_context *ctx);
 
 #endif

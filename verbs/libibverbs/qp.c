@@ -25,11 +25,6 @@ _Static_assert(sizeof(struct ibv_sge) == sizeof(struct odpemu_sge) &&
 		       offsetof(struct ibv_sge, lkey) == offsetof(struct odpemu_sge, lkey),
 	       "an ibv_sge is passed to the Go half as it is");
 
-struct emu_mr {
-	struct ibv_mr mr;
-	odpemu_handle h;
-};
-
 /* A completion channel: a pipe. An armed CQ's next completion writes the CQ's
  * address into it (the Go half does, non-blocking); ibv_get_cq_event reads it, as
  * rdma-core reads the kernel's event from the channel's file. */
@@ -107,8 +102,8 @@ EXPORT void ibv_ack_cq_events(struct ibv_cq *cq, unsigned int nevents)
 static struct ibv_mr *reg_mr(struct ibv_pd *pd, void *addr, size_t length, uint64_t iova, unsigned int access)
 {
 	access &= ~EMU_OPTIONAL_ACCESS;
-	if (access & (IBV_ACCESS_MW_BIND | IBV_ACCESS_ZERO_BASED)) {
-		errno = EOPNOTSUPP; /* no memory windows, no zero-based MRs */
+	if (access & IBV_ACCESS_ZERO_BASED) {
+		errno = EOPNOTSUPP; /* no zero-based MRs */
 		return NULL;
 	}
 	access &= ~IBV_ACCESS_HUGETLB; /* a hint about the memory: the NIC's pages are 4 KiB anyway */
@@ -177,7 +172,7 @@ EXPORT int ibv_rereg_mr(struct ibv_mr *mr, int flags, struct ibv_pd *pd, void *a
 		return IBV_REREG_MR_ERR_INPUT;
 	}
 	unsigned int acc = (unsigned int)access & ~(EMU_OPTIONAL_ACCESS | IBV_ACCESS_HUGETLB);
-	if (acc & (IBV_ACCESS_MW_BIND | IBV_ACCESS_ZERO_BASED)) {
+	if (acc & IBV_ACCESS_ZERO_BASED) {
 		errno = EOPNOTSUPP;
 		return IBV_REREG_MR_ERR_INPUT;
 	}
@@ -285,7 +280,10 @@ int emu_poll_cq(struct ibv_cq *cq, int num_entries, struct ibv_wc *wc)
 			w->byte_len = buf[i].byte_len;
 			w->qp_num = buf[i].qp_num;
 			w->wc_flags = buf[i].wc_flags;
-			w->imm_data = htobe32(buf[i].imm);
+			if (w->wc_flags & IBV_WC_WITH_INV)
+				w->invalidated_rkey = buf[i].imm;
+			else
+				w->imm_data = htobe32(buf[i].imm);
 			w->src_qp = buf[i].src_qp;
 			w->pkey_index = 0;
 		}
@@ -382,6 +380,15 @@ static int to_emu_wr(const struct ibv_qp *qp, const struct ibv_send_wr *wr, stru
 	case IBV_WR_RDMA_WRITE_WITH_IMM:
 	case IBV_WR_SEND_WITH_IMM:
 		w->imm = be32toh(wr->imm_data);
+		break;
+	case IBV_WR_LOCAL_INV:
+	case IBV_WR_SEND_WITH_INV:
+		w->invalidate_rkey = wr->invalidate_rkey;
+		break;
+	case IBV_WR_BIND_MW:
+		if (!wr->bind_mw.mw)
+			return EINVAL;
+		emu_bind_info(w, wr->bind_mw.mw, wr->bind_mw.rkey, &wr->bind_mw.bind_info);
 		break;
 	default:
 		break;

@@ -273,12 +273,14 @@ static void device_attr(struct emu_context *c, struct ibv_device_attr *a)
 	a->vendor_part_id = 0;
 	a->max_qp = EMU_MAX_QP;
 	a->max_qp_wr = (int)e->max_qp_wr;
-	a->device_cap_flags = IBV_DEVICE_RC_RNR_NAK_GEN;
+	/* Memory windows of type 1 and 2B, as rxe's. */
+	a->device_cap_flags = IBV_DEVICE_RC_RNR_NAK_GEN | IBV_DEVICE_MEM_WINDOW | IBV_DEVICE_MEM_WINDOW_TYPE_2B;
 	a->max_sge = (int)e->max_sge;
 	a->max_sge_rd = (int)e->max_sge;
 	a->max_cq = EMU_MAX_CQ;
 	a->max_cqe = (int)e->max_cqe;
 	a->max_mr = EMU_MAX_MR;
+	a->max_mw = EMU_MAX_MR; /* windows and MRs share the key space */
 	a->max_pd = EMU_MAX_PD;
 	a->max_qp_rd_atom = (int)e->max_qp_rd_atom;
 	a->max_qp_init_rd_atom = (int)e->max_qp_init_rd_atom;
@@ -494,6 +496,7 @@ EXPORT struct ibv_context *ibv_open_device(struct ibv_device *device)
 	c->vctx.advise_mr = emu_advise_mr;
 	emu_set_qp_ops(ctx);
 	emu_set_srq_ops(ctx);
+	emu_set_mw_ops(ctx);
 	return ctx;
 }
 

@@ -21,7 +21,8 @@
 #define EMU_WR_OPS                                                                                       \
 	(IBV_QP_EX_WITH_RDMA_WRITE | IBV_QP_EX_WITH_RDMA_WRITE_WITH_IMM | IBV_QP_EX_WITH_SEND |          \
 	 IBV_QP_EX_WITH_SEND_WITH_IMM | IBV_QP_EX_WITH_RDMA_READ | IBV_QP_EX_WITH_ATOMIC_CMP_AND_SWP | \
-	 IBV_QP_EX_WITH_ATOMIC_FETCH_AND_ADD)
+	 IBV_QP_EX_WITH_ATOMIC_FETCH_AND_ADD | IBV_QP_EX_WITH_BIND_MW | IBV_QP_EX_WITH_LOCAL_INV |     \
+	 IBV_QP_EX_WITH_SEND_WITH_INV)
 
 static struct emu_qp *eqp(struct ibv_qp_ex *qx) { return container_of(qx, struct emu_qp, qp_ex); }
 
@@ -156,13 +157,34 @@ static void wr_set_inline_data(struct ibv_qp_ex *qx, void *addr, size_t length)
 	wr_set_inline_data_list(qx, 1, &buf);
 }
 
-/* unsupported is every operation the QP cannot perform: RC QPs here have no memory
- * windows, no UD or XRC addressing, no TSO. wr_complete then fails. */
-static void unsupported(struct ibv_qp_ex *qx) { fail(eqp(qx)->batch, EOPNOTSUPP); }
 static void wr_bind_mw(struct ibv_qp_ex *qx, struct ibv_mw *mw, uint32_t rkey, const struct ibv_mw_bind_info *info)
 {
-	(void)mw, (void)rkey, (void)info, unsupported(qx);
+	struct odpemu_send_wr *w = next(qx, IBV_WR_BIND_MW);
+	if (w && (!mw || !info)) {
+		fail(eqp(qx)->batch, EINVAL);
+		return;
+	}
+	if (w)
+		emu_bind_info(w, mw, rkey, info);
 }
+
+static void wr_local_inv(struct ibv_qp_ex *qx, uint32_t rkey)
+{
+	struct odpemu_send_wr *w = next(qx, IBV_WR_LOCAL_INV);
+	if (w)
+		w->invalidate_rkey = rkey;
+}
+
+static void wr_send_inv(struct ibv_qp_ex *qx, uint32_t rkey)
+{
+	struct odpemu_send_wr *w = next(qx, IBV_WR_SEND_WITH_INV);
+	if (w)
+		w->invalidate_rkey = rkey;
+}
+
+/* unsupported is every operation the QP cannot perform: RC QPs here have no XRC
+ * addressing, no TSO. wr_complete then fails. */
+static void unsupported(struct ibv_qp_ex *qx) { fail(eqp(qx)->batch, EOPNOTSUPP); }
 static void wr_with_key(struct ibv_qp_ex *qx, uint32_t key) { (void)key, unsupported(qx); }
 static void wr_send_tso(struct ibv_qp_ex *qx, void *hdr, uint16_t hdr_sz, uint16_t mss)
 {
@@ -254,8 +276,8 @@ int emu_wr_init(struct emu_qp *q, uint64_t ops)
 	qx->wr_set_inline_data = wr_set_inline_data;
 	qx->wr_set_inline_data_list = wr_set_inline_data_list;
 	qx->wr_bind_mw = wr_bind_mw;
-	qx->wr_local_inv = wr_with_key;
-	qx->wr_send_inv = wr_with_key;
+	qx->wr_local_inv = wr_local_inv;
+	qx->wr_send_inv = wr_send_inv;
 	qx->wr_send_tso = wr_send_tso;
 	qx->wr_set_ud_addr = wr_set_ud_addr;
 	qx->wr_set_xrc_srqn = wr_with_key;

@@ -77,9 +77,9 @@ int main(void)
 					   .cap = {.max_send_wr = SQ, .max_recv_wr = SQ, .max_send_sge = 2,
 						   .max_recv_sge = 1, .max_inline_data = 64},
 					   .comp_mask = IBV_QP_INIT_ATTR_PD | IBV_QP_INIT_ATTR_SEND_OPS_FLAGS,
-					   .pd = pd, .send_ops_flags = IBV_QP_EX_WITH_BIND_MW};
+					   .pd = pd, .send_ops_flags = IBV_QP_EX_WITH_TSO};
 	if (ibv_create_qp_ex(ctx, &attr) || errno != EOPNOTSUPP)
-		DIE("a QP that binds memory windows is EOPNOTSUPP");
+		DIE("an RC QP that sends TSO is EOPNOTSUPP");
 	attr.send_ops_flags = ops;
 	struct ibv_qp *a = ibv_create_qp_ex(ctx, &attr);
 	struct ibv_qp *b = create_qp(pd, cq, cq);
@@ -176,9 +176,9 @@ int main(void)
 	qx->wr_id = 600;
 	ibv_wr_rdma_write(qx, mr->rkey, (uintptr_t)dst);
 	ibv_wr_set_sge(qx, mr->lkey, (uintptr_t)src, 8);
-	ibv_wr_local_inv(qx, mr->rkey);
+	ibv_wr_send_tso(qx, src, 8, 64);
 	if ((e = ibv_wr_complete(qx)) != EOPNOTSUPP)
-		DIE("local invalidate: %d", e);
+		DIE("TSO on an RC QP: %d", e);
 	ibv_wr_start(qx);
 	qx->wr_id = 601;
 	ibv_wr_send(qx);
