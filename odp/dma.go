@@ -174,22 +174,35 @@ func (mr *MR) dmaOnce(off uint64, buf []byte, toMR bool) error {
 	return wrap(ErrBusy, "MR %#x: DMA kept being torn by page faults", mr.key)
 }
 
+// atomicOp is what an 8-byte atomic does to its word.
+type atomicOp int
+
+const (
+	atomicFetchAdd atomicOp = iota // adds value
+	atomicCmpSwap                  // stores value if the word is compare
+	atomicStore                    // stores value (an atomic write)
+)
+
 // atomicOn runs an 8-byte atomic at MR offset off (aligned, bounds-checked) as the
 // DMA ref (begun for write on those bytes), ends ref, and returns the value it
-// found. The CPU's atomic instructions make it atomic with respect to every other
-// NIC atomic and to the application's own atomics on the word. It is never made
-// again: a single access cannot be torn, and if a page fault during it installed a
-// new page, it ran on that page, as if it came after the change that replaced the
-// page.
-func (mr *MR) atomicOn(ref dmaRef, off uint64, cmpSwap bool, compare, value uint64) (uint64, error) {
+// found (an atomic store finds nothing). The CPU's atomic instructions make it
+// atomic with respect to every other NIC atomic and to the application's own
+// atomics on the word. It is never made again: a single access cannot be torn, and
+// if a page fault during it installed a new page, it ran on that page, as if it came
+// after the change that replaced the page.
+func (mr *MR) atomicOn(ref dmaRef, off uint64, op atomicOp, compare, value uint64) (uint64, error) {
 	word := (*uint64)(unsafe.Pointer(&ref.bytes()[0]))
 	if dt := mr.detached.Load(); dt.has(int((mr.start + uintptr(off) - mr.base) / pagefault.PageSize)) {
 		word = (*uint64)(unsafe.Pointer(&dt.mem[mr.start+uintptr(off)-mr.base]))
 	}
 	var orig uint64
 	err := mr.dev.dmaRun(func() {
-		if !cmpSwap {
+		switch op {
+		case atomicFetchAdd:
 			orig = atomic.AddUint64(word, value) - value
+			return
+		case atomicStore:
+			atomic.StoreUint64(word, value)
 			return
 		}
 		for {

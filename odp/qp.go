@@ -258,6 +258,9 @@ func (qp *QP) PostSend(wr SendWR) error {
 	if wr.Opcode.atomic() && (len(wr.SGL) != 1 || wr.SGL[0].Length != 8) {
 		return wrap(ErrInvalidArgument, "an atomic's SGL must be one 8-byte SGE")
 	}
+	if wr.Opcode == OpAtomicWrite && sglLen(wr.SGL) != 8 {
+		return wrap(ErrInvalidArgument, "an atomic write carries 8 bytes")
+	}
 	if wr.Opcode == OpBindMW && wr.Bind == nil {
 		return wrap(ErrInvalidArgument, "a bind work request needs a binding")
 	}

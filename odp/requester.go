@@ -115,6 +115,8 @@ func (e *engine) message(w *wqe) (roce.Request, WCStatus, string) {
 		r.Kind, r.Swap, r.Compare = roce.KindCompareSwap, wr.Swap, wr.CompareAdd
 	case OpAtomicFetchAdd:
 		r.Kind, r.Swap = roce.KindFetchAdd, wr.CompareAdd
+	case OpAtomicWrite:
+		r.Kind = roce.KindAtomicWrite
 	}
 	return r, WCSuccess, ""
 }

@@ -24,6 +24,7 @@ package odp
 // (mlx5's MAX_PREFETCH_LEN), so that the retransmission finds it mapped.
 
 import (
+	"encoding/binary"
 	"errors"
 	"fmt"
 	"sync/atomic"
@@ -141,8 +142,11 @@ const (
 	faultError       // the MR cannot be written or read: an access error
 )
 
-// placeRun places a SEND or WRITE run.
+// placeRun places a SEND or WRITE run (or an atomic write).
 func (e *engine) placeRun(s *roce.Segment, v *roce.Verdict) bool {
+	if v.Msg.Kind == roce.KindAtomicWrite {
+		return e.atomic(s, v)
+	}
 	if e.rnrFault != nil { // the retransmission of an RNR NAKed run: its fault still runs
 		e.rnr()
 		e.release(s)
@@ -437,10 +441,21 @@ func (e *engine) read(s *roce.Segment, v *roce.Verdict) bool {
 	return true
 }
 
-// atomic executes a compare-and-swap or fetch-and-add, once: a duplicate is
-// answered from its saved result.
+// atomic executes a compare-and-swap, a fetch-and-add or an atomic write on 8
+// aligned bytes, once: a duplicate atomic is answered from its saved result, a
+// duplicate atomic write acknowledged as a WRITE's (rxe's atomic_write_reply, which
+// needs REMOTE_WRITE). The requests before it were executed already: the responder
+// takes a QP's requests in order.
 func (e *engine) atomic(s *roce.Segment, v *roce.Verdict) bool {
-	if !e.allows(s, AccessRemoteAtomic) {
+	op, need, value := atomicFetchAdd, AccessRemoteAtomic, v.Msg.Swap
+	switch v.Msg.Kind {
+	case roce.KindCompareSwap:
+		op = atomicCmpSwap
+	case roce.KindAtomicWrite:
+		op, need = atomicStore, AccessRemoteWrite
+		value = binary.NativeEndian.Uint64(s.Payload) // one packet of 8 bytes (Receive checked)
+	}
+	if !e.allows(s, need) {
 		return true
 	}
 	if v.Msg.VA%8 != 0 {
@@ -448,7 +463,7 @@ func (e *engine) atomic(s *roce.Segment, v *roce.Verdict) bool {
 		e.refuse(e.resp.Fail(roce.SynNAKInvalidRequest), fmt.Sprintf("atomic at %#x is not 8-byte aligned", v.Msg.VA))
 		return true
 	}
-	mr, off, why := e.qp.remoteMR(v.Msg.RKey, v.Msg.VA, 8, AccessRemoteAtomic)
+	mr, off, why := e.qp.remoteMR(v.Msg.RKey, v.Msg.VA, 8, need)
 	if mr == nil {
 		e.release(s)
 		e.refuse(e.resp.Fail(roce.SynNAKRemoteAccess), why)
@@ -470,14 +485,24 @@ func (e *engine) atomic(s *roce.Segment, v *roce.Verdict) bool {
 		e.refuse(e.resp.Fail(roce.SynNAKRemoteAccess), err.Error())
 		return true
 	}
-	orig, err := mr.atomicOn(ref, off, v.Msg.Kind == roce.KindCompareSwap, v.Msg.Compare, v.Msg.Swap)
+	orig, err := mr.atomicOn(ref, off, op, v.Msg.Compare, value)
 	if err != nil {
 		e.release(s)
 		e.refuse(e.resp.Fail(roce.SynNAKRemoteAccess), err.Error())
 		return true
 	}
-	e.answer(e.resp.AtomicDone(v, orig))
-	e.release(s)
+	if op != atomicStore {
+		e.answer(e.resp.AtomicDone(v, orig))
+		e.release(s)
+		return true
+	}
+	if e.release(s) { // the sender's copy was torn: it sends the value again, which is stored again
+		e.rc(func(c *rcCounters) *atomic.Uint64 { return &c.dropped })
+		return true
+	}
+	if e.resp.Placed(s, v) {
+		e.ackOwed = true
+	}
 	return true
 }
 

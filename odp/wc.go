@@ -47,14 +47,15 @@ type WCOpcode int
 
 // What completions complete.
 const (
-	WCSend      WCOpcode = 0
-	WCRDMAWrite WCOpcode = 1
-	WCRDMARead  WCOpcode = 2
-	WCCompSwap  WCOpcode = 3
-	WCFetchAdd  WCOpcode = 4
-	WCBindMW    WCOpcode = 5
-	WCLocalInv  WCOpcode = 6
-	WCRecv      WCOpcode = 128
+	WCSend        WCOpcode = 0
+	WCRDMAWrite   WCOpcode = 1
+	WCRDMARead    WCOpcode = 2
+	WCCompSwap    WCOpcode = 3
+	WCFetchAdd    WCOpcode = 4
+	WCBindMW      WCOpcode = 5
+	WCLocalInv    WCOpcode = 6
+	WCAtomicWrite WCOpcode = 9
+	WCRecv        WCOpcode = 128
 	// WCRecvRDMAWithImm completes a receive consumed by an RDMA WRITE with
 	// immediate: ByteLen is the bytes written, nothing is placed in the receive.
 	WCRecvRDMAWithImm WCOpcode = 129
@@ -104,6 +105,8 @@ func wcOpcode(op Opcode) WCOpcode {
 		return WCCompSwap
 	case OpAtomicFetchAdd:
 		return WCFetchAdd
+	case OpAtomicWrite:
+		return WCAtomicWrite
 	}
 	return WCRDMAWrite
 }

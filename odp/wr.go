@@ -33,9 +33,13 @@ const (
 	// OpSendInv is a SEND whose arrival invalidates the peer's type 2 memory window
 	// whose R_Key is InvRKey; its receive completion says so (WCWithInv).
 	OpSendInv Opcode = 9
+	// OpAtomicWrite stores the SGL's 8 bytes (one 8-byte SGE, or inline) at once at
+	// RemoteAddr (8-byte aligned, in an MR with AccessRemoteWrite), after every
+	// request before it: RDMA ATOMIC WRITE, completed with WCAtomicWrite.
+	OpAtomicWrite Opcode = 15
 )
 
-func (o Opcode) valid() bool { return o >= OpRDMAWrite && o <= OpSendInv }
+func (o Opcode) valid() bool { return o >= OpRDMAWrite && o <= OpSendInv || o == OpAtomicWrite }
 
 // local reports whether the NIC executes the request without the wire.
 func (o Opcode) local() bool { return o == OpLocalInv || o == OpBindMW }
@@ -48,7 +52,8 @@ func (o Opcode) readsBack() bool { return o == OpRDMARead || o.atomic() }
 
 // carriesData reports whether the request carries the SGL's bytes to the peer.
 func (o Opcode) carriesData() bool {
-	return o == OpRDMAWrite || o == OpRDMAWriteImm || o == OpSend || o == OpSendImm || o == OpSendInv
+	return o == OpRDMAWrite || o == OpRDMAWriteImm || o == OpSend || o == OpSendImm || o == OpSendInv ||
+		o == OpAtomicWrite
 }
 
 // SendFlags are a send work request's flags, with ibv_send_flags' values.
@@ -85,8 +90,8 @@ type SendWR struct {
 	Opcode     Opcode
 	SGL        []SGE
 	Flags      SendFlags
-	RemoteAddr uint64 // RDMA WRITE, READ and atomics
-	RKey       uint32 // RDMA WRITE, READ and atomics
+	RemoteAddr uint64 // RDMA WRITE, READ, atomics and atomic write
+	RKey       uint32 // RDMA WRITE, READ, atomics and atomic write
 	Imm        uint32 // OpRDMAWriteImm, OpSendImm: the immediate data
 	CompareAdd uint64 // atomics: the compare value (CmpSwap) or the addend (FetchAdd)
 	Swap       uint64 // OpAtomicCmpSwap: the value stored if the compare matches

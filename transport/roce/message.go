@@ -13,7 +13,15 @@ const (
 	KindFetchAdd
 	KindAck       // an ACK or a NAK (Syndrome says which)
 	KindAtomicAck // an atomic's response, with the original value
+	// KindAtomicWrite is an RDMA ATOMIC WRITE (IBTA 1.5): 8 bytes stored at once at
+	// an aligned address, acknowledged as a WRITE is.
+	KindAtomicWrite
+	lastKind = KindAtomicWrite
 )
+
+// Acked reports whether an ACK completes a message of kind k (a SEND, a WRITE, an
+// atomic write), rather than a response of its own (a READ, an atomic).
+func (k Kind) Acked() bool { return k == KindSend || k == KindWrite || k == KindAtomicWrite }
 
 // Message is a one-packet answer the responder sends: an ACK or NAK, or an atomic's
 // acknowledgement. (Requests and READ responses travel as runs of packets the
@@ -45,10 +53,11 @@ func Packets(n, mtu int) int { return max(1, (n+mtu-1)/mtu) }
 // only, last and only with immediate, and last and only with invalidate (where they
 // exist); zero for the other kinds. An array, not a map: the requester looks it up
 // for every run.
-var segmentOps = [KindAtomicAck + 1][8]Opcode{
+var segmentOps = [lastKind + 1][8]Opcode{
 	KindSend:         {SendFirst, SendMiddle, SendLast, SendOnly, SendLastImm, SendOnlyImm, SendLastInv, SendOnlyInv},
 	KindWrite:        {WriteFirst, WriteMiddle, WriteLast, WriteOnly, WriteLastImm, WriteOnlyImm},
 	KindReadResponse: {ReadRespFirst, ReadRespMiddle, ReadRespLast, ReadRespOnly, ReadRespLast, ReadRespOnly},
+	KindAtomicWrite:  {3: AtomicWrite},
 }
 
 // ReadResponseRun returns the headers of packets k ... k+count-1 of a READ

@@ -73,6 +73,9 @@ const (
 	// invalidates once the message is placed (a type 2 memory window's).
 	SendLastInv Opcode = 0x16
 	SendOnlyInv Opcode = 0x17
+	// AtomicWrite is RDMA ATOMIC WRITE (IBTA 1.5, rxe's IB_OPCODE_RC_ATOMIC_WRITE):
+	// a RETH and 8 bytes of payload, stored at once.
+	AtomicWrite Opcode = 0x1d
 )
 
 // The UD opcodes (IBTA 9.2, rxe_opcode.c): a UD message is one packet.
@@ -148,6 +151,7 @@ var opInfo = [lastOpcode + 1]struct {
 	FetchAdd:       {"FETCH_ADD", hasAtomicETH, KindFetchAdd, posOnly},
 	SendLastInv:    {"SEND_LAST_WITH_INVALIDATE", hasPayload | hasIETH, KindSend, posLast},
 	SendOnlyInv:    {"SEND_ONLY_WITH_INVALIDATE", hasPayload | hasIETH, KindSend, posOnly},
+	AtomicWrite:    {"RDMA_ATOMIC_WRITE", hasRETH | hasPayload, KindAtomicWrite, posOnly},
 	UDSendOnly:     {"UD_SEND_ONLY", hasDETH | hasPayload, KindSend, posOnly},
 	UDSendOnlyImm:  {"UD_SEND_ONLY_WITH_IMMEDIATE", hasDETH | hasImm | hasPayload, KindSend, posOnly},
 }
@@ -170,7 +174,8 @@ func (o Opcode) String() string {
 
 // IsRequest reports whether a requester sends o.
 func (o Opcode) IsRequest() bool {
-	return o.Valid() && (o <= ReadRequest || o == CompareSwap || o == FetchAdd || o == SendLastInv || o == SendOnlyInv || o.UD())
+	return o.Valid() && (o <= ReadRequest || o == CompareSwap || o == FetchAdd || o == SendLastInv || o == SendOnlyInv ||
+		o == AtomicWrite || o.UD())
 }
 
 // HasPayload reports whether o carries data.

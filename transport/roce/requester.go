@@ -32,7 +32,7 @@ type Completion struct {
 // a packet of it goes out (Next), as a NIC reads local memory again to retransmit.
 type Request struct {
 	ID     uint64
-	Kind   Kind   // KindSend, KindWrite, KindReadRequest, KindCompareSwap or KindFetchAdd
+	Kind   Kind   // KindSend, KindWrite, KindReadRequest, KindCompareSwap, KindFetchAdd, KindAtomicWrite
 	Length uint32 // SEND, WRITE: the payload; READ: the bytes asked for
 	VA     uint64 // WRITE, READ, atomics
 	RKey   uint32
@@ -194,12 +194,12 @@ func (q *Requester) output() Output {
 func (q *Requester) Post(r Request, now time.Time) (Output, error) {
 	out := q.output()
 	switch r.Kind {
-	case KindSend, KindWrite, KindReadRequest, KindCompareSwap, KindFetchAdd:
+	case KindSend, KindWrite, KindReadRequest, KindCompareSwap, KindFetchAdd, KindAtomicWrite:
 	default:
 		return out, fmt.Errorf("%w: request kind %d", ErrMalformed, r.Kind)
 	}
 	if r.Length > maxRCMessage || (r.HasImm && r.Kind != KindSend && r.Kind != KindWrite) ||
-		(r.Inv && (r.Kind != KindSend || r.HasImm)) {
+		(r.Inv && (r.Kind != KindSend || r.HasImm)) || (r.Kind == KindAtomicWrite && r.Length != 8) {
 		return out, fmt.Errorf("%w: %d-byte request of kind %d", ErrMalformed, r.Length, r.Kind)
 	}
 	if q.failed {
@@ -314,7 +314,7 @@ func (q *Requester) NextInto(t *Transmit, maxPackets int) bool {
 		return ops[1]
 	}
 	s.Opcode, s.Count, s.Last = op(k), count, op(k+count-1)
-	if k == 0 && o.Kind == KindWrite {
+	if k == 0 && (o.Kind == KindWrite || o.Kind == KindAtomicWrite) {
 		s.VA, s.RKey, s.DMALen = o.VA, o.RKey, o.Length
 	}
 	if k+count == total {
@@ -364,7 +364,7 @@ func (q *Requester) rewind(psn uint32) {
 	if i < 0 {
 		return // behind every outstanding message: nothing to send again
 	}
-	if o := q.at(i); o.Kind != KindSend && o.Kind != KindWrite {
+	if o := q.at(i); !o.Kind.Acked() {
 		psn = o.first
 	}
 	if psnDiff(psn, q.cursor) < 0 {
@@ -580,7 +580,7 @@ func (q *Requester) retransmit(psn uint32, out *Output, now time.Time, counted b
 // whether it did.
 func (q *Requester) impliedNAK(i int, out *Output, now time.Time) bool {
 	for j := 0; j < i; j++ {
-		if k := q.at(j).Kind; k != KindSend && k != KindWrite {
+		if !q.at(j).Kind.Acked() {
 			if !q.resending { // the responses of the first sending still arrive after it
 				q.retransmit(q.at(j).first, out, now, true)
 			}
@@ -590,7 +590,8 @@ func (q *Requester) impliedNAK(i int, out *Output, now time.Time) bool {
 	return false
 }
 
-// ackThrough completes the SENDs and WRITEs whose last packet is at or before psn.
+// ackThrough completes the SENDs, WRITEs and atomic writes whose last packet is at
+// or before psn.
 // A READ or atomic is completed by its response, not by an ACK: an ACK beyond one
 // that still waits means its response was lost (an implied NAK).
 func (q *Requester) ackThrough(psn uint32, out *Output, now time.Time) {
@@ -599,7 +600,7 @@ func (q *Requester) ackThrough(psn uint32, out *Output, now time.Time) {
 		if psnDiff(o.last, psn) > 0 {
 			return
 		}
-		if o.Kind != KindSend && o.Kind != KindWrite {
+		if !o.Kind.Acked() {
 			if !q.resending {
 				q.retransmit(o.first, out, now, true)
 			}

@@ -180,6 +180,8 @@ func (r *Responder) Receive(s *Segment) Verdict {
 		case info.kind == KindWrite && (s.DMALen > r.maxMsg || (pos == posFirst && s.DMALen <= uint32(r.mtu)) ||
 			(pos == posOnly && s.DMALen != uint32(payload))):
 			return r.malformed()
+		case info.kind == KindAtomicWrite && (s.DMALen != 8 || payload != 8):
+			return r.malformed()
 		case info.kind == KindSend:
 			v.Msg.VA, v.Msg.RKey, v.Msg.Length = 0, 0, 0
 		}
@@ -191,7 +193,7 @@ func (r *Responder) Receive(s *Segment) Verdict {
 		v.Off = r.curGot
 	}
 	limit := r.maxMsg
-	if v.Msg.Kind == KindWrite {
+	if v.Msg.Kind == KindWrite || v.Msg.Kind == KindAtomicWrite {
 		limit = v.Msg.Length
 	}
 	got := uint64(v.Off) + uint64(payload)

@@ -382,3 +382,48 @@ func TestSendWithInvalidate(t *testing.T) {
 		assert.ErrorIs(t, err, ErrMalformed, "%+v", bad)
 	}
 }
+
+// An RDMA ATOMIC WRITE is one packet with a RETH and 8 bytes; the responder places it
+// as a WRITE, a duplicate is acknowledged only, and the requester completes it with
+// the ACK (not with a response of its own, as an atomic or a READ).
+func TestAtomicWrite(t *testing.T) {
+	const mtu = 256
+	lim := Limits{MTU: mtu, MaxMessage: 1 << 20}
+	aw := Request{ID: 4, Kind: KindAtomicWrite, Length: 8, VA: 0x2000, RKey: 3}
+	q := NewRequester(RequesterConfig{MTU: mtu, FirstPSN: 40})
+	_, err := q.Post(aw, zeroTime)
+	require.NoError(t, err)
+	tx, ok := q.Next(4)
+	require.True(t, ok)
+	s := tx.Seg
+	assert.Equal(t, AtomicWrite, s.Opcode)
+	assert.Equal(t, 1, s.Count)
+	assert.EqualValues(t, 8, s.DMALen)
+	assert.EqualValues(t, 0x2000, s.VA)
+	assert.True(t, s.AckReq)
+	assert.Equal(t, 8, tx.Len)
+	q.Sent(&tx, zeroTime)
+	s.Payload = []byte{1, 2, 3, 4, 5, 6, 7, 8}
+
+	r := NewResponder(40, lim, 4)
+	dup := s
+	v := r.Receive(&s)
+	require.Equal(t, ActPlace, v.Act)
+	assert.True(t, v.Ends)
+	assert.Equal(t, MessageInfo{Kind: KindAtomicWrite, First: 40, VA: 0x2000, RKey: 3, Length: 8}, v.Msg)
+	require.True(t, r.Placed(&s, &v))
+	ack := r.Ack()
+	v = r.Receive(&dup)
+	assert.Equal(t, ActAck, v.Act, "a duplicate is acknowledged, not placed again")
+
+	ackPkt := ack.Segment().Packet
+	out := q.Receive(&ackPkt, zeroTime)
+	require.Len(t, out.Done, 1)
+	assert.Equal(t, Completion{ID: 4, Status: StatusSuccess}, out.Done[0])
+
+	bad := s
+	bad.DMALen = 16
+	assert.True(t, NewResponder(40, lim, 4).Receive(&bad).Fatal, "an atomic write of other than 8 bytes")
+	_, err = NewRequester(RequesterConfig{MTU: mtu}).Post(Request{Kind: KindAtomicWrite, Length: 4}, zeroTime)
+	assert.ErrorIs(t, err, ErrMalformed)
+}

@@ -35,7 +35,7 @@ type Segment struct {
 func One(p Packet) Segment { return Segment{Packet: p, Count: 1, Last: p.Opcode} }
 
 // middle is the MIDDLE opcode of each multi-packet kind (zero for the others).
-var middle = [KindAtomicAck + 1]Opcode{KindSend: SendMiddle, KindWrite: WriteMiddle, KindReadResponse: ReadRespMiddle}
+var middle = [lastKind + 1]Opcode{KindSend: SendMiddle, KindWrite: WriteMiddle, KindReadResponse: ReadRespMiddle}
 
 // Op returns the opcode of packet i of the run (0 <= i < Count).
 func (s *Segment) Op(i int) Opcode {

@@ -75,6 +75,11 @@ func TestWiresharkDecodes(t *testing.T) {
 		assert.Contains(t, f[0], "infiniband", "%v: dissected as InfiniBand: %s", p.Opcode, f[0])
 		assert.Equal(t, strconv.Itoa(int(p.Opcode)), f[1], "%v: opcode", p.Opcode)
 		assert.Equal(t, strconv.Itoa(int(p.PSN)), f[2], "%v: PSN", p.Opcode)
+		if p.Opcode == AtomicWrite && f[3] == "" {
+			// IBTA 1.5's opcode: dissectors older than it show the BTH and stop.
+			t.Logf("%v: this Wireshark decodes its BTH only", p.Opcode)
+			continue
+		}
 		crc, err := strconv.ParseUint(strings.TrimPrefix(f[3], "0x"), 16, 32)
 		require.NoError(t, err, "%v: an invariant CRC field: %q", p.Opcode, f[3])
 		// Wireshark shows the four ICRC bytes as a big-endian number.

@@ -403,6 +403,7 @@ static int to_emu_wr(const struct ibv_qp *qp, const struct ibv_send_wr *wr, stru
 	case IBV_WR_RDMA_WRITE:
 	case IBV_WR_RDMA_WRITE_WITH_IMM:
 	case IBV_WR_RDMA_READ:
+	case IBV_WR_ATOMIC_WRITE: /* its 8 bytes in the SGL */
 		w->remote_addr = wr->wr.rdma.remote_addr;
 		w->rkey = wr->wr.rdma.rkey;
 		break;

@@ -22,7 +22,7 @@
 	(IBV_QP_EX_WITH_RDMA_WRITE | IBV_QP_EX_WITH_RDMA_WRITE_WITH_IMM | IBV_QP_EX_WITH_SEND |          \
 	 IBV_QP_EX_WITH_SEND_WITH_IMM | IBV_QP_EX_WITH_RDMA_READ | IBV_QP_EX_WITH_ATOMIC_CMP_AND_SWP | \
 	 IBV_QP_EX_WITH_ATOMIC_FETCH_AND_ADD | IBV_QP_EX_WITH_BIND_MW | IBV_QP_EX_WITH_LOCAL_INV |     \
-	 IBV_QP_EX_WITH_SEND_WITH_INV)
+	 IBV_QP_EX_WITH_SEND_WITH_INV | IBV_QP_EX_WITH_ATOMIC_WRITE)
 
 static struct emu_qp *eqp(struct ibv_qp_ex *qx) { return container_of(qx, struct emu_qp, qp_ex); }
 
@@ -203,9 +203,16 @@ static void wr_set_ud_addr(struct ibv_qp_ex *qx, struct ibv_ah *ah, uint32_t qpn
 	w->remote_qpn = qpn;
 	w->remote_qkey = qkey;
 }
+/* wr_atomic_write's 8 bytes are copied as inline data: the application may reuse
+ * them at once. */
 static void wr_atomic_write(struct ibv_qp_ex *qx, uint32_t rkey, uint64_t remote_addr, const void *data)
 {
-	(void)rkey, (void)remote_addr, (void)data, unsupported(qx);
+	struct odpemu_send_wr *w = next(qx, IBV_WR_ATOMIC_WRITE);
+	if (!w)
+		return;
+	w->rkey = rkey, w->remote_addr = remote_addr;
+	struct ibv_data_buf buf = {.addr = (void *)data, .length = 8};
+	wr_set_inline_data_list(qx, 1, &buf);
 }
 
 static void reset(struct emu_wr_batch *b)

@@ -2,7 +2,8 @@
  * Built against the installed rdma-core headers and linked with odpemu's
  * libibverbs.so.1 (verbs_test.go: TestWR): the ibv_wr_* API of a QP created with
  * ibv_create_qp_ex, and ibv_post_send chains longer than one call to the emulator.
- *   - a batch of every operation, one ibv_wr_complete, each with its own effect;
+ *   - a batch of every operation (but memory windows': mw.c), one ibv_wr_complete,
+ *     each with its own effect;
  *   - inline data copied when it is set: the application's buffer reused at once;
  *   - a batch that fails while it is built (too many requests, a setter before any
  *     request, an operation the QP cannot do) posts nothing;
@@ -72,7 +73,7 @@ int main(void)
 
 	uint64_t ops = IBV_QP_EX_WITH_RDMA_WRITE | IBV_QP_EX_WITH_RDMA_WRITE_WITH_IMM | IBV_QP_EX_WITH_SEND |
 		       IBV_QP_EX_WITH_SEND_WITH_IMM | IBV_QP_EX_WITH_RDMA_READ | IBV_QP_EX_WITH_ATOMIC_CMP_AND_SWP |
-		       IBV_QP_EX_WITH_ATOMIC_FETCH_AND_ADD;
+		       IBV_QP_EX_WITH_ATOMIC_FETCH_AND_ADD | IBV_QP_EX_WITH_ATOMIC_WRITE;
 	struct ibv_qp_init_attr_ex attr = {.send_cq = cq, .recv_cq = cq, .qp_type = IBV_QPT_RC,
 					   .cap = {.max_send_wr = SQ, .max_recv_wr = SQ, .max_send_sge = 2,
 						   .max_recv_sge = 1, .max_inline_data = 64},
@@ -140,10 +141,27 @@ int main(void)
 	qx->wr_id = 7;
 	ibv_wr_atomic_fetch_add(qx, mr->rkey, (uintptr_t)&words[1], 11);
 	ibv_wr_set_sge(qx, mr->lkey, (uintptr_t)&words[3], 8);
+	qx->wr_id = 8;
+	uint64_t stored = 0x1122334455667788;
+	ibv_wr_atomic_write(qx, mr->rkey, (uintptr_t)&words[4], &stored);
+	stored = 0; /* the request has its copy */
 	int e = ibv_wr_complete(qx);
 	if (e)
 		DIE("wr_complete: %s", strerror(e));
-	wait_n(7 + 3); /* seven sends, three receives */
+	wait_n(8 + 3); /* eight sends, three receives */
+	if (words[4] != 0x1122334455667788)
+		DIE("atomic write: %#lx", (unsigned long)words[4]);
+	/* And through ibv_post_send, the 8 bytes in the SGL. */
+	words[5] = 42;
+	struct ibv_sge aw_sge = {(uintptr_t)&words[5], 8, mr->lkey};
+	struct ibv_send_wr aw = {.wr_id = 9, .sg_list = &aw_sge, .num_sge = 1, .opcode = IBV_WR_ATOMIC_WRITE,
+				 .send_flags = IBV_SEND_SIGNALED,
+				 .wr = {.rdma = {.remote_addr = (uintptr_t)&words[6], .rkey = mr->rkey}}}, *aw_bad;
+	if (ibv_post_send(a, &aw, &aw_bad))
+		DIE("post ATOMIC_WRITE");
+	struct ibv_wc awc = wait_n(1);
+	if (awc.wr_id != 9 || awc.opcode != IBV_WC_ATOMIC_WRITE || words[6] != 42)
+		DIE("ATOMIC_WRITE through ibv_post_send: opcode %d, word %lu", awc.opcode, (unsigned long)words[6]);
 	if (memcmp(dst, src, 8) || memcmp(dst + 8, src + 16, 8))
 		DIE("WRITE with two SGEs");
 	if (memcmp(dst + 64, src, 4))
