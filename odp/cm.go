@@ -131,7 +131,7 @@ func (qp *QP) attach(ep *roce.Endpoint, peer netip.AddrPort, remote Remote, mtu 
 		return fmt.Errorf("%w: no route from %v to %v: %w", ErrInvalidArgument, ep.Addr(), peer, err)
 	}
 	port, err := ep.Attach(roce.AttachConfig{QPN: qp.qpn, Peer: peer, Loss: loss, Link: qp.dev.cfg.Link.wire(),
-		Limits: roce.Limits{MTU: min(mtu, route), MaxMessage: maxMsg}})
+		Limits: roce.Limits{MTU: min(mtu, route), MaxMessage: maxMsg, UC: qp.cfg.Type == QPTypeUC}})
 	if err != nil {
 		return wrap(ErrInvalidArgument, "%v", err)
 	}

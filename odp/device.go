@@ -250,7 +250,8 @@ func mapKeys[K comparable, V any](m map[K]V) []K {
 // QueryDevice reports the device's limits and capabilities. The NIC's atomics are
 // the CPU's atomic instructions on the registered memory, so they are atomic with
 // the application's atomics too (AtomicGlob). Every RC operation works on ODP memory,
-// explicit or implicit (RegImplicitMR), and so do receives from an SRQ.
+// explicit or implicit (RegImplicitMR), and so do receives from an SRQ, UC's SENDs
+// and WRITEs (a fault holds the UC QP: it has no RNR NAK) and UD's SENDs.
 func (d *Device) QueryDevice() DeviceAttr {
 	return DeviceAttr{
 		Name: d.cfg.Name, PageSize: PageSize, MaxMRSize: maxMRSize, MaxMsgSize: maxMsg, MaxQPWR: maxQPWR,
@@ -259,6 +260,7 @@ func (d *Device) QueryDevice() DeviceAttr {
 		ODP: ODPCaps{
 			General: ODPSupport | ODPSupportImplicit,
 			RC:      ODPSend | ODPRecv | ODPWrite | ODPRead | ODPAtomic | ODPSRQRecv,
+			UC:      ODPSend | ODPRecv | ODPWrite | ODPSRQRecv,
 			UD:      ODPSend | ODPRecv | ODPSRQRecv,
 		},
 		ResponderFaults: d.cfg.ResponderFaults,

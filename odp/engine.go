@@ -76,6 +76,7 @@ type engine struct {
 	maxRun int
 	remote uint32 // the peer QP's number
 	window int    // PSNs the requester may have in flight
+	uc     bool   // a UC QP's engine: nothing is acknowledged (QPTypeUC)
 
 	kick     chan struct{}
 	sleeping atomic.Bool
@@ -152,6 +153,9 @@ type engine struct {
 	recv    *RecvWR // the receive the SEND in progress fills (&recvWR), or nil
 	recvWR  RecvWR  // the receive looked at last (peekRecv), its SGL in recvSGL
 	recvSGL [4]SGE
+	// recvSeq is the number of recv on UC, which takes it when the message ends
+	// (a message lost before leaves it for the next).
+	recvSeq uint64
 }
 
 // heldRuns counts runs read under one hold.
@@ -174,9 +178,10 @@ func (qp *QP) startLocked() {
 		return
 	}
 	lim := qp.port.Limits()
+	lim.UC = qp.cfg.Type == QPTypeUC
 	rc := roce.RequesterConfig{MTU: lim.MTU, FirstPSN: qp.psn, Timeout: ackTimeout(qp.attr.Timeout),
-		RetryCnt: int(qp.attr.RetryCnt), RNRRetry: int(qp.attr.RNRRetry)}
-	e := &engine{qp: qp, dev: qp.dev, port: qp.port, req: roce.NewRequester(rc),
+		RetryCnt: int(qp.attr.RetryCnt), RNRRetry: int(qp.attr.RNRRetry), UC: lim.UC}
+	e := &engine{qp: qp, dev: qp.dev, port: qp.port, req: roce.NewRequester(rc), uc: lim.UC,
 		resp: roce.NewResponder(qp.remote.PSN, lim, maxRdAtomic), mtu: lim.MTU, maxRun: max(qp.port.MaxRun(), 1),
 		remote: qp.remote.QPN, window: 1024, kick: make(chan struct{}, 1), quit: make(chan struct{}),
 		exited: make(chan struct{}), rx: make([]roce.Segment, 64)}

@@ -16,7 +16,7 @@ func (pd *PD) CreateQP(cfg QPConfig) (*QP, error) {
 	if cfg.SendCQ == nil || cfg.RecvCQ == nil {
 		return nil, wrap(ErrInvalidArgument, "QP needs a send and a receive CQ")
 	}
-	if cfg.Type != QPTypeRC && cfg.Type != QPTypeUD {
+	if cfg.Type != QPTypeRC && cfg.Type != QPTypeUD && cfg.Type != QPTypeUC {
 		return nil, wrap(ErrInvalidArgument, "QP type %d", cfg.Type)
 	}
 	if cfg.MaxSendWR == 0 {
@@ -266,6 +266,10 @@ func (qp *QP) PostSend(wr SendWR) error {
 	}
 	if wr.Opcode.local() && len(wr.SGL) > 0 {
 		return wrap(ErrInvalidArgument, "a local operation has no SGL")
+	}
+	if qp.cfg.Type == QPTypeUC && wr.Opcode != OpSend && wr.Opcode != OpSendImm && wr.Opcode != OpRDMAWrite &&
+		wr.Opcode != OpRDMAWriteImm {
+		return wrap(ErrInvalidArgument, "a UC QP sends SENDs and WRITEs only, not opcode %d", wr.Opcode)
 	}
 	if qp.cfg.Type == QPTypeUD {
 		switch {

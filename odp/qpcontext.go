@@ -18,6 +18,13 @@ type QPType int
 const (
 	QPTypeRC QPType = iota // reliable connected (the default)
 	QPTypeUD               // unreliable datagram: SENDs of one packet to any UD QP
+	// QPTypeUC is unreliable connected (IBTA 9.8, rxe's UC): SENDs and WRITEs to
+	// one peer QP, with no acknowledgement, retransmission or RNR. A send
+	// completes once its last packet left (its payload copied as it goes out); the
+	// responder drops a message it cannot take (no receive posted, an access error,
+	// a packet lost) and completes nothing for it, and a network page fault holds
+	// the QP until it is resolved.
+	QPTypeUC
 )
 
 // QPConfig configures a QP.

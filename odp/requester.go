@@ -165,7 +165,9 @@ func (e *engine) transmit() bool {
 			}
 		}
 		t.Seg.DestQP = e.remote
-		e.req.Sent(t, e.now)
+		if out := e.req.Sent(t, e.now); len(out.Done) > 0 {
+			e.complete(out, "") // UC: sent is done
+		}
 		e.out = append(e.out, t.Seg)
 		runs--
 		if room >= 0 {
@@ -204,7 +206,8 @@ func (e *engine) payload(w *wqe, t *roce.Transmit) bool {
 		e.req.NextInto(t, int(room)/e.mtu)
 	}
 	mr := w.mrs[i]
-	if uint64(t.Len) <= uint64(w.wr.SGL[i].Length)-in && mr.file == nil {
+	// By reference, unless UC completes the request before the peer reads it.
+	if uint64(t.Len) <= uint64(w.wr.SGL[i].Length)-in && mr.file == nil && !e.uc {
 		off := w.wr.SGL[i].Addr - uint64(mr.start) + in
 		h, err := holdOn(&e.holds, mr, false)
 		miss := -1

@@ -115,20 +115,38 @@ func (e *engine) takeRequest(s *roce.Segment) bool {
 }
 
 // refuse answers a request with a NAK that ends the QP (an access error, an invalid
-// request); why is kept as the QP's last refusal (RespError).
+// request); why is kept as the QP's last refusal (RespError). A UC QP answers
+// nothing: it drops the message and goes on (rxe's drop_msg).
 func (e *engine) refuse(nak *roce.Message, why string) {
 	e.qp.mu.Lock()
 	e.qp.lastRefusal = why
 	e.qp.mu.Unlock()
+	if e.uc {
+		e.dropMessage()
+		return
+	}
 	e.answer(nak)
 	e.qp.toError()
 	e.toError()
 }
 
-// rnr answers the run at the expected PSN with an RNR NAK.
+// rnr answers the run at the expected PSN with an RNR NAK; a UC QP drops the
+// message instead.
 func (e *engine) rnr() {
+	if e.uc {
+		e.refuse(nil, "no receive posted")
+		return
+	}
 	e.rc(func(c *rcCounters) *atomic.Uint64 { return &c.rnrNAKsSent })
 	e.answer(e.resp.RNR(e.qp.minRNRTimer()))
+}
+
+// dropMessage drops the UC message in progress: what of it was placed stays, its
+// receive is not taken, and the rest of it is dropped as it comes.
+func (e *engine) dropMessage() {
+	e.resp.Drop()
+	e.recv, e.msgMR = nil, nil
+	e.rc(func(c *rcCounters) *atomic.Uint64 { return &c.dropped })
 }
 
 // fault is how a placement or a DMA the responder tried came out.
@@ -181,8 +199,8 @@ func (e *engine) placeRun(s *roce.Segment, v *roce.Verdict) bool {
 			e.msgMR, e.msgOff = mr, off
 		}
 		if v.Ends && v.Msg.HasImm && !e.qp.hasRecv() {
-			e.rnr() // WRITE with immediate consumes a receive: none posted
 			e.release(s)
+			e.rnr() // WRITE with immediate consumes a receive: none posted
 			return true
 		}
 		mr = e.msgMR
@@ -192,18 +210,22 @@ func (e *engine) placeRun(s *roce.Segment, v *roce.Verdict) bool {
 		if starts {
 			var ok bool
 			if seq, ok = e.qp.peekRecv(&e.recvWR); !ok {
-				e.rnr() // receiver not ready
 				e.release(s)
+				e.rnr() // receiver not ready
 				return true
 			}
-			recv = &e.recvWR
+			recv, e.recvSeq = &e.recvWR, seq
 		}
 		if capacity := sglLen(recv.SGL); uint64(v.Off)+uint64(len(payload)) > capacity {
+			e.release(s)
+			why := fmt.Sprintf("%d-byte SEND into a %d-byte receive", uint64(v.Off)+uint64(len(payload)), capacity)
+			if e.uc { // dropped: the receive stays for the next message
+				e.refuse(nil, why)
+				return true
+			}
 			if starts {
 				e.qp.takeRecv(seq)
 			}
-			e.release(s)
-			why := fmt.Sprintf("%d-byte SEND into a %d-byte receive", uint64(v.Off)+uint64(len(payload)), capacity)
 			e.qp.cfg.RecvCQ.push(WC{WRID: recv.WRID, Status: WCLocLenErr, Opcode: WCRecv, QPNum: e.qp.qpn, Detail: why})
 			e.recv = nil
 			e.refuse(e.resp.Fail(roce.SynNAKInvalidRequest), why)
@@ -219,7 +241,7 @@ func (e *engine) placeRun(s *roce.Segment, v *roce.Verdict) bool {
 		// The run's pages on this MR at least; for a WRITE, the rest of its message.
 		end = max(end, mr.pageSpanEnd(e.faultEnd(mr, v, payload)))
 		f := e.startFault(mr, miss, end, true)
-		if e.dev.cfg.ResponderFaults == FaultStall {
+		if e.dev.cfg.ResponderFaults == FaultStall || e.uc { // UC has no RNR NAK: the QP waits
 			e.hold(f)
 			return false
 		}
@@ -229,10 +251,18 @@ func (e *engine) placeRun(s *roce.Segment, v *roce.Verdict) bool {
 		return true
 	case faultLost:
 		e.release(s)
+		if e.uc {
+			e.refuse(nil, "the sender's memory went away") // nothing comes again
+			return true
+		}
 		e.rc(func(c *rcCounters) *atomic.Uint64 { return &c.dropped })
 		return true // the requester sends it again (a sequence NAK for what follows)
 	case faultError:
 		e.release(s)
+		if e.uc {
+			e.refuse(nil, err.Error())
+			return true
+		}
 		if v.Msg.Kind == roce.KindSend {
 			if starts {
 				e.qp.takeRecv(seq)
@@ -247,10 +277,25 @@ func (e *engine) placeRun(s *roce.Segment, v *roce.Verdict) bool {
 		return true
 	}
 	if e.release(s) { // the sender's copy was torn: the run is lost, sent again
+		if e.uc {
+			e.refuse(nil, "the sender's copy was torn") // nothing comes again
+			return true
+		}
 		e.rc(func(c *rcCounters) *atomic.Uint64 { return &c.dropped })
 		return true
 	}
-	if v.Msg.Kind == roce.KindSend && starts {
+	switch {
+	case v.Msg.Kind != roce.KindSend:
+	case e.uc:
+		// UC takes the receive when the message ends: one lost before then
+		// leaves it for the next message.
+		e.recv = recv
+		if v.Ends && !e.qp.takeRecv(e.recvSeq) {
+			e.recv = nil
+			e.resp.Drop() // flushed meanwhile: the QP is in ERR
+			return true
+		}
+	case starts:
 		if !e.qp.takeRecv(seq) {
 			return true // flushed meanwhile: the QP is in ERR, and answers nothing more
 		}

@@ -42,8 +42,8 @@ const maxRCMessage = 1 << 31
 // UDPPort is RoCEv2's UDP destination port.
 const UDPPort = 4791
 
-// Opcode is a BTH opcode: the RC transport's (the top three bits 000) and the UD
-// transport's SENDs (011) exist here.
+// Opcode is a BTH opcode: the RC transport's (the top three bits 000), the UC
+// transport's SENDs and WRITEs (001) and the UD transport's SENDs (011) exist here.
 type Opcode uint8
 
 // The RC opcodes (IBTA 9.2, rxe_opcode.c).
@@ -76,6 +76,16 @@ const (
 	// AtomicWrite is RDMA ATOMIC WRITE (IBTA 1.5, rxe's IB_OPCODE_RC_ATOMIC_WRITE):
 	// a RETH and 8 bytes of payload, stored at once.
 	AtomicWrite Opcode = 0x1d
+)
+
+// The UC opcodes (IBTA 9.2, rxe_opcode.c) are the RC SENDs' and WRITEs' with the
+// transport bits 001: UC has no READs, atomics or acknowledgements.
+const (
+	UCSendFirst    = SendFirst | ucBits
+	UCSendOnly     = SendOnly | ucBits
+	UCWriteFirst   = WriteFirst | ucBits
+	UCWriteOnlyImm = WriteOnlyImm | ucBits
+	ucBits         = 0x20
 )
 
 // The UD opcodes (IBTA 9.2, rxe_opcode.c): a UD message is one packet.
@@ -156,6 +166,15 @@ var opInfo = [lastOpcode + 1]struct {
 	UDSendOnlyImm:  {"UD_SEND_ONLY_WITH_IMMEDIATE", hasDETH | hasImm | hasPayload, KindSend, posOnly},
 }
 
+// The UC opcodes take the RC SENDs' and WRITEs' headers, kinds and places.
+func init() {
+	for op := SendFirst; op <= WriteOnlyImm; op++ {
+		i := opInfo[op]
+		i.name = "UC_" + i.name
+		opInfo[op|ucBits] = i
+	}
+}
+
 func (o Opcode) flags() int { return opInfo[o].flags }
 
 // Valid reports whether o is an opcode this package knows, RC or UD.
@@ -163,6 +182,9 @@ func (o Opcode) Valid() bool { return o <= lastOpcode && opInfo[o].name != "" }
 
 // UD reports whether o is a UD opcode.
 func (o Opcode) UD() bool { return o.Valid() && o>>5 == 3 }
+
+// UC reports whether o is a UC opcode.
+func (o Opcode) UC() bool { return o.Valid() && o>>5 == 1 }
 
 // String returns the opcode's IBTA name.
 func (o Opcode) String() string {
@@ -175,7 +197,7 @@ func (o Opcode) String() string {
 // IsRequest reports whether a requester sends o.
 func (o Opcode) IsRequest() bool {
 	return o.Valid() && (o <= ReadRequest || o == CompareSwap || o == FetchAdd || o == SendLastInv || o == SendOnlyInv ||
-		o == AtomicWrite || o.UD())
+		o == AtomicWrite || o.UD() || o.UC())
 }
 
 // HasPayload reports whether o carries data.
@@ -265,9 +287,9 @@ type Limits struct {
 	// MaxMessage is the largest message a QP takes: the reassembler refuses
 	// longer ones (a NAK), Decode only RETH lengths beyond 2^31.
 	MaxMessage uint32
-	// UD: the QP is a UD QP, which takes UD packets only; an RC QP takes RC
-	// packets only.
-	UD bool
+	// UD: the QP is a UD QP, which takes UD packets only; UC: a UC QP, which
+	// takes UC packets only; an RC QP takes RC packets only.
+	UD, UC bool
 }
 
 // ValidMTU reports whether n is one of IB's path MTUs.
@@ -393,8 +415,8 @@ func Decode(b []byte, ep Endpoints, lim Limits) (Packet, error) {
 	switch {
 	case !p.Opcode.Valid():
 		return p, fmt.Errorf("%w: opcode %#x (neither RC nor UD, or unknown)", ErrMalformed, b[0])
-	case p.Opcode.UD() != lim.UD:
-		return p, fmt.Errorf("%w: %v to a QP of the other transport", ErrMalformed, p.Opcode)
+	case p.Opcode.UD() != lim.UD || p.Opcode.UC() != lim.UC:
+		return p, fmt.Errorf("%w: %v to a QP of another transport", ErrMalformed, p.Opcode)
 	}
 	if tver := b[1] & 0x0f; tver != 0 {
 		return p, fmt.Errorf("%w: transport version %d", ErrMalformed, tver)

@@ -121,7 +121,7 @@ func TestIETHLayout(t *testing.T) {
 func rcSamples() []Packet {
 	var out []Packet
 	for _, p := range samples() {
-		if !p.Opcode.UD() {
+		if !p.Opcode.UD() && !p.Opcode.UC() {
 			out = append(out, p)
 		}
 	}
@@ -131,7 +131,7 @@ func rcSamples() []Packet {
 // limFor is lim for a QP of p's transport.
 func limFor(p Packet) Limits {
 	l := lim
-	l.UD = p.Opcode.UD()
+	l.UD, l.UC = p.Opcode.UD(), p.Opcode.UC()
 	return l
 }
 

@@ -53,6 +53,10 @@ type RequesterConfig struct {
 	Timeout  time.Duration // the local ACK timeout; 0: none
 	RetryCnt int           // retransmissions after timeouts or sequence NAKs (0..7)
 	RNRRetry int           // retransmissions after RNR NAKs (0..7, 7: no limit)
+	// UC makes it a UC requester (IBTA 9.8): SENDs and WRITEs with UC opcodes, no
+	// acknowledgements, no timer; a message completes once its last packet was
+	// sent (Sent), and nothing is sent again.
+	UC bool
 }
 
 // Output is what a transition of the requester ends: completions, and whether an
@@ -198,6 +202,9 @@ func (q *Requester) Post(r Request, now time.Time) (Output, error) {
 	default:
 		return out, fmt.Errorf("%w: request kind %d", ErrMalformed, r.Kind)
 	}
+	if q.cfg.UC && ((r.Kind != KindSend && r.Kind != KindWrite) || r.Inv) {
+		return out, fmt.Errorf("%w: request kind %d on UC", ErrMalformed, r.Kind)
+	}
 	if r.Length > maxRCMessage || (r.HasImm && r.Kind != KindSend && r.Kind != KindWrite) ||
 		(r.Inv && (r.Kind != KindSend || r.HasImm)) || (r.Kind == KindAtomicWrite && r.Length != 8) {
 		return out, fmt.Errorf("%w: %d-byte request of kind %d", ErrMalformed, r.Length, r.Kind)
@@ -314,11 +321,14 @@ func (q *Requester) NextInto(t *Transmit, maxPackets int) bool {
 		return ops[1]
 	}
 	s.Opcode, s.Count, s.Last = op(k), count, op(k+count-1)
+	if q.cfg.UC {
+		s.Opcode, s.Last = s.Opcode|ucBits, s.Last|ucBits
+	}
 	if k == 0 && (o.Kind == KindWrite || o.Kind == KindAtomicWrite) {
 		s.VA, s.RKey, s.DMALen = o.VA, o.RKey, o.Length
 	}
 	if k+count == total {
-		s.AckReq = true
+		s.AckReq = !q.cfg.UC
 		if o.HasImm || o.Inv {
 			s.Imm = o.Imm
 		}
@@ -339,20 +349,28 @@ func (q *Requester) resent(psn uint32, count int) int {
 }
 
 // Sent records that t, the run Next returned last, went out: the cursor moves past
-// it and the ACK timer runs.
-func (q *Requester) Sent(t *Transmit, now time.Time) {
+// it and the ACK timer runs. On UC, the messages it ended complete (Output.Done).
+func (q *Requester) Sent(t *Transmit, now time.Time) Output {
+	out := q.output()
 	q.cursor = t.next
 	if psnDiff(q.cursor, q.fresh) > 0 {
 		q.fresh = q.cursor
 	}
 	q.stats.Retransmitted += uint64(t.Retransmit)
+	if q.cfg.UC {
+		for q.n > 0 && psnDiff(q.at(0).last, q.cursor) < 0 {
+			q.complete(0, 0, &out, now)
+		}
+		return out
+	}
 	if q.deadline.IsZero() {
 		q.arm(now)
 	}
+	return out
 }
 
 func (q *Requester) arm(now time.Time) {
-	if q.cfg.Timeout > 0 {
+	if q.cfg.Timeout > 0 && !q.cfg.UC {
 		q.deadline = now.Add(q.cfg.Timeout)
 	}
 }

@@ -83,8 +83,15 @@ type Verdict struct {
 // them), to answer their duplicates as rxe does: a duplicate READ must ask for the
 // original range or part of it, a duplicate atomic is answered from its saved result,
 // and one older than what is kept is dropped (IBTA's class D error), never NAKed.
+//
+// Made with Limits.UC, it is a UC responder (IBTA 9.8.3, rxe_resp.c): it answers
+// nothing. A packet out of sequence loses the message in progress; a FIRST or ONLY
+// out of sequence starts a new one there, anything else is dropped until one
+// comes. A run that breaks the protocol is dropped with its message, and so is a
+// message the QP cannot take (Drop).
 // It is not safe for concurrent use.
 type Responder struct {
+	uc      bool
 	mtu     int
 	maxMsg  uint32
 	ePSN    uint32
@@ -119,8 +126,8 @@ type savedRead struct {
 // the given limits; it keeps the last maxSaved READs and atomics
 // (max_dest_rd_atomic) to answer their duplicates.
 func NewResponder(firstPSN uint32, lim Limits, maxSaved int) *Responder {
-	return &Responder{mtu: lim.MTU, maxMsg: lim.MaxMessage, ePSN: firstPSN & psnMask, lastPSN: (firstPSN - 1) & psnMask,
-		maxSaved: max(maxSaved, 1)}
+	return &Responder{uc: lim.UC, mtu: lim.MTU, maxMsg: lim.MaxMessage, ePSN: firstPSN & psnMask,
+		lastPSN: (firstPSN - 1) & psnMask, maxSaved: max(maxSaved, 1)}
 }
 
 // ExpectedPSN returns the PSN the responder waits for.
@@ -136,14 +143,20 @@ func (r *Responder) InMessage() bool { return r.inMsg }
 // changes nothing the QP must undo if it cannot act (a page fault): Placed,
 // ReadDone and AtomicDone record that it did.
 func (r *Responder) Receive(s *Segment) Verdict {
-	if !s.Opcode.IsRequest() {
-		return Verdict{Act: ActDrop} // a response sent to the responder: not ours
+	if !s.Opcode.IsRequest() || s.Opcode.UC() != r.uc {
+		return Verdict{Act: ActDrop} // a response, or another transport's request: not ours
 	}
 	if err := s.check(r.mtu); err != nil {
 		return r.malformed()
 	}
 	skip := 0
 	switch d := psnDiff(s.PSN, r.ePSN); {
+	case d != 0 && r.uc: // a packet was lost, or this one is old
+		r.inMsg = false // the message in progress, if any, is lost
+		if pos := opInfo[s.Opcode].pos; pos != posFirst && pos != posOnly {
+			return Verdict{Act: ActDrop}
+		}
+		r.ePSN = s.PSN // a new message starts here
 	case d > 0: // ahead: packets were lost
 		if r.nakSent || r.rnrWait {
 			return Verdict{Act: ActDrop}
@@ -219,11 +232,19 @@ func (r *Responder) Receive(s *Segment) Verdict {
 }
 
 // malformed answers a run that breaks the protocol: IBTA's invalid request NAK,
-// after which the QP is in error.
+// after which the QP is in error; on UC, the run is dropped with its message.
 func (r *Responder) malformed() Verdict {
 	r.inMsg = false
+	if r.uc {
+		return Verdict{Act: ActDrop}
+	}
 	return Verdict{Act: ActNAK, Fatal: true, Resp: r.ack(SynNAKInvalidRequest, r.ePSN)}
 }
+
+// Drop records that the QP dropped the message of the run it was given (UC: no
+// receive posted, an access error, a receive too small): the rest of the message
+// is dropped as it comes, until a new one starts.
+func (r *Responder) Drop() { r.inMsg = false }
 
 // Placed records that the run v was given for (ActPlace) was placed: the expected
 // PSN moves past it, and past its message if it ended one. It reports whether the
@@ -239,7 +260,7 @@ func (r *Responder) Placed(s *Segment, v *Verdict) bool {
 		r.lastPSN = s.LastPSN()
 		r.msn = (r.msn + 1) & psnMask
 	}
-	return v.AckReq
+	return v.AckReq && !r.uc
 }
 
 // ReadDone records that the new READ v was given for was executed (its response

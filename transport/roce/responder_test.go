@@ -427,3 +427,75 @@ func TestAtomicWrite(t *testing.T) {
 	_, err = NewRequester(RequesterConfig{MTU: mtu}).Post(Request{Kind: KindAtomicWrite, Length: 4}, zeroTime)
 	assert.ErrorIs(t, err, ErrMalformed)
 }
+
+// UC (IBTA 9.8): the requester sends UC opcodes with no ACK request and completes a
+// message when its last packet is sent; the responder answers nothing, takes
+// messages in sequence, loses the message a lost packet belonged to, and starts
+// again at the next FIRST or ONLY, whatever its PSN.
+func TestUC(t *testing.T) {
+	const mtu = 256
+	lim := Limits{MTU: mtu, MaxMessage: 1 << 20, UC: true}
+	q := NewRequester(RequesterConfig{MTU: mtu, FirstPSN: 10, UC: true, Timeout: time.Second})
+	for i, r := range []Request{
+		{ID: 1, Kind: KindSend, Length: 3 * mtu},
+		{ID: 2, Kind: KindWrite, Length: 2*mtu + 1, VA: 0x1000, RKey: 5, HasImm: true, Imm: 9},
+		{ID: 3, Kind: KindSend, Length: 3 * mtu},
+		{ID: 4, Kind: KindSend, Length: 10},
+	} {
+		_, err := q.Post(r, zeroTime)
+		require.NoError(t, err, "request %d", i)
+	}
+	_, err := q.Post(Request{ID: 5, Kind: KindReadRequest, Length: 8}, zeroTime)
+	assert.ErrorIs(t, err, ErrMalformed, "UC has no READs")
+
+	// Every packet, one by one, as a UDP link carries them.
+	var pkts []Segment
+	var done []uint64
+	for {
+		tx, ok := q.Next(1)
+		if !ok {
+			break
+		}
+		tx.Seg.Payload = make([]byte, tx.Len)
+		pkts = append(pkts, tx.Seg)
+		for _, c := range q.Sent(&tx, zeroTime).Done {
+			assert.Equal(t, StatusSuccess, c.Status)
+			done = append(done, c.ID)
+		}
+		assert.True(t, tx.Seg.Opcode.UC(), "%v", tx.Seg.Opcode)
+		assert.False(t, tx.Seg.AckReq, "UC asks for no ACK")
+	}
+	assert.Equal(t, []uint64{1, 2, 3, 4}, done, "each completes as its last packet is sent")
+	assert.Zero(t, q.Outstanding())
+	assert.True(t, q.Deadline().IsZero(), "no ACK timer")
+	require.Len(t, pkts, 3+3+3+1)
+	assert.Equal(t, []Opcode{UCSendFirst, UCSendFirst + 1, UCSendFirst + 2}, []Opcode{pkts[0].Opcode, pkts[1].Opcode,
+		pkts[2].Opcode})
+	assert.Equal(t, UCWriteOnlyImm-2, pkts[5].Opcode, "UC_RDMA_WRITE_LAST_WITH_IMMEDIATE")
+	assert.Equal(t, UCSendOnly, pkts[9].Opcode)
+
+	r := NewResponder(10, lim, 4)
+	take := func(s Segment) Verdict {
+		v := r.Receive(&s)
+		assert.Nil(t, v.Resp, "UC answers nothing")
+		if v.Act == ActPlace {
+			assert.False(t, r.Placed(&s, &v), "no ACK owed")
+		}
+		return v
+	}
+	for _, s := range pkts[:6] { // the SEND and the WRITE, whole
+		require.Equal(t, ActPlace, take(s).Act)
+	}
+	// The third message's MIDDLE is lost: its LAST is dropped, the SEND ONLY after
+	// it (out of sequence: PSN 19, expected 17) starts anew.
+	require.Equal(t, ActPlace, take(pkts[6]).Act)
+	assert.Equal(t, ActDrop, take(pkts[8]).Act)
+	v := take(pkts[9])
+	require.Equal(t, ActPlace, v.Act)
+	assert.True(t, v.Ends)
+	assert.EqualValues(t, 20, r.ExpectedPSN())
+	// A MIDDLE with no FIRST, and an RC request: dropped, not NAKed.
+	assert.Equal(t, ActDrop, take(pkts[7]).Act)
+	rc := One(Packet{Opcode: SendOnly, PSN: 20, Payload: []byte{1}})
+	assert.Equal(t, ActDrop, take(rc).Act)
+}

@@ -45,7 +45,7 @@ func (s *Segment) Op(i int) Opcode {
 	case i == s.Count-1:
 		return s.Last
 	}
-	return middle[opInfo[s.Opcode].kind]
+	return middle[opInfo[s.Opcode].kind] | s.Opcode&ucBits // a UC run's are UC's
 }
 
 // LastPSN returns the PSN of the run's last packet.

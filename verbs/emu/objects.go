@@ -295,6 +295,7 @@ func odpemu_req_notify_cq(h C.odpemu_handle, fd C.int, event C.uint64_t) C.int {
 // QP types (enum ibv_qp_type; qp.c checks the values).
 const (
 	qptRC = 2
+	qptUC = 3
 	qptUD = 4
 )
 
@@ -320,6 +321,8 @@ func odpemu_create_qp(h, sendCQ, recvCQ, srqH C.odpemu_handle, typ C.uint32_t, c
 	case qptRC:
 	case qptUD:
 		qpType = odp.QPTypeUD
+	case qptUC:
+		qpType = odp.QPTypeUC
 	default:
 		return C.int(syscall.EOPNOTSUPP)
 	}

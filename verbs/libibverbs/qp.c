@@ -480,8 +480,8 @@ void emu_set_qp_ops(struct ibv_context *ctx)
 /* create_qp creates an RC QP as init (an ibv_qp_init_attr's fields) asks. */
 static struct emu_qp *create_qp(struct ibv_pd *pd, struct ibv_qp_init_attr *init)
 {
-	if (init->qp_type != IBV_QPT_RC && init->qp_type != IBV_QPT_UD) {
-		errno = EOPNOTSUPP; /* RC and UD QPs only */
+	if (init->qp_type != IBV_QPT_RC && init->qp_type != IBV_QPT_UC && init->qp_type != IBV_QPT_UD) {
+		errno = EOPNOTSUPP; /* RC, UC and UD QPs only */
 		return NULL;
 	}
 	if (!init->send_cq || !init->recv_cq) {
@@ -586,13 +586,15 @@ static int mtu_bytes(enum ibv_mtu m)
 	return m >= IBV_MTU_256 && m <= IBV_MTU_4096 ? 128 << m : 0;
 }
 
-/* The attributes ibv_modify_qp needs for each RC transition, as the kernel checks them. */
+/* The attributes ibv_modify_qp needs for each RC transition, as the kernel checks them
+ * (ib_modify_qp_is_ok's qp_state_table); UC needs the same less what acknowledgements,
+ * retries and READs take. */
 enum {
 	INIT_MASK = IBV_QP_STATE | IBV_QP_PKEY_INDEX | IBV_QP_PORT | IBV_QP_ACCESS_FLAGS,
-	RTR_MASK = IBV_QP_STATE | IBV_QP_AV | IBV_QP_PATH_MTU | IBV_QP_DEST_QPN | IBV_QP_RQ_PSN |
-		   IBV_QP_MAX_DEST_RD_ATOMIC | IBV_QP_MIN_RNR_TIMER,
-	RTS_MASK = IBV_QP_STATE | IBV_QP_SQ_PSN | IBV_QP_TIMEOUT | IBV_QP_RETRY_CNT | IBV_QP_RNR_RETRY |
-		   IBV_QP_MAX_QP_RD_ATOMIC,
+	UC_RTR_MASK = IBV_QP_STATE | IBV_QP_AV | IBV_QP_PATH_MTU | IBV_QP_DEST_QPN | IBV_QP_RQ_PSN,
+	RTR_MASK = UC_RTR_MASK | IBV_QP_MAX_DEST_RD_ATOMIC | IBV_QP_MIN_RNR_TIMER,
+	UC_RTS_MASK = IBV_QP_STATE | IBV_QP_SQ_PSN,
+	RTS_MASK = UC_RTS_MASK | IBV_QP_TIMEOUT | IBV_QP_RETRY_CNT | IBV_QP_RNR_RETRY | IBV_QP_MAX_QP_RD_ATOMIC,
 };
 
 /* save copies the attributes mask names into q->attr. */
@@ -631,7 +633,7 @@ static void save(struct emu_qp *q, const struct ibv_qp_attr *a, int mask)
 		s->qkey = a->qkey;
 }
 
-_Static_assert(IBV_QPT_RC == 2 && IBV_QPT_UD == 4, "the Go half's QP types");
+_Static_assert(IBV_QPT_RC == 2 && IBV_QPT_UC == 3 && IBV_QPT_UD == 4, "the Go half's QP types");
 
 /* set_state records a move to state to that the Go half made. */
 static void set_state(struct emu_qp *q, struct ibv_qp_attr *attr, int mask, enum ibv_qp_state to)
@@ -711,13 +713,14 @@ EXPORT int ibv_modify_qp(struct ibv_qp *qp, struct ibv_qp_attr *attr, int mask)
 		return 0;
 	}
 	enum ibv_qp_state to = attr->qp_state;
-	int e = 0;
+	int uc = qp->qp_type == IBV_QPT_UC, e = 0;
+	int rtr = uc ? UC_RTR_MASK : RTR_MASK, rts = uc ? UC_RTS_MASK : RTS_MASK;
 	switch (to) {
 	case IBV_QPS_INIT:
 		e = to_init(q, attr, mask, INIT_MASK);
 		break;
 	case IBV_QPS_RTR:
-		if (qp->state != IBV_QPS_INIT || (mask & RTR_MASK) != RTR_MASK)
+		if (qp->state != IBV_QPS_INIT || (mask & rtr) != rtr)
 			return EINVAL;
 		if (!attr->ah_attr.is_global || !mtu_bytes(attr->path_mtu))
 			return EINVAL; /* RoCE addresses by GID: a GRH is required */
@@ -726,7 +729,7 @@ EXPORT int ibv_modify_qp(struct ibv_qp *qp, struct ibv_qp_attr *attr, int mask)
 				.dest_qp_num = attr->dest_qp_num,
 				.rq_psn = attr->rq_psn,
 				.mtu = (uint32_t)mtu_bytes(attr->path_mtu),
-				.min_rnr_timer = attr->min_rnr_timer,
+				.min_rnr_timer = uc ? 0 : attr->min_rnr_timer, /* UC: not in the mask */
 			};
 			memcpy(c.dgid, attr->ah_attr.grh.dgid.raw, sizeof c.dgid);
 			e = be.odpemu_rtr_qp(q->h, &c);
@@ -734,14 +737,14 @@ EXPORT int ibv_modify_qp(struct ibv_qp *qp, struct ibv_qp_attr *attr, int mask)
 		break;
 	case IBV_QPS_RTS:
 		if (qp->state == IBV_QPS_RTR) {
-			if ((mask & RTS_MASK) != RTS_MASK)
+			if ((mask & rts) != rts)
 				return EINVAL;
-			struct odpemu_connect c = {
-				.sq_psn = attr->sq_psn,
-				.timeout = attr->timeout,
-				.retry_cnt = attr->retry_cnt,
-				.rnr_retry = attr->rnr_retry,
-			};
+			struct odpemu_connect c = {.sq_psn = attr->sq_psn};
+			if (!uc) {
+				c.timeout = attr->timeout;
+				c.retry_cnt = attr->retry_cnt;
+				c.rnr_retry = attr->rnr_retry;
+			}
 			e = be.odpemu_rts_qp(q->h, &c);
 		} else {
 			e = be.odpemu_modify_qp_state(q->h, IBV_QPS_RTS); /* from SQD */
