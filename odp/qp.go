@@ -318,8 +318,8 @@ func (qp *QP) PostSend(wr SendWR) error {
 	*w = wqe{wr: SendWR{WRID: wr.WRID, Opcode: wr.Opcode, Flags: wr.Flags, RemoteAddr: wr.RemoteAddr, RKey: wr.RKey,
 		Imm: wr.Imm, CompareAdd: wr.CompareAdd, Swap: wr.Swap, InvRKey: wr.InvRKey, inline: inline}}
 	if wr.Opcode == OpBindMW {
-		w.bind = *wr.Bind
-		w.wr.Bind = &w.bind
+		b := *wr.Bind // a copy of its own: binds are rare, send queue slots many
+		w.wr.Bind = &b
 	}
 	if len(wr.SGL) <= len(w.sgl) {
 		w.wr.SGL = w.sgl[:copy(w.sgl[:], wr.SGL)]

@@ -187,7 +187,6 @@ type wqe struct {
 	mrs    []*MR  // the SGL's MRs, looked up once (engine)
 	mrBuf  [4]*MR
 	ud     UDDest // a UD SEND's destination (wr.UD points here)
-	bind   MWBind // a bind's window and binding (wr.Bind points here)
 	done   bool   // completed, waiting to be retired in order (engine)
 	status WCStatus
 	detail string
