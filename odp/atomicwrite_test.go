@@ -21,10 +21,7 @@ func atomicWrite(src *MR, off int, dst *MR, roff uint64) SendWR {
 // misaligned one is an invalid request, one into an MR without REMOTE_WRITE a remote
 // access error.
 func TestAtomicWrite(t *testing.T) {
-	for _, mode := range []struct {
-		name string
-		odp  Access
-	}{{"pinned", 0}, {"odp", AccessOnDemand}} {
+	for _, mode := range memModes {
 		t.Run(mode.name, func(t *testing.T) {
 			a, b := pair(t, Config{})
 			src, smr := a.region(t, ps, rw)

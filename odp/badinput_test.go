@@ -163,10 +163,7 @@ func TestBadWorkRequests(t *testing.T) {
 				return SendWR{WRID: 7, Opcode: OpSend, SGL: sge(e.src, 0, 10), Flags: SendSignaled}
 			}},
 	}
-	for _, mode := range []struct {
-		name string
-		odp  Access
-	}{{"pinned", 0}, {"odp", AccessOnDemand}} {
+	for _, mode := range memModes {
 		for _, tc := range cases {
 			t.Run(mode.name+"/"+tc.name, func(t *testing.T) {
 				e := newEnv(t, mode.odp)

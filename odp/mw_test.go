@@ -34,10 +34,7 @@ func writeVia(t *testing.T, n *node, smr *MR, off, size int, va uint64, rkey uin
 // length closes it again. On the ODP MR the window's pages fault when the WRITE
 // reaches them.
 func TestMWType1(t *testing.T) {
-	for _, mode := range []struct {
-		name string
-		odp  Access
-	}{{"pinned", 0}, {"odp", AccessOnDemand}} {
+	for _, mode := range memModes {
 		t.Run(mode.name, func(t *testing.T) {
 			a, b := pair(t, Config{})
 			src, smr := a.region(t, 8*ps, rw)

@@ -349,6 +349,12 @@ func TestAdvise(t *testing.T) {
 	assert.EqualValues(t, 4, ds.PagesInvalidated)
 }
 
+// memModes are the two kinds of MR the data-path tests run over: pinned and ODP.
+var memModes = []struct {
+	name string
+	odp  Access
+}{{"pinned", 0}, {"odp", AccessOnDemand}}
+
 // ps is the page size; up is it as a uint64 (MR offsets), uz as a uintptr.
 var (
 	ps = PageSize

@@ -13,10 +13,7 @@ import (
 // refused after the change, the QPs reset and connected again, traffic after the
 // change back); what Rereg cannot do fails with typed errors.
 func TestRereg(t *testing.T) {
-	for _, mode := range []struct {
-		name string
-		odp  Access
-	}{{"pinned", 0}, {"odp", AccessOnDemand}} {
+	for _, mode := range memModes {
 		t.Run(mode.name, func(t *testing.T) {
 			a, b := pair(t, Config{})
 			src, smr := a.region(t, ps, rw)

@@ -46,10 +46,7 @@ func newSRQSide(t *testing.T, cfg Config, n int, srqCfg SRQConfig) *srqSide {
 // receive's buffer. Pinned and ODP receive buffers (every page of the ODP one
 // faults when its first SEND arrives, and the receive waits for it).
 func TestSRQSharedByTwoQPs(t *testing.T) {
-	for _, mode := range []struct {
-		name string
-		odp  Access
-	}{{"pinned", 0}, {"odp", AccessOnDemand}} {
+	for _, mode := range memModes {
 		t.Run(mode.name, func(t *testing.T) {
 			s := newSRQSide(t, Config{ResponderFaults: FaultRNR}, 2, SRQConfig{MaxWR: 64})
 			src, smr := s.send.region(t, 16*ps, rw)

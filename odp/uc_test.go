@@ -35,10 +35,7 @@ func ucPair(t *testing.T, cfg Config, loss roce.Loss) (a, b *node) {
 // ODP memory (whose pages fault while the QP waits: UC has no RNR NAK); each send
 // completes without an acknowledgement, and no packet is ever sent again.
 func TestUCTraffic(t *testing.T) {
-	for _, mode := range []struct {
-		name string
-		odp  Access
-	}{{"pinned", 0}, {"odp", AccessOnDemand}} {
+	for _, mode := range memModes {
 		t.Run(mode.name, func(t *testing.T) {
 			a, b := ucPair(t, Config{}, roce.Loss{})
 			src, smr := a.region(t, 64*ps, rw)

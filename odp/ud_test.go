@@ -33,10 +33,7 @@ func udNode(t *testing.T, cfg Config, addr string, qkey uint32) *node {
 // with no receive posted, are dropped and counted; a datagram longer than the path
 // MTU, or than its receive, is a local length error.
 func TestUDSend(t *testing.T) {
-	for _, mode := range []struct {
-		name string
-		odp  Access
-	}{{"pinned", 0}, {"odp", AccessOnDemand}} {
+	for _, mode := range memModes {
 		t.Run(mode.name, func(t *testing.T) {
 			cfg := Config{NoSnapshot: true}
 			const qkey = 0x11111111

@@ -62,12 +62,7 @@ static void send_inv(struct ibv_qp *qp, struct ibv_qp *peer, struct ibv_mr *src,
 
 int main(void)
 {
-	struct ibv_device **list = ibv_get_device_list(NULL);
-	if (!list || !list[0])
-		DIE("no device");
-	struct ibv_context *ctx = ibv_open_device(list[0]);
-	if (!ctx)
-		DIE("open_device");
+	struct ibv_context *ctx = open_first();
 	struct ibv_device_attr attr;
 	if (ibv_query_device(ctx, &attr))
 		DIE("query_device");
@@ -187,7 +182,6 @@ int main(void)
 	if (ibv_destroy_qp(a) || ibv_destroy_qp(b) || ibv_destroy_qp(c) || ibv_destroy_qp(d) || ibv_destroy_cq(scq) ||
 	    ibv_destroy_cq(ibv_cq_ex_to_cq(rcq)) || ibv_dealloc_pd(pd) || ibv_close_device(ctx))
 		DIE("teardown");
-	ibv_free_device_list(list);
 	free(sbuf);
 	free(dbuf);
 	printf("ok\n");

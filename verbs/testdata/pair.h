@@ -19,6 +19,17 @@
 		exit(1);                              \
 	} while (0)
 
+/* open_first opens the first device (odpemu's) and frees the device list. */
+static inline struct ibv_context *open_first(void)
+{
+	struct ibv_device **list = ibv_get_device_list(NULL);
+	struct ibv_context *ctx;
+	if (!list || !list[0] || !(ctx = ibv_open_device(list[0])))
+		DIE("open_device");
+	ibv_free_device_list(list);
+	return ctx;
+}
+
 /* connect_qp moves qp through INIT, RTR and RTS, connected to the QP dest of the same
  * context; its responder accepts what access allows. */
 static inline void connect_qp(struct ibv_context *ctx, struct ibv_qp *qp, uint32_t dest, int access)

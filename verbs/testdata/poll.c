@@ -196,10 +196,7 @@ static void channel_and_poll(void)
 
 int main(void)
 {
-	struct ibv_device **list = ibv_get_device_list(NULL);
-	if (!list || !list[0] || !(ctx = ibv_open_device(list[0])))
-		DIE("open_device");
-	ibv_free_device_list(list);
+	ctx = open_first();
 	pd = ibv_alloc_pd(ctx);
 	buf = aligned_alloc(4096, 2 * SLOTS * MSG);
 	mr = ibv_reg_mr(pd, buf, 2 * SLOTS * MSG, IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_WRITE);

@@ -62,12 +62,7 @@ static void reconnect(int access)
 
 int main(void)
 {
-	struct ibv_device **list = ibv_get_device_list(NULL);
-	if (!list || !list[0])
-		DIE("no device");
-	ctx = ibv_open_device(list[0]);
-	if (!ctx)
-		DIE("open_device");
+	ctx = open_first();
 	struct ibv_pd *pd = ibv_alloc_pd(ctx), *pd2 = ibv_alloc_pd(ctx);
 	cq = ibv_create_cq(ctx, 64, NULL, NULL, 0);
 	if (!pd || !pd2 || !cq)
@@ -164,7 +159,6 @@ int main(void)
 	if (ibv_destroy_qp(a) || ibv_destroy_qp(b) || ibv_dereg_mr(dmr) || ibv_dereg_mr(smr) || ibv_dealloc_pd(pd2) ||
 	    ibv_destroy_cq(cq) || ibv_dealloc_pd(pd) || ibv_close_device(ctx))
 		DIE("teardown");
-	ibv_free_device_list(list);
 	free(src), free(dst), free(dst2);
 	printf("ok\n");
 	return 0;

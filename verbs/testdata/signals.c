@@ -86,11 +86,7 @@ int main(void)
 	if (setitimer(ITIMER_REAL, &every_ms, NULL))
 		DIE("setitimer");
 
-	struct ibv_device **list = ibv_get_device_list(NULL);
-	struct ibv_context *ctx;
-	if (!list || !list[0] || !(ctx = ibv_open_device(list[0])))
-		DIE("open_device");
-	ibv_free_device_list(list);
+	struct ibv_context *ctx = open_first();
 	struct ibv_pd *pd = ibv_alloc_pd(ctx);
 	struct ibv_cq *cq = ibv_create_cq(ctx, 64, NULL, NULL, 0);
 	char *src = aligned_alloc(PAGE, PAGE);

@@ -31,12 +31,7 @@ static struct ibv_cq *cq;
 
 int main(void)
 {
-	struct ibv_device **list = ibv_get_device_list(NULL);
-	if (!list || !list[0])
-		DIE("no device");
-	struct ibv_context *ctx = ibv_open_device(list[0]);
-	if (!ctx)
-		DIE("open_device");
+	struct ibv_context *ctx = open_first();
 	struct ibv_device_attr_ex dattr;
 	if (ibv_query_device_ex(ctx, NULL, &dattr))
 		DIE("query_device_ex");
@@ -161,7 +156,6 @@ int main(void)
 	if (ibv_dereg_mr(smr) || ibv_dereg_mr(dmr) || ibv_destroy_cq(cq) || ibv_dealloc_pd(pd) ||
 	    ibv_close_device(ctx))
 		DIE("teardown");
-	ibv_free_device_list(list);
 	free(src);
 	free(dst);
 	printf("ok\n");

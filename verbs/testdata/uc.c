@@ -71,12 +71,7 @@ static struct ibv_wc expect(struct ibv_cq *cq, uint64_t id, enum ibv_wc_opcode o
 
 int main(void)
 {
-	struct ibv_device **list = ibv_get_device_list(NULL);
-	if (!list || !list[0])
-		DIE("no device");
-	struct ibv_context *ctx = ibv_open_device(list[0]);
-	if (!ctx)
-		DIE("open_device");
+	struct ibv_context *ctx = open_first();
 	struct ibv_device_attr_ex dattr;
 	if (ibv_query_device_ex(ctx, NULL, &dattr))
 		DIE("query_device_ex");
@@ -144,7 +139,6 @@ int main(void)
 	if (ibv_destroy_qp(q[0]) || ibv_destroy_qp(q[1]) || ibv_dereg_mr(src) || ibv_dereg_mr(dst) ||
 	    ibv_destroy_cq(scq) || ibv_destroy_cq(rcq) || ibv_dealloc_pd(pd) || ibv_close_device(ctx))
 		DIE("teardown");
-	ibv_free_device_list(list);
 	free(sbuf);
 	free(dbuf);
 	printf("ok\n");

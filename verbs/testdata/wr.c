@@ -58,10 +58,7 @@ static void empty(struct ibv_qp_ex *qx, struct ibv_mr *mr, char *buf)
 
 int main(void)
 {
-	struct ibv_device **list = ibv_get_device_list(NULL);
-	if (!list || !list[0] || !(ctx = ibv_open_device(list[0])))
-		DIE("open_device");
-	ibv_free_device_list(list);
+	ctx = open_first();
 	struct ibv_pd *pd = ibv_alloc_pd(ctx);
 	cq = ibv_create_cq(ctx, 4 * SQ, NULL, NULL, 0);
 	char *buf = aligned_alloc(4096, 4 * 4096);
