@@ -2,7 +2,8 @@ package odp
 
 // The engine's responder side: the peer's requests, taken in PSN order and checked
 // by the RC responder (roce.Responder), placed in or read from this device's MRs;
-// and the answers (ACKs, NAKs, READ responses, atomic results), sent in order.
+// and the answers (ACKs, NAKs, READ responses, atomic results), sent in order (a UC
+// QP's responder answers nothing: what it cannot take it drops, with its message).
 //
 // What the responder does when a request finds ODP pages missing (a network page
 // fault), by policy and operation:
@@ -11,14 +12,16 @@ package odp
 //	WRITE, SEND    RNR NAK; resolved meanwhile; the      waits for the fault, then
 //	               retransmission is RNR NAKed again     takes the request
 //	               until the fault is resolved
-//	READ, atomic   waits for the fault (IBTA lets a      waits for the fault
-//	               responder RNR NAK only requests that
+//	READ, atomic,  waits for the fault (IBTA lets a      waits for the fault
+//	atomic write   responder RNR NAK only requests that
 //	               consume a receive; mlx5 resumes the
 //	               QP once an RDMA responder fault is
 //	               resolved, rxe faults synchronously)
+//	UC SEND,       waits for the fault (UC has no RNR    waits for the fault
+//	UC WRITE       NAK)
 //
 // A SEND or WRITE with immediate that finds no receive posted is answered RNR NAK
-// under both policies (IBTA's receiver not ready). An RNR NAK goes to the packet
+// under both policies (IBTA's receiver not ready); on UC it is dropped. An RNR NAK goes to the packet
 // that faulted (the run's first PSN, the expected one): the packets placed before
 // it are not sent again, and the fault resolves the rest of the message up to 4 MiB
 // (mlx5's MAX_PREFETCH_LEN), so that the retransmission finds it mapped.

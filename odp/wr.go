@@ -27,8 +27,8 @@ const (
 	// OpLocalInv invalidates the type 2 memory window whose R_Key is InvRKey, in the
 	// send queue's order, without the wire (WCLocalInv).
 	OpLocalInv Opcode = 7
-	// OpBindMW binds Bind.MW to a range of an MR, in the send queue's order, without
-	// the wire (WCBindMW); it fails with WCMWBindErr.
+	// OpBindMW binds the memory window Bind names to a range of an MR, in the send
+	// queue's order, without the wire (WCBindMW); it fails with WCMWBindErr.
 	OpBindMW Opcode = 8
 	// OpSendInv is a SEND whose arrival invalidates the peer's type 2 memory window
 	// whose R_Key is InvRKey; its receive completion says so (WCWithInv).

@@ -81,11 +81,19 @@ const (
 // The UC opcodes (IBTA 9.2, rxe_opcode.c) are the RC SENDs' and WRITEs' with the
 // transport bits 001: UC has no READs, atomics or acknowledgements.
 const (
-	UCSendFirst    = SendFirst | ucBits
-	UCSendOnly     = SendOnly | ucBits
-	UCWriteFirst   = WriteFirst | ucBits
-	UCWriteOnlyImm = WriteOnlyImm | ucBits
 	ucBits         = 0x20
+	UCSendFirst    = SendFirst | ucBits
+	UCSendMiddle   = SendMiddle | ucBits
+	UCSendLast     = SendLast | ucBits
+	UCSendLastImm  = SendLastImm | ucBits
+	UCSendOnly     = SendOnly | ucBits
+	UCSendOnlyImm  = SendOnlyImm | ucBits
+	UCWriteFirst   = WriteFirst | ucBits
+	UCWriteMiddle  = WriteMiddle | ucBits
+	UCWriteLast    = WriteLast | ucBits
+	UCWriteLastImm = WriteLastImm | ucBits
+	UCWriteOnly    = WriteOnly | ucBits
+	UCWriteOnlyImm = WriteOnlyImm | ucBits
 )
 
 // The UD opcodes (IBTA 9.2, rxe_opcode.c): a UD message is one packet.

@@ -469,9 +469,10 @@ func TestUC(t *testing.T) {
 	assert.Zero(t, q.Outstanding())
 	assert.True(t, q.Deadline().IsZero(), "no ACK timer")
 	require.Len(t, pkts, 3+3+3+1)
-	assert.Equal(t, []Opcode{UCSendFirst, UCSendFirst + 1, UCSendFirst + 2}, []Opcode{pkts[0].Opcode, pkts[1].Opcode,
+	assert.Equal(t, []Opcode{UCSendFirst, UCSendMiddle, UCSendLast}, []Opcode{pkts[0].Opcode, pkts[1].Opcode,
 		pkts[2].Opcode})
-	assert.Equal(t, UCWriteOnlyImm-2, pkts[5].Opcode, "UC_RDMA_WRITE_LAST_WITH_IMMEDIATE")
+	assert.Equal(t, UCWriteLastImm, pkts[5].Opcode)
+	assert.Equal(t, "UC_RDMA_WRITE_LAST_WITH_IMMEDIATE", UCWriteLastImm.String())
 	assert.Equal(t, UCSendOnly, pkts[9].Opcode)
 
 	r := NewResponder(10, lim, 4)
