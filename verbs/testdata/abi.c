@@ -77,9 +77,9 @@ static void objects(struct ibv_context *ctx, struct ibv_pd *pd)
 	struct ibv_qp *qp = cq ? ibv_create_qp(pd, &init) : NULL;
 	CHECK(qp && qp->state == IBV_QPS_RESET && qp->qp_num != 0, "create_qp: %s", strerror(errno));
 	CHECK(init.cap.max_send_wr >= 4 && init.cap.max_recv_wr >= 8 && init.cap.max_recv_sge >= 2, "granted caps");
-	struct ibv_qp_init_attr uc = init;
-	uc.qp_type = IBV_QPT_UC;
-	CHECK(ibv_create_qp(pd, &uc) == NULL && errno == EOPNOTSUPP, "a UC QP is EOPNOTSUPP");
+	struct ibv_qp_init_attr raw = init;
+	raw.qp_type = IBV_QPT_RAW_PACKET;
+	CHECK(ibv_create_qp(pd, &raw) == NULL && errno == EOPNOTSUPP, "a raw packet QP is EOPNOTSUPP");
 	struct ibv_qp_init_attr ud = init;
 	ud.qp_type = IBV_QPT_UD;
 	struct ibv_qp *udqp = ibv_create_qp(pd, &ud);
