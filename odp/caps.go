@@ -24,7 +24,7 @@ const (
 	ODPSRQRecv ODPTransportCaps = 1 << 5
 )
 
-// ODPCaps is ibv_odp_caps: what the device's ODP supports (RC and UD exist here).
+// ODPCaps is ibv_odp_caps: what the device's ODP supports (RC, UC and UD exist here).
 type ODPCaps struct {
 	General ODPGeneralCaps
 	RC      ODPTransportCaps

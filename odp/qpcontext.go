@@ -41,8 +41,10 @@ type QPConfig struct {
 	SRQ *SRQ
 }
 
-// QP is a reliable-connected queue pair. It is created in RESET and becomes usable with
-// Connect (or Modify through INIT, RTR and RTS after Connect attached a wire). Work
+// QP is a queue pair: reliable connected by default, unreliable connected or
+// datagram by its QPConfig.Type. It is created in RESET and becomes usable with
+// Connect (or Modify through INIT, RTR and RTS after Connect attached a wire; a UD QP
+// with BindUD). Work
 // requests are processed asynchronously, in order, by the QP's engine, one goroutine
 // that runs the QP's requester and responder (engine.go); errors move the QP to ERR,
 // after which pending and new work requests complete with WR_FLUSH_ERR.

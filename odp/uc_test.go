@@ -202,3 +202,36 @@ func TestUCOverLossyLink(t *testing.T) {
 	assert.Zero(t, a.qp.Stats().Retransmissions)
 	assert.Equal(t, StateRTS, b.qp.State())
 }
+
+// A UC QP receiving from an SRQ: SENDs take the SRQ's receives in order, and a SEND
+// too long for the receive it took is dropped while the QP keeps that receive for
+// the next message (the SRQ's other receives stay).
+func TestUCWithSRQ(t *testing.T) {
+	a, b := newNode(t, Config{}), newNode(t, Config{})
+	srq, err := b.pd.CreateSRQ(SRQConfig{MaxWR: 16})
+	require.NoError(t, err)
+	qa, err := a.pd.CreateQP(QPConfig{Type: QPTypeUC, SendCQ: a.scq, RecvCQ: a.rcq})
+	require.NoError(t, err)
+	qb, err := b.pd.CreateQP(QPConfig{Type: QPTypeUC, SendCQ: b.scq, RecvCQ: b.rcq, SRQ: srq})
+	require.NoError(t, err)
+	require.NoError(t, ConnectLoopback(qa, qb))
+	src, smr := a.region(t, 4*ps, rw)
+	dst, dmr := b.region(t, 4*ps, rw|AccessOnDemand)
+	for i := range src {
+		src[i] = byte(i*3 + 1)
+	}
+	require.NoError(t, srq.PostRecv(RecvWR{WRID: 1, SGL: sge(dmr, 0, 100)}))
+	require.NoError(t, srq.PostRecv(RecvWR{WRID: 2, SGL: sge(dmr, 2*ps, 2*ps)}))
+	for i, n := range []int{2 * ps, 100, 2 * ps} { // the first is too long for receive 1
+		require.NoError(t, qa.PostSend(SendWR{WRID: uint64(i), Opcode: OpSend, SGL: sge(smr, ps, n), Flags: SendSignaled}))
+		require.Equal(t, WCSuccess, wait(t, a.scq).Status)
+	}
+	wc := wait(t, b.rcq)
+	require.Equal(t, WC{WRID: 1, Opcode: WCRecv, ByteLen: 100, QPNum: qb.QPNum()}, wc, wc.Detail)
+	wc = wait(t, b.rcq)
+	require.Equal(t, WC{WRID: 2, Opcode: WCRecv, ByteLen: uint32(2 * ps), QPNum: qb.QPNum()}, wc, wc.Detail)
+	assert.Equal(t, src[ps:ps+100], dst[:100])
+	assert.Equal(t, src[ps:3*ps], dst[2*ps:4*ps])
+	assert.Zero(t, srq.Len())
+	assert.Contains(t, qb.RespError(), "into a 100-byte receive")
+}

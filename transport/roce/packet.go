@@ -185,7 +185,7 @@ func init() {
 
 func (o Opcode) flags() int { return opInfo[o].flags }
 
-// Valid reports whether o is an opcode this package knows, RC or UD.
+// Valid reports whether o is an opcode this package knows, RC, UC or UD.
 func (o Opcode) Valid() bool { return o <= lastOpcode && opInfo[o].name != "" }
 
 // UD reports whether o is a UD opcode.
