@@ -12,8 +12,9 @@ import (
 
 // atomicWrite is an RDMA ATOMIC WRITE of the 8 bytes at src's off to dst's roff.
 func atomicWrite(src *MR, off int, dst *MR, roff uint64) SendWR {
-	return SendWR{Opcode: OpAtomicWrite, SGL: sge(src, off, 8), RemoteAddr: dst.Addr() + roff, RKey: dst.RKey(),
-		Flags: SendSignaled}
+	wr := write(src, off, 8, dst, roff)
+	wr.Opcode = OpAtomicWrite
+	return wr
 }
 
 // An atomic write stores its 8 bytes in the peer's MR, pinned or ODP (its page

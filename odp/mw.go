@@ -70,12 +70,16 @@ func (pd *domain) newMWLocked(t MWType, key uint32) *MW {
 // request's Bind. A zero length (mr may be nil then) unbinds a type 1 window.
 func (mw *MW) BindTo(mr *MR, addr, length uint64, access Access) *MWBind {
 	cur := mw.RKey()
-	b := &MWBind{MWRKey: cur, RKey: cur&^0xff | (cur+1)&0xff, Addr: addr, Length: length, Access: access}
+	b := &MWBind{MWRKey: cur, RKey: nextTag(cur), Addr: addr, Length: length, Access: access}
 	if mr != nil {
 		b.MRLKey = mr.LKey()
 	}
 	return b
 }
+
+// nextTag is key with its low byte (the tag) advanced and its index kept, as
+// ibv_inc_rkey does.
+func nextTag(key uint32) uint32 { return key&^0xff | (key+1)&0xff }
 
 // RKey returns the window's R_Key: the one its last bind gave it.
 func (mw *MW) RKey() uint32 { return mw.b.Load().rkey }

@@ -10,9 +10,6 @@ import (
 	"github.com/stretchr/testify/require"
 )
 
-// nextTag is rkey with its low byte advanced, as ibv_inc_rkey does.
-func nextTag(rkey uint32) uint32 { return rkey&^0xff | (rkey+1)&0xff }
-
 // bindMW posts a signaled bind on qp and returns its completion.
 func bindMW(t *testing.T, qp *QP, cq *CQ, b *MWBind) WC {
 	t.Helper()
@@ -24,8 +21,9 @@ func bindMW(t *testing.T, qp *QP, cq *CQ, b *MWBind) WC {
 // completion.
 func writeVia(t *testing.T, n *node, smr *MR, off, size int, va uint64, rkey uint32) WC {
 	t.Helper()
-	require.NoError(t, n.qp.PostSend(SendWR{WRID: 5, Opcode: OpRDMAWrite, SGL: sge(smr, off, size), RemoteAddr: va,
-		RKey: rkey, Flags: SendSignaled}))
+	wr := write(smr, off, size, smr, 0)
+	wr.WRID, wr.RemoteAddr, wr.RKey = 5, va, rkey
+	require.NoError(t, n.qp.PostSend(wr))
 	return wait(t, n.scq)
 }
 

@@ -351,13 +351,13 @@ func (q *Requester) resent(psn uint32, count int) int {
 // Sent records that t, the run Next returned last, went out: the cursor moves past
 // it and the ACK timer runs. On UC, the messages it ended complete (Output.Done).
 func (q *Requester) Sent(t *Transmit, now time.Time) Output {
-	out := q.output()
 	q.cursor = t.next
 	if psnDiff(q.cursor, q.fresh) > 0 {
 		q.fresh = q.cursor
 	}
 	q.stats.Retransmitted += uint64(t.Retransmit)
 	if q.cfg.UC {
+		out := q.output()
 		for q.n > 0 && psnDiff(q.at(0).last, q.cursor) < 0 {
 			q.complete(0, 0, &out, now)
 		}
@@ -366,7 +366,7 @@ func (q *Requester) Sent(t *Transmit, now time.Time) Output {
 	if q.deadline.IsZero() {
 		q.arm(now)
 	}
-	return out
+	return Output{}
 }
 
 func (q *Requester) arm(now time.Time) {
