@@ -61,8 +61,12 @@ func (cq *CQ) Resize(depth int) error {
 // Poll moves up to len(wcs) completions into wcs without blocking and returns how many.
 // After an overrun it returns the queued completions and ErrCQOverrun.
 func (cq *CQ) Poll(wcs []WC) (int, error) {
+	if !cq.busy.Load() {
+		return 0, nil // see busy; a completion pushed meanwhile is found by the next poll
+	}
 	cq.mu.Lock()
 	defer cq.mu.Unlock()
+	defer cq.setBusyLocked()
 	if cq.dead {
 		return 0, ErrClosed
 	}
@@ -109,6 +113,7 @@ func (cq *CQ) Destroy() error {
 		return wrap(ErrBusy, "CQ used by %d QPs", cq.users)
 	}
 	cq.dead, cq.armed = true, nil
+	cq.setBusyLocked()
 	cq.unlistLocked()
 	return nil
 }

@@ -2,7 +2,10 @@ package odp
 
 // A CQ as the engines fill it: its ring and the QPs attached.
 
-import "sync"
+import (
+	"sync"
+	"sync/atomic"
+)
 
 // CQ is a completion queue. Completions beyond its depth are an overrun, reported by
 // Poll and Wait, as a CQ error is; the completions already queued stay readable.
@@ -14,6 +17,12 @@ type CQ struct {
 	// the CQ and not yet completed (it takes Device.mu).
 	sendsOwed func() int
 	notify    chan struct{} // holds a token while completions may be queued
+	// busy is whether Poll has anything to do: completions queued, an overrun, or
+	// the CQ destroyed. Written under mu (setBusyLocked), read without it: an
+	// application polls an empty CQ far more often than completions come, and a
+	// poll that took the lock each time would take its cache line from the engine
+	// that pushes the next completion.
+	busy atomic.Bool
 
 	mu      sync.Mutex // protects the fields below
 	ring    []WC
@@ -26,15 +35,22 @@ type CQ struct {
 }
 
 // push queues a completion; it reports false on overrun.
-func (cq *CQ) push(wc WC) bool {
+func (cq *CQ) push(wc WC) bool { return cq.pushAll([]WC{wc}) }
+
+// pushAll queues completions, in order, under one lock and with one notification;
+// it reports false on overrun (those beyond the depth are lost).
+func (cq *CQ) pushAll(wcs []WC) bool {
 	cq.mu.Lock()
-	ok := cq.n < len(cq.ring)
-	if ok {
-		cq.ring[(cq.head+cq.n)%len(cq.ring)] = wc
+	ok := true
+	for i := range wcs {
+		if cq.n == len(cq.ring) {
+			cq.overrun, ok = true, false
+			break
+		}
+		cq.ring[(cq.head+cq.n)%len(cq.ring)] = wcs[i]
 		cq.n++
-	} else {
-		cq.overrun = true
 	}
+	cq.setBusyLocked()
 	if f := cq.armed; f != nil {
 		cq.armed = nil
 		f() // under CQ.mu: once Destroy returns, no notification is on its way
@@ -64,12 +80,22 @@ func (cq *CQ) dropQP(qpn uint32) {
 		cq.ring[(cq.head+i)%len(cq.ring)] = WC{}
 	}
 	cq.n = k
+	cq.setBusyLocked()
+}
+
+// setBusyLocked sets busy from what the CQ holds. Called with CQ.mu held, after
+// every change of n, overrun or dead.
+func (cq *CQ) setBusyLocked() {
+	if b := cq.n > 0 || cq.overrun || cq.dead; b != cq.busy.Load() {
+		cq.busy.Store(b)
+	}
 }
 
 // killLocked marks the CQ destroyed, as Device.Close does. Called with Device.mu held.
 func (cq *CQ) killLocked() {
 	cq.mu.Lock()
 	cq.dead, cq.armed = true, nil
+	cq.setBusyLocked()
 	cq.mu.Unlock()
 }
 

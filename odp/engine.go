@@ -156,6 +156,7 @@ type engine struct {
 	// recvSeq is the number of recv on UC, which takes it when the message ends
 	// (a message lost before leaves it for the next).
 	recvSeq uint64
+	recvWCs []WC // the receive completions of this pass (recvDone, pushRecvs)
 }
 
 // heldRuns counts runs read under one hold.
@@ -377,6 +378,7 @@ func (e *engine) park() {
 // request the responder cannot take yet stays at the head.
 func (e *engine) receive() bool {
 	defer e.letGo()
+	defer e.pushRecvs() // before the pass's ACK goes out
 	busy := false
 	if !e.lost {
 		n, next, err := e.port.Recv(e.rx, e.now)
@@ -603,6 +605,7 @@ func (e *engine) toError() {
 	if !e.req.Failed() {
 		e.complete(e.req.Flush(roce.StatusFlushed), "")
 	}
+	e.pushRecvs()
 	if e.recv != nil {
 		e.qp.cfg.RecvCQ.push(WC{WRID: e.recv.WRID, Status: WCWRFlushErr, Opcode: WCRecv, QPNum: e.qp.qpn})
 		e.recv = nil

@@ -367,7 +367,7 @@ func (qp *QP) PostRecv(wr RecvWR) error {
 		return nil
 	}
 	if !qp.rq.postLocked(&wr) {
-		return wrap(ErrQueueFull, "%d receive WRs outstanding", qp.rq.lenLocked())
+		return wrap(ErrQueueFull, "%d receive WRs outstanding", qp.rq.len())
 	}
 	// The engine is not woken: no engine waits for a receive. A SEND that found
 	// none was answered RNR NAK and comes again after the RNR timer, as on mlx5

@@ -98,15 +98,25 @@ type QP struct {
 	heldSeq uint64
 }
 
-// recvQueue is a QP's receive queue, a ring of MaxRecvWR slots: PostRecv fills the
-// slot at tail, the engine looks at the slot at head and takes it, and a flush to
-// ERR empties the ring; all of it under QP.mu. Receives are numbered in posting
-// order, so that the engine takes the one it looked at or, when a flush completed
-// it meanwhile, none. A slot keeps up to four SGEs in itself: posting allocates
-// nothing.
+// recvQueue is a receive queue, a ring of MaxRecvWR slots as a NIC's is: PostRecv
+// fills the slot at tail under its lock (QP.mu, or SRQ.mu for an SRQ's), and the
+// engine looks at the slot at head and takes it without a lock (peek, take), as it
+// reads the send queue; a flush to ERR empties the ring under the posters' lock.
+// Receives are numbered in posting order, and head moves only by compare-and-swap
+// from the receive's number: the engine takes the one it looked at or, when a
+// flush completed it meanwhile, none. A slot is written again only after head
+// passed it, which a take or a flush did, and a flushed QP is in ERR, where
+// receives are completed without being posted, until a reset that stops its engine
+// first: so the engine reads a slot no poster writes. What the posters write
+// (tail) and what the engine writes (head) are on cache lines of their own. A slot
+// keeps up to four SGEs in itself: posting allocates nothing.
 type recvQueue struct {
-	slots      []rqe
-	head, tail uint64 // the oldest receive not taken; the next to post
+	slots []rqe
+	_     cpu.CacheLinePad
+	tail  atomic.Uint64 // the next receive to post
+	_     cpu.CacheLinePad
+	head  atomic.Uint64 // the oldest receive not taken
+	_     cpu.CacheLinePad
 }
 
 // slot returns send queue slot i (i counts every request posted).
@@ -118,50 +128,54 @@ type rqe struct {
 	sgl [4]SGE
 }
 
-// lenLocked returns how many receives are posted. Called with QP.mu held.
-func (q *recvQueue) lenLocked() int { return int(q.tail - q.head) }
+// len returns how many receives are posted; any goroutine may call it.
+func (q *recvQueue) len() int {
+	h := q.head.Load() // first: the tail loaded after it is at least h
+	return int(q.tail.Load() - h)
+}
 
 // postLocked adds wr (its SGL copied) at the tail, unless the ring is full.
-// Called with QP.mu held.
+// Called with the posters' lock held (QP.mu, or SRQ.mu).
 func (q *recvQueue) postLocked(wr *RecvWR) bool {
-	if q.lenLocked() >= len(q.slots) {
+	t := q.tail.Load()
+	if t-q.head.Load() >= uint64(len(q.slots)) {
 		return false
 	}
-	s := &q.slots[q.tail%uint64(len(q.slots))]
+	s := &q.slots[t%uint64(len(q.slots))]
 	s.wr = RecvWR{WRID: wr.WRID, SGL: append(s.sgl[:0], wr.SGL...)}
-	q.tail++
+	q.tail.Store(t + 1)
 	return true
 }
 
-// peekLocked copies the oldest posted receive into dst, reusing dst's SGL, and
-// returns its number; ok is false when none is posted. Called with QP.mu held.
-func (q *recvQueue) peekLocked(dst *RecvWR) (seq uint64, ok bool) {
-	if q.head == q.tail {
+// peek copies the oldest posted receive into dst, reusing dst's SGL, and returns
+// its number for take; ok is false when none is posted. It takes no lock: only
+// the QP's engine calls it (or an SRQ's taker, under SRQ.mu).
+func (q *recvQueue) peek(dst *RecvWR) (seq uint64, ok bool) {
+	h := q.head.Load()
+	if h == q.tail.Load() {
 		return 0, false
 	}
-	s := &q.slots[q.head%uint64(len(q.slots))]
+	s := &q.slots[h%uint64(len(q.slots))]
 	dst.WRID, dst.SGL = s.wr.WRID, append(dst.SGL[:0], s.wr.SGL...)
-	return q.head, true
+	return h, true
 }
 
-// takeLocked removes receive seq if it is still the oldest posted one (a flush
-// may have completed it since peekLocked). Called with QP.mu held.
-func (q *recvQueue) takeLocked(seq uint64) bool {
-	if q.head != seq || q.head == q.tail {
-		return false
-	}
-	q.slots[q.head%uint64(len(q.slots))].wr.SGL = nil
-	q.head++
-	return true
-}
+// take removes receive seq, which peek returned, if it is still the oldest posted
+// one (a flush may have completed it since), and reports whether it did. It takes
+// no lock.
+func (q *recvQueue) take(seq uint64) bool { return q.head.CompareAndSwap(seq, seq+1) }
 
-// flushLocked removes every posted receive, oldest first, and calls done with each
-// one's WRID. Called with QP.mu held.
+// flushLocked removes every posted receive at once, and calls done with each one's
+// WRID, oldest first: the engine takes none of them after it, so no receive
+// completes after one the flush completed. Called with the posters' lock held.
 func (q *recvQueue) flushLocked(done func(wrid uint64)) {
-	for ; q.head != q.tail; q.head++ {
-		s := &q.slots[q.head%uint64(len(q.slots))]
-		done(s.wr.WRID)
-		s.wr.SGL = nil
+	t := q.tail.Load() // no post moves it meanwhile
+	h := q.head.Load()
+	for h != t && !q.head.CompareAndSwap(h, t) {
+		h = q.head.Load() // the engine took one
+	}
+	for ; h != t; h++ {
+		done(q.slots[h%uint64(len(q.slots))].wr.WRID)
 	}
 }
 
@@ -280,12 +294,13 @@ func (qp *QP) toError() {
 // hasRecv reports whether a receive is posted (or, with an SRQ, held or posted
 // to the SRQ).
 func (qp *QP) hasRecv() bool {
+	srq := qp.cfg.SRQ
+	if srq == nil {
+		return qp.rq.len() > 0
+	}
 	qp.mu.Lock()
 	defer qp.mu.Unlock()
-	if srq := qp.cfg.SRQ; srq != nil {
-		return qp.holding || srq.Len() > 0 // SRQ.mu under QP.mu
-	}
-	return qp.rq.lenLocked() > 0
+	return qp.holding || srq.Len() > 0 // SRQ.mu under QP.mu
 }
 
 // peekRecv copies the oldest posted receive into dst (reusing dst's SGL) and
@@ -295,9 +310,7 @@ func (qp *QP) hasRecv() bool {
 func (qp *QP) peekRecv(dst *RecvWR) (seq uint64, ok bool) {
 	srq := qp.cfg.SRQ
 	if srq == nil {
-		qp.mu.Lock()
-		defer qp.mu.Unlock()
-		return qp.rq.peekLocked(dst)
+		return qp.rq.peek(dst) // no lock: see recvQueue
 	}
 	limit := false
 	qp.mu.Lock()
@@ -322,16 +335,16 @@ func (qp *QP) peekRecv(dst *RecvWR) (seq uint64, ok bool) {
 // did: false when a flush to ERR completed it meanwhile (only the engine takes
 // receives).
 func (qp *QP) takeRecv(seq uint64) bool {
+	if qp.cfg.SRQ == nil {
+		return qp.rq.take(seq) // no lock: see recvQueue
+	}
 	qp.mu.Lock()
 	defer qp.mu.Unlock()
-	if qp.cfg.SRQ != nil {
-		if !qp.holding || seq != qp.heldSeq {
-			return false
-		}
-		qp.holding = false
-		return true
+	if !qp.holding || seq != qp.heldSeq {
+		return false
 	}
-	return qp.rq.takeLocked(seq)
+	qp.holding = false
+	return true
 }
 
 // giveBackLocked returns the receive the QP holds to its SRQ (a reset or a

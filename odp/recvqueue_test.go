@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"math/rand/v2"
 	"runtime"
+	"sync"
 	"testing"
 	"time"
 
@@ -17,28 +18,28 @@ import (
 func TestRecvQueueRing(t *testing.T) {
 	q := recvQueue{slots: make([]rqe, 3)}
 	var dst RecvWR
-	_, ok := q.peekLocked(&dst)
+	_, ok := q.peek(&dst)
 	require.False(t, ok, "empty ring")
 	next := uint64(0) // the next WRID to post; taken in order
 	for round := 0; round < 10; round++ {
 		for q.postLocked(&RecvWR{WRID: next, SGL: []SGE{{Addr: next, Length: 1}}}) {
 			next++
 		}
-		require.Equal(t, 3, q.lenLocked(), "round %d: full at three", round)
-		seq, ok := q.peekLocked(&dst)
+		require.Equal(t, 3, q.len(), "round %d: full at three", round)
+		seq, ok := q.peek(&dst)
 		require.True(t, ok)
 		want := next - 3
 		require.Equal(t, want, dst.WRID)
-		require.True(t, q.takeLocked(seq))
-		require.False(t, q.takeLocked(seq), "taken twice")
+		require.True(t, q.take(seq))
+		require.False(t, q.take(seq), "taken twice")
 		// The slot is posted again; the copy the engine holds does not change.
 		require.True(t, q.postLocked(&RecvWR{WRID: next, SGL: []SGE{{Addr: 1000 + next, Length: 2}}}))
 		next++
 		assert.Equal(t, RecvWR{WRID: want, SGL: []SGE{{Addr: want, Length: 1}}}, dst)
-		for q.lenLocked() > 0 {
-			seq, ok := q.peekLocked(&dst)
+		for q.len() > 0 {
+			seq, ok := q.peek(&dst)
 			require.True(t, ok)
-			require.True(t, q.takeLocked(seq))
+			require.True(t, q.take(seq))
 		}
 	}
 	// More SGEs than a slot keeps in itself.
@@ -48,7 +49,7 @@ func TestRecvQueueRing(t *testing.T) {
 	}
 	require.True(t, q.postLocked(&RecvWR{WRID: 77, SGL: long}))
 	long[0].Addr = 99 // the caller's slice is copied at post time
-	seq, ok := q.peekLocked(&dst)
+	seq, ok := q.peek(&dst)
 	require.True(t, ok)
 	require.Len(t, dst.SGL, 7)
 	assert.Equal(t, uint64(0), dst.SGL[0].Addr)
@@ -58,10 +59,80 @@ func TestRecvQueueRing(t *testing.T) {
 	var flushed []uint64
 	q.flushLocked(func(wrid uint64) { flushed = append(flushed, wrid) })
 	assert.Equal(t, []uint64{77, 78}, flushed)
-	assert.False(t, q.takeLocked(seq), "taken after the flush")
-	assert.Zero(t, q.lenLocked())
-	_, ok = q.peekLocked(&dst)
+	assert.False(t, q.take(seq), "taken after the flush")
+	assert.Zero(t, q.len())
+	_, ok = q.peek(&dst)
 	assert.False(t, ok)
+}
+
+// The ring from three goroutines, as a QP uses it: the application posts under its
+// lock, the engine looks and takes without one, and a flush (the move to ERR)
+// empties the ring once, under the lock, after which nothing is posted. Every
+// receive is taken or flushed exactly once, in posting order, and what the engine
+// copied is the receive it took, never a slot being written.
+func TestRecvQueueConcurrent(t *testing.T) {
+	for _, procs := range []int{1, 2} {
+		t.Run(fmt.Sprintf("GOMAXPROCS=%d", procs), func(t *testing.T) {
+			defer runtime.GOMAXPROCS(runtime.GOMAXPROCS(procs))
+			seed := uint64(time.Now().UnixNano())
+			rng := rand.New(rand.NewPCG(seed, 23))
+			for round := 0; round < 50; round++ {
+				const n = 2000
+				q := recvQueue{slots: make([]rqe, 1+rng.IntN(8))}
+				var mu sync.Mutex            // the posters' lock (QP.mu)
+				flushAt := rng.IntN(n + n/4) // posts before the flush; past n: none
+				var flushed []uint64
+				erred := false
+				stopped := make(chan struct{})
+				go func() { // the application
+					defer close(stopped)
+					for i := uint64(0); i < n; {
+						mu.Lock()
+						if erred {
+							mu.Unlock()
+							return
+						}
+						if int(i) == flushAt {
+							erred = true
+							q.flushLocked(func(wrid uint64) { flushed = append(flushed, wrid) })
+							mu.Unlock()
+							return
+						}
+						if q.postLocked(&RecvWR{WRID: i, SGL: []SGE{{Addr: i, Length: uint32(i)}}}) {
+							i++
+						}
+						mu.Unlock()
+						runtime.Gosched()
+					}
+				}()
+				var taken []uint64
+				var dst RecvWR
+				for done := false; !done; {
+					select {
+					case <-stopped:
+						done = true // one more look after the last post
+					default:
+					}
+					for seq, ok := q.peek(&dst); ok; seq, ok = q.peek(&dst) {
+						require.Equal(t, []SGE{{Addr: dst.WRID, Length: uint32(dst.WRID)}}, dst.SGL,
+							"seed %d round %d: a torn copy", seed, round)
+						if q.take(seq) {
+							taken = append(taken, dst.WRID)
+						}
+					}
+					runtime.Gosched()
+				}
+				all := append(taken, flushed...)
+				for i, w := range all {
+					require.Equal(t, uint64(i), w, "seed %d round %d: taken %d, flushed %d", seed, round, len(taken), len(flushed))
+				}
+				if flushAt >= n {
+					require.Len(t, all, n, "seed %d round %d", seed, round)
+				}
+				require.Zero(t, q.len())
+			}
+		})
+	}
 }
 
 // The application moves the responder's QP to ERR at any moment of a stream of

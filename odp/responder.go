@@ -229,6 +229,7 @@ func (e *engine) placeRun(s *roce.Segment, v *roce.Verdict) bool {
 			if starts {
 				e.qp.takeRecv(seq)
 			}
+			e.pushRecvs()
 			e.qp.cfg.RecvCQ.push(WC{WRID: recv.WRID, Status: WCLocLenErr, Opcode: WCRecv, QPNum: e.qp.qpn, Detail: why})
 			e.recv = nil
 			e.refuse(e.resp.Fail(roce.SynNAKInvalidRequest), why)
@@ -270,6 +271,7 @@ func (e *engine) placeRun(s *roce.Segment, v *roce.Verdict) bool {
 			if starts {
 				e.qp.takeRecv(seq)
 			}
+			e.pushRecvs()
 			e.qp.failWith(e.qp.cfg.RecvCQ, WC{WRID: recv.WRID, Status: WCLocProtErr, Opcode: WCRecv, QPNum: e.qp.qpn,
 				Detail: err.Error()})
 			e.recv = nil
@@ -308,6 +310,7 @@ func (e *engine) placeRun(s *roce.Segment, v *roce.Verdict) bool {
 		if why := e.qp.invalidate(v.Msg.Imm); why != "" {
 			// rxe's class J: the receive completes with the error, the QP goes to
 			// ERR, and the requester learns of an invalid request.
+			e.pushRecvs()
 			e.qp.failWith(e.qp.cfg.RecvCQ, WC{WRID: e.recv.WRID, Status: WCRemInvReqErr, Opcode: WCRecv,
 				QPNum: e.qp.qpn, Detail: "SEND with invalidate: " + why})
 			e.recv = nil
@@ -344,12 +347,26 @@ func (e *engine) placeRun(s *roce.Segment, v *roce.Verdict) bool {
 	return true
 }
 
-// recvDone completes a receive (flushed if the QP went to ERR meanwhile).
+// recvDone completes a receive (flushed if the QP went to ERR meanwhile). The
+// completion is queued with the others of the receive pass, and pushRecvs writes
+// them to the CQ together (a CQ's lock taken once per pass, not once per message).
 func (e *engine) recvDone(wc WC) {
 	if QPState(e.qp.st.Load()) == StateError {
 		wc.Status = WCWRFlushErr
 	}
-	e.qp.cfg.RecvCQ.push(wc)
+	e.recvWCs = append(e.recvWCs, wc)
+}
+
+// pushRecvs writes the receive completions recvDone queued to the receive CQ, in
+// order: at the end of every receive pass, before the ACKs of their messages go
+// out (a requester's completion never precedes its receive's), and before the
+// engine completes anything else into that CQ (an error after them).
+func (e *engine) pushRecvs() {
+	if len(e.recvWCs) > 0 {
+		e.qp.cfg.RecvCQ.pushAll(e.recvWCs)
+		clear(e.recvWCs)
+		e.recvWCs = e.recvWCs[:0]
+	}
 }
 
 // faultEnd is the MR byte where a responder fault on run v stops: the end of its

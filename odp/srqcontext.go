@@ -60,7 +60,7 @@ func (s *SRQ) PostRecv(wr RecvWR) error {
 		return ErrClosed
 	}
 	if !s.rq.postLocked(&wr) {
-		return wrap(ErrQueueFull, "%d receive WRs outstanding", s.rq.lenLocked())
+		return wrap(ErrQueueFull, "%d receive WRs outstanding", s.rq.len())
 	}
 	return nil
 }
@@ -93,7 +93,7 @@ func (s *SRQ) Attr() SRQAttr {
 func (s *SRQ) Len() int {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	return s.rq.lenLocked()
+	return s.rq.len()
 }
 
 // Destroy destroys the SRQ; it fails with ErrBusy while QPs use it. Receives still
@@ -139,12 +139,11 @@ func (s *SRQ) detach() {
 // limit reports that it brought the SRQ below its armed limit, which it disarmed.
 // Called with SRQ.mu held.
 func (s *SRQ) takeLocked(dst *RecvWR) (ok, limit bool) {
-	seq, ok := s.rq.peekLocked(dst)
-	if !ok {
+	seq, ok := s.rq.peek(dst)
+	if !ok || !s.rq.take(seq) { // SRQ.mu orders every taker and the flush
 		return false, false
 	}
-	s.rq.takeLocked(seq)
-	if s.limit > 0 && s.rq.lenLocked() < s.limit {
+	if s.limit > 0 && s.rq.len() < s.limit {
 		s.limit = 0
 		return true, s.onLimit != nil
 	}
