@@ -2,6 +2,7 @@ package odp
 
 import (
 	"errors"
+	"time"
 
 	"github.com/odpemu/odpemu/pagefault"
 )
@@ -136,6 +137,11 @@ func (mr *MR) prefetch(advice Advice, first, count int) error {
 // one pass that maps only pages already present. counted counts the faults as network
 // page faults (prefetch counts its own).
 func (mr *MR) mapRange(first, count int, write, presentOnly, counted bool) (int, error) {
+	if mr.implicit && !counted {
+		// A prefetch creates the children it reaches, as mlx5's does (a network
+		// fault creates its own: networkFault).
+		firmware(time.Duration(mr.newChildren(first, first+max(count, 1))) * mr.dev.cfg.RegModel.Reg)
+	}
 	pages := 0
 	for round := 0; ; round++ {
 		mr.table.Lock()

@@ -63,6 +63,18 @@ type Config struct {
 	// Link is the link the device's QPs send on (rate, delay, queue): the zero value
 	// is DefaultLinkRate and DefaultLinkDelay; NoLink removes the model.
 	Link LinkModel
+	// RegModel is the firmware's cost of memory keys (see RegModel): the zero value
+	// adds nothing.
+	RegModel RegModel
+	// PrefetchLimit bounds the bytes a responder's network page fault on a WRITE
+	// maps past the faulting packets (toward the end of the message): 0 is
+	// DefaultPrefetchLimit, negative none.
+	PrefetchLimit int64
+	// ImplicitChild is the size of an implicit ODP MR's children (see Profile): 0
+	// is DefaultImplicitChild.
+	ImplicitChild int64
+	// A Profile sets FaultModel, Link, ResponderFaults, RegModel, PrefetchLimit and
+	// ImplicitChild together (Profile.Apply).
 }
 
 // requirements lists what the running kernel must offer for cfg: userfaultfd with the

@@ -36,8 +36,9 @@
 //	1 the address space        space buffer filemap               the process's userfaultfd, fault server,
 //	                                                              pump, pager, buffers and file mappings
 //	0 vocabulary               errors access config faultmodel    types every floor names: work requests,
-//	                           link qpstate wr wc caps stats keys completions, settings, counters, the key
-//	                           procmem                            table, memory reached by address
+//	                           profile link qpstate wr wc caps    completions, settings (a NIC's profile
+//	                           stats keys procmem                 among them), counters, the key table,
+//	                                                              memory reached by address
 //
 // Nothing below the verbs floor holds a Device, a PD or a QP's owner: a Device embeds
 // nic (settings, address space, MR table, counters), a PD embeds domain (what MRs and
@@ -146,6 +147,10 @@ func Open(cfg Config) (*Device, error) {
 	if cfg.FaultAround < 1 || cfg.FaultAround > 1<<16 || cfg.FaultAround&(cfg.FaultAround-1) != 0 {
 		return nil, wrap(ErrInvalidArgument, "FaultAround %d: want a power of two in [1, 65536]", cfg.FaultAround)
 	}
+	if err := cfg.checkProfile(); err != nil {
+		return nil, err
+	}
+	cfg = cfg.normalized()
 	d := &Device{nic: nic{cfg: cfg, mrs: map[uint32]*MR{}, mws: map[uint32]*MW{}, limit: cfg.MemlockLimit}, pds: map[*PD]struct{}{},
 		cqs: map[*CQ]struct{}{}, qps: map[*QP]struct{}{}}
 	if d.limit == 0 {

@@ -112,9 +112,19 @@ func (mr *MR) networkFault(miss, end int, write bool) (int, error) {
 	if err != nil {
 		return 0, err
 	}
-	if m := mr.dev.cfg.FaultModel; m != (FaultModel{}) {
+	var children time.Duration // the firmware creating the implicit MR's children the fault is in
+	if mr.implicit {
+		children = time.Duration(mr.newChildren(miss, max(end, miss+1))) * mr.dev.cfg.RegModel.Reg
+	}
+	if m := mr.dev.cfg.FaultModel; m.PerFault > 0 || m.PerPage > 0 || children > 0 {
 		held := time.Now()
-		clock.SleepUntil(t0.Add(m.Latency(mapped)), nil) // time.Sleep would round it to a millisecond
+		// The fault's own cost counts toward the model's latency; the children's
+		// creation comes after it.
+		until := t0.Add(m.Latency(mapped))
+		if until.Before(held) {
+			until = held
+		}
+		clock.SleepUntil(until.Add(children), nil) // time.Sleep would round it to a millisecond
 		mr.dev.stats.modelNanos.Add(uint64(time.Since(held)))
 	}
 	ns := uint64(time.Since(t0))

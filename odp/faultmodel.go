@@ -34,6 +34,13 @@ var (
 	// as "NP-RDMA: Using Commodity RDMA without Pinning Memory" (arXiv:2310.11062,
 	// 2023) reports it, 3.5-5.7 us; the preset takes the upper bound.
 	FaultModelNPRDMA = FaultModel{Name: "np-rdma", PerFault: 5700 * time.Nanosecond}
+	// FaultModelNPRDMAMajor is NP-RDMA's major fault, whose page comes back from
+	// swap: 60 us.
+	FaultModelNPRDMAMajor = FaultModel{Name: "np-rdma-major", PerFault: 60 * time.Microsecond}
+	// FaultModelProduction is a device I/O page fault in production: Wang et al.,
+	// "To PRI or Not To PRI" (OSDI 2025), report about 700 us per actual fault on
+	// average over production VMs (and 3x to 80x a CPU fault's latency).
+	FaultModelProduction = FaultModel{Name: "production", PerFault: 700 * time.Microsecond}
 )
 
 // Latency is the model's latency of a fault that maps pages pages.

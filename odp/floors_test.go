@@ -24,7 +24,7 @@ var floors = []struct {
 	name  string
 	files []string
 }{
-	{"vocabulary", []string{"errors.go", "access.go", "config.go", "faultmodel.go", "link.go", "qpstate.go",
+	{"vocabulary", []string{"errors.go", "access.go", "config.go", "faultmodel.go", "profile.go", "link.go", "qpstate.go",
 		"wr.go", "wc.go", "caps.go", "stats.go", "keys.go", "procmem.go"}},
 	{"the address space", []string{"space.go", "buffer.go", "filemap.go"}},
 	{"registration and faults", []string{"mr.go", "register.go", "notifier.go", "fault.go", "implicit.go",

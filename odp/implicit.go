@@ -2,6 +2,7 @@ package odp
 
 import (
 	"fmt"
+	"math/bits"
 	"slices"
 	"time"
 
@@ -70,12 +71,32 @@ func (pd *domain) regImplicitMR(access Access) (*MR, error) {
 		}
 		mr.reg.Snapshot = time.Since(t1)
 	}
+	mr.reg.Firmware = firmware(d.cfg.RegModel.Reg)
 	mr.reg.Total = time.Since(t0)
 	return mr, nil
 }
 
 // Implicit reports whether the MR covers the whole address space (RegImplicitMR).
 func (mr *MR) Implicit() bool { return mr.implicit }
+
+// newChildren creates the implicit MR's children that table pages [first, end) lie
+// in and that no fault created before, and returns how many it created: a child is
+// Config.ImplicitChild bytes of the address space, aligned, which mlx5 creates as
+// an MR of its own (a memory key, at the firmware's cost) on the first fault in it.
+// Concurrent faults create each child once.
+func (mr *MR) newChildren(first, end int) int {
+	shift := uint(bits.TrailingZeros64(uint64(mr.dev.cfg.ImplicitChild)))
+	lo := (uint64(mr.base) + uint64(first)*uint64(PageSize)) >> shift
+	hi := (uint64(mr.base) + uint64(end)*uint64(PageSize) - 1) >> shift
+	n := 0
+	for c := lo; c <= hi; c++ {
+		if _, had := mr.children.LoadOrStore(c, struct{}{}); !had {
+			n++
+		}
+	}
+	mr.stats.children.Add(uint64(n))
+	return n
+}
 
 // pagesAround returns, for an implicit MR, whose faults must stay inside one buffer
 // or outside every buffer, the table pages [lo, hi) around page p that are of one

@@ -69,6 +69,10 @@ func (m LinkModel) wire() roce.LinkModel {
 // and receive buffer as the link has them, defaults resolved.
 func (m LinkModel) String() string { return m.wire().Describe(4096) }
 
+// Gbps is the line rate in Gb/s, the default resolved: 0 when the rate is
+// unlimited.
+func (m LinkModel) Gbps() float64 { return m.wire().Rate / 1e9 }
+
 // BDPBytes is the link's bandwidth-delay product over its round trip, in bytes
 // (0 for an unlimited rate).
 func (m LinkModel) BDPBytes() int { return m.wire().BDP() }

@@ -7,6 +7,7 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/odpemu/odpemu/internal/clock"
 	"github.com/odpemu/odpemu/internal/interval"
 	"github.com/odpemu/odpemu/invalidate"
 	"github.com/odpemu/odpemu/mmu"
@@ -105,6 +106,9 @@ type MR struct {
 	// windows counts the memory windows bound to the MR, which Dereg refuses.
 	// Protected by nic.mwMu.
 	windows int
+	// children are an implicit MR's children that faults created (newChildren),
+	// by index.
+	children sync.Map
 }
 
 // regMR is RegMR.
@@ -145,8 +149,20 @@ func (pd *domain) regMR(buf []byte, access Access) (*MR, error) {
 	if err != nil {
 		return nil, err
 	}
+	mr.reg.Firmware = firmware(d.cfg.RegModel.Reg)
 	mr.reg.Total = time.Since(t0)
 	return mr, nil
+}
+
+// firmware holds the caller for cost, the firmware's share of a registration or
+// deregistration (Config.RegModel), and returns how long it held.
+func firmware(cost time.Duration) time.Duration {
+	if cost <= 0 {
+		return 0
+	}
+	t := time.Now()
+	clock.SleepUntil(t.Add(cost), nil) // time.Sleep would round it to a millisecond
+	return time.Since(t)
 }
 
 // LKey returns the local key.
@@ -222,12 +238,22 @@ func (mr *MR) Stats() MRStats {
 	return MRStats{PageFaults: c.faults.Load(), PagesFaulted: c.pagesFaulted.Load(), FaultRetries: c.faultRetries.Load(),
 		FaultTime: time.Duration(c.faultNanos.Load()), Prefetches: c.prefetches.Load(), PagesPrefetched: c.pagesPrefetched.Load(),
 		Invalidations: ts.Invalidations, PagesInvalidated: ts.PagesInvalidated, StaleDMAs: c.stale.Load(),
-		ValidPages: mr.table.ValidPages(), TableBytes: mr.table.Footprint()}
+		ValidPages: mr.table.ValidPages(), TableBytes: mr.table.Footprint(), Children: c.children.Load()}
 }
 
 // Dereg deregisters the MR. It waits for DMA in flight on the region; work requests
-// that use its keys afterwards fail with protection or access errors.
+// that use its keys afterwards fail with protection or access errors. With a
+// RegModel it takes the firmware's Dereg longer, once for the MR and once for each
+// child an implicit MR's faults created.
 func (mr *MR) Dereg() error {
+	if err := mr.dereg(); err != nil {
+		return err
+	}
+	firmware(time.Duration(1+mr.stats.children.Load()) * mr.dev.cfg.RegModel.Dereg)
+	return nil
+}
+
+func (mr *MR) dereg() error {
 	d := mr.dev
 	d.mu.Lock()
 	if cur := d.mrs[mr.key>>8]; cur != mr {

@@ -23,8 +23,9 @@ package odp
 // A SEND or WRITE with immediate that finds no receive posted is answered RNR NAK
 // under both policies (IBTA's receiver not ready); on UC it is dropped. An RNR NAK goes to the packet
 // that faulted (the run's first PSN, the expected one): the packets placed before
-// it are not sent again, and the fault resolves the rest of the message up to 4 MiB
-// (mlx5's MAX_PREFETCH_LEN), so that the retransmission finds it mapped.
+// it are not sent again, and the fault resolves the rest of the message up to
+// Config.PrefetchLimit (4 MiB by default, mlx5's MAX_PREFETCH_LEN), so that the
+// retransmission finds it mapped.
 
 import (
 	"encoding/binary"
@@ -34,10 +35,6 @@ import (
 
 	"github.com/odpemu/odpemu/transport/roce"
 )
-
-// prefetchLimit bounds the bytes a responder fault resolves beyond the faulting
-// packet: mlx5's MAX_PREFETCH_LEN.
-const prefetchLimit = 4 << 20
 
 // job is an answer the responder sends, in order: one packet (an ACK, a NAK, an
 // atomic's result), or a READ response sent run by run as the link takes it.
@@ -370,13 +367,13 @@ func (e *engine) pushRecvs() {
 }
 
 // faultEnd is the MR byte where a responder fault on run v stops: the end of its
-// message, at most prefetchLimit past the run.
+// message, at most Config.PrefetchLimit past the run.
 func (e *engine) faultEnd(mr *MR, v *roce.Verdict, payload []byte) uint64 {
 	if v.Msg.Kind != roce.KindWrite || mr != e.msgMR {
 		return 0 // a receive's buffer: the run's own pages
 	}
 	start := e.msgOff + uint64(v.Off)
-	return min(e.msgOff+uint64(v.Msg.Length), start+uint64(len(payload))+prefetchLimit)
+	return min(e.msgOff+uint64(v.Msg.Length), start+uint64(len(payload))+uint64(e.dev.cfg.PrefetchLimit))
 }
 
 // write places payload at MR bytes [off, ...), the DMA of a WRITE run. A page

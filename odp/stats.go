@@ -140,6 +140,7 @@ type mrCounters struct {
 	faults, pagesFaulted, faultRetries, faultNanos atomic.Uint64
 	prefetches, pagesPrefetched                    atomic.Uint64
 	stale                                          atomic.Uint64
+	children                                       atomic.Uint64
 }
 
 // RegTiming is how long each stage of registration took.
@@ -149,6 +150,7 @@ type RegTiming struct {
 	MTT      time.Duration // pinned: frames read into the translation table
 	Register time.Duration // ODP: userfaultfd registration and table allocation
 	Snapshot time.Duration // ODP: already-present pages mapped
+	Firmware time.Duration // the firmware's memory key (Config.RegModel)
 	Total    time.Duration
 }
 
@@ -165,4 +167,5 @@ type MRStats struct {
 	StaleDMAs        uint64 // audit violations on this MR
 	ValidPages       int    // entries valid now
 	TableBytes       int    // memory the NIC's table of the MR takes (mmu.Table.Footprint)
+	Children         uint64 // an implicit MR's children, created by faults (Config.ImplicitChild)
 }
