@@ -3,6 +3,7 @@ package verbs
 import (
 	"bytes"
 	"compress/gzip"
+	"fmt"
 	"io"
 	"net"
 	"os"
@@ -15,6 +16,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/odpemu/odpemu/odp"
 	"github.com/stretchr/testify/require"
 )
 
@@ -207,6 +209,18 @@ func TestBadSettings(t *testing.T) {
 		"ibv_devinfo"))
 	require.Error(t, err)
 	require.Contains(t, out, "cannot load the emulator")
+
+	out, err = output(verbsCmd(dir, []string{"ODPEMU_PROFILE=connectx9"}, "ibv_devinfo"))
+	require.Error(t, err)
+	require.Contains(t, out, `ODPEMU_PROFILE: odp: invalid argument: no profile "connectx9" (presets: emulator, connectx4`)
+}
+
+// TestProfile: ODPEMU_PROFILE sets the device's profile; connectx4's memory keys
+// cost every registration and deregistration its firmware's time.
+func TestProfile(t *testing.T) {
+	reg, dereg := odp.ProfileConnectX4.Reg.Reg.Nanoseconds(), odp.ProfileConnectX4.Reg.Dereg.Nanoseconds()
+	runC(t, "profile", []string{"ODPEMU_PROFILE=connectx4", fmt.Sprintf("MIN_REG_NS=%d", reg), fmt.Sprintf("MIN_DEREG_NS=%d", dereg)})
+	runC(t, "profile", []string{"MIN_REG_NS=0", "MIN_DEREG_NS=0"}) // the default: the emulator's own costs
 }
 
 // TestPyverbs runs rdma-core's own tests (pyverbs, from the installed rdma-core's

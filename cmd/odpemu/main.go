@@ -11,7 +11,9 @@
 //
 // The program's environment sets the device: ODPEMU_ADDR is the IPv4 address its port
 // is bound to (GID index 0; default 127.0.0.1; two processes on one host need two
-// addresses), ODPEMU_NO_SNAPSHOT=1 maps no page at ODP registration.
+// addresses), ODPEMU_PROFILE names the device's profile (odp.Profiles: connectx4, rxe,
+// ...; default the emulator's own costs), ODPEMU_NO_SNAPSHOT=1 maps no page at ODP
+// registration.
 package main
 
 import (

@@ -1,7 +1,7 @@
 // Package cmdflag holds the flag values the experiment commands (odp-perf, odp-exp)
-// share: byte sizes with K, M and G suffixes, and the link model and fault policy
-// of the emulated NICs (--link-rate, --link-delay, --link-queue, --link-buffer,
-// --responder-faults).
+// share: byte sizes with K, M and G suffixes, and the emulated NICs' profile
+// (--profile) with the link model and fault policy that replace its own
+// (--link-rate, --link-delay, --link-queue, --link-buffer, --responder-faults).
 package cmdflag
 
 import (
@@ -41,44 +41,75 @@ func (s *Size) Set(v string) error {
 	return nil
 }
 
-// Link is the link flags of a flag set (AddLink).
-type Link struct {
+// NIC is the flags of a flag set that choose the emulated NICs' profile (AddNIC).
+type NIC struct {
+	fs            *pflag.FlagSet
+	profile       *string
 	rate          *float64
 	delay         *time.Duration
 	queue, buffer Size
 	faults        *string
 }
 
-// AddLink adds the link model's and the fault policy's flags to fs, with odp's
-// defaults: a 100 Gb/s link with 2 us of delay each way, RNR NAKs on faults.
-func AddLink(fs *pflag.FlagSet) *Link {
-	l := &Link{
-		rate:   fs.Float64("link-rate", odp.DefaultLinkRate, "line rate of each NIC's link in Gb/s (0: unlimited)"),
-		delay:  fs.Duration("link-delay", odp.DefaultLinkDelay, "one-way delay of each link (0: none)"),
-		faults: fs.String("responder-faults", "rnr", "what a responder does on a network page fault: rnr (answer RNR NAK, mlx5) or stall (wait, rxe)"),
+// AddNIC adds the profile's flag and the link model's and fault policy's flags to
+// fs: --profile names an odp.Profile preset (default the emulator's own), and the
+// link and policy flags given replace the profile's settings. Their defaults are
+// odp's: a 100 Gb/s link with 2 us of delay each way, RNR NAKs on faults.
+func AddNIC(fs *pflag.FlagSet) *NIC {
+	var names []string
+	for _, p := range odp.Profiles() {
+		names = append(names, p.Name)
+	}
+	l := &NIC{
+		fs:      fs,
+		profile: fs.String("profile", odp.ProfileEmulator.Name, "the emulated NICs' profile: "+strings.Join(names, ", ")+" (its fault latency, link, fault policy, memory key costs, prefetch limit, implicit children; the flags below replace its settings)"),
+		rate:    fs.Float64("link-rate", odp.DefaultLinkRate, "line rate of each NIC's link in Gb/s (0: unlimited)"),
+		delay:   fs.Duration("link-delay", odp.DefaultLinkDelay, "one-way delay of each link (0: none)"),
+		faults:  fs.String("responder-faults", "rnr", "what a responder does on a network page fault: rnr (answer RNR NAK, mlx5) or stall (wait, rxe)"),
 	}
 	fs.Var(&l.queue, "link-queue", "bytes a sender's transmit queue holds at most (K, M suffixes; default one bandwidth-delay product plus an MTU)")
 	fs.Var(&l.buffer, "link-buffer", "bytes the receiving NIC holds that arrived and it has not taken (K, M suffixes; default the queue's size)")
 	return l
 }
 
-// Model returns the link model and the fault policy the flags give.
-func (l *Link) Model() (odp.LinkModel, odp.FaultPolicy, error) {
-	m := odp.LinkModel{RateGbps: *l.rate, Delay: *l.delay, QueueBytes: int(l.queue), BufferBytes: int(l.buffer)}
-	switch {
-	case *l.rate < 0 || *l.delay < 0:
-		return m, 0, fmt.Errorf("--link-rate and --link-delay must not be negative")
-	case *l.rate == 0:
-		m.RateGbps = -1
+// Profile returns the profile the flags give: the preset --profile names, with the
+// link and fault policy flags that were given in place of its settings.
+func (l *NIC) Profile() (odp.Profile, error) {
+	p, err := odp.LookupProfile(*l.profile)
+	if err != nil {
+		return p, fmt.Errorf("--profile: %w", err)
 	}
-	if *l.delay == 0 {
-		m.Delay = -1
+	if *l.rate < 0 || *l.delay < 0 {
+		return p, fmt.Errorf("--link-rate and --link-delay must not be negative")
 	}
-	switch *l.faults {
-	case "rnr":
-		return m, odp.FaultRNR, nil
-	case "stall":
-		return m, odp.FaultStall, nil
+	set := l.fs.Changed
+	if set("link-rate") {
+		p.Link.RateGbps = *l.rate
+		if *l.rate == 0 {
+			p.Link.RateGbps = -1
+		}
 	}
-	return m, 0, fmt.Errorf("--responder-faults %q: want rnr or stall", *l.faults)
+	if set("link-delay") {
+		p.Link.Delay = *l.delay
+		if *l.delay == 0 {
+			p.Link.Delay = -1
+		}
+	}
+	if set("link-queue") {
+		p.Link.QueueBytes = int(l.queue)
+	}
+	if set("link-buffer") {
+		p.Link.BufferBytes = int(l.buffer)
+	}
+	if set("responder-faults") {
+		switch *l.faults {
+		case "rnr":
+			p.ResponderFaults = odp.FaultRNR
+		case "stall":
+			p.ResponderFaults = odp.FaultStall
+		default:
+			return p, fmt.Errorf("--responder-faults %q: want rnr or stall", *l.faults)
+		}
+	}
+	return p, nil
 }

@@ -21,32 +21,44 @@ func TestSize(t *testing.T) {
 	}
 }
 
-func parse(t *testing.T, args ...string) (odp.LinkModel, odp.FaultPolicy, error) {
+func parse(t *testing.T, args ...string) (odp.Profile, error) {
 	fs := pflag.NewFlagSet("t", pflag.ContinueOnError)
-	l := AddLink(fs)
+	l := AddNIC(fs)
 	require.NoError(t, fs.Parse(args))
-	return l.Model()
+	return l.Profile()
 }
 
-func TestLink(t *testing.T) {
-	m, pol, err := parse(t)
+func TestNIC(t *testing.T) {
+	p, err := parse(t)
 	require.NoError(t, err)
-	assert.Equal(t, odp.FaultRNR, pol)
-	assert.Equal(t, odp.LinkModel{RateGbps: odp.DefaultLinkRate, Delay: odp.DefaultLinkDelay}.BDPBytes(), m.BDPBytes())
-	assert.Equal(t, 50000, m.BDPBytes(), "100 Gb/s over a 4 us round trip")
+	assert.Equal(t, odp.ProfileEmulator, p, "the default profile")
+	assert.Equal(t, odp.FaultRNR, p.ResponderFaults)
+	assert.Equal(t, 50000, p.Link.BDPBytes(), "100 Gb/s over a 4 us round trip")
 
-	m, pol, err = parse(t, "--link-rate", "0", "--link-delay", "0", "--responder-faults", "stall")
+	p, err = parse(t, "--link-rate", "0", "--link-delay", "0", "--responder-faults", "stall")
 	require.NoError(t, err)
-	assert.Equal(t, odp.NoLink, m)
-	assert.Equal(t, odp.FaultStall, pol)
+	assert.Equal(t, odp.NoLink, p.Link)
+	assert.Equal(t, odp.FaultStall, p.ResponderFaults)
 
-	m, _, err = parse(t, "--link-rate", "25", "--link-delay", "5us", "--link-queue", "64K", "--link-buffer", "1M")
+	p, err = parse(t, "--link-rate", "25", "--link-delay", "5us", "--link-queue", "64K", "--link-buffer", "1M")
 	require.NoError(t, err)
-	assert.Equal(t, odp.LinkModel{RateGbps: 25, Delay: 5000, QueueBytes: 64 << 10, BufferBytes: 1 << 20}, m)
-	assert.Contains(t, m.String(), "25 Gb/s")
+	assert.Equal(t, odp.LinkModel{RateGbps: 25, Delay: 5000, QueueBytes: 64 << 10, BufferBytes: 1 << 20}, p.Link)
+	assert.Contains(t, p.Link.String(), "25 Gb/s")
 
-	for _, args := range [][]string{{"--link-rate", "-1"}, {"--link-delay", "-1us"}, {"--responder-faults", "panic"}} {
-		_, _, err := parse(t, args...)
+	// A profile, and a flag that replaces one of its settings.
+	p, err = parse(t, "--profile", "rxe")
+	require.NoError(t, err)
+	assert.Equal(t, odp.ProfileRXE, p)
+	p, err = parse(t, "--profile", "rxe", "--responder-faults", "rnr", "--link-rate", "40")
+	require.NoError(t, err)
+	assert.Equal(t, odp.FaultRNR, p.ResponderFaults)
+	assert.Equal(t, odp.LinkModel{RateGbps: 40}, p.Link)
+	assert.Equal(t, odp.ProfileRXE.Fault, p.Fault, "the rest is the profile's")
+	assert.Equal(t, odp.ProfileRXE.PrefetchLimit, p.PrefetchLimit)
+
+	for _, args := range [][]string{{"--link-rate", "-1"}, {"--link-delay", "-1us"}, {"--responder-faults", "panic"},
+		{"--profile", "connectx9"}} {
+		_, err := parse(t, args...)
 		assert.Error(t, err, "%q", args)
 	}
 }

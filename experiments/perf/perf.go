@@ -72,19 +72,20 @@ type Params struct {
 	// Duration, if set, ends the timed loop early: no work request is posted after
 	// it (Iters is then a bound, and Result.Iters says how many ran).
 	Duration time.Duration
-	// FaultModel is both devices' network page fault latency (default the
-	// emulator's own).
+	// Profile is both devices' NIC (odp.Profile: the fault model, the link, the
+	// responder's fault policy, the firmware's memory key costs, the prefetch
+	// limit, implicit children); the zero value is the emulator's own.
+	Profile odp.Profile
+	// FaultModel, when set, replaces the profile's fault model.
 	FaultModel odp.FaultModel
-	// Link is both devices' link (the zero value: odp's default, 100 Gb/s with
-	// 2 us of delay; odp.NoLink: none).
-	Link odp.LinkModel
-	// ResponderFaults is both devices' fault policy (default RNR NAK).
-	ResponderFaults odp.FaultPolicy
 }
 
 // device is the configuration of a side's device; a server takes the budget.
 func (p Params) device(server bool) odp.Config {
-	cfg := odp.Config{FaultAround: p.FaultAround, FaultModel: p.FaultModel, Link: p.Link, ResponderFaults: p.ResponderFaults}
+	cfg := p.Profile.Apply(odp.Config{FaultAround: p.FaultAround})
+	if p.FaultModel != (odp.FaultModel{}) {
+		cfg.FaultModel = p.FaultModel
+	}
 	if server {
 		cfg.ResidentBudget = p.Budget
 	}
@@ -333,7 +334,7 @@ func (r *rig) measure(p Params) (Result, error) {
 	res.Retransmissions = qs.Retransmissions - qbefore.Retransmissions
 	res.Timeouts = qs.Timeouts - qbefore.Timeouts
 	res.LinkMaxInFlight, res.MaxGoBack = qs.LinkMaxInFlight, qs.MaxGoBack
-	res.LinkBDP = p.Link.BDPBytes()
+	res.LinkBDP = p.Profile.Link.BDPBytes()
 	res.Evictions = after[1].Evictions - before[1].Evictions
 	res.Restores = after[1].Restores - before[1].Restores
 	res.Test, res.ODP, res.Warm = p.Test, p.ODP, p.Warm
@@ -477,7 +478,7 @@ func WarmPair(p Params, bursts int) (pinned, onDemand []float64, err error) {
 		// The bursts switch the server's MR under receives already posted.
 		return nil, nil, fmt.Errorf("perf: warm pairs measure %s and %s, not %s", WriteBW, ReadBW, SendBW)
 	}
-	cfg := odp.Config{FaultAround: p.FaultAround}
+	cfg := p.device(false)
 	var sides [2]*side
 	for i := range sides {
 		if sides[i], err = newSide(cfg, p); err != nil {

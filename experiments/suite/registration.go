@@ -54,7 +54,7 @@ func runRegistration(x *X) error {
 	x.Steps(len(sizes) * reps)
 	t := x.Table("", "size_bytes", "method", "rep", "total_ns", "account_ns", "pin_ns", "mtt_ns",
 		"register_ns", "snapshot_ns", "dereg_ns")
-	d, err := odp.Open(odp.Config{})
+	d, err := odp.Open(x.device(odp.Config{})) // the profile's memory key costs
 	if err != nil {
 		return err
 	}

@@ -115,11 +115,12 @@ type Config struct {
 	// odp-exp sets it, or 0 for ports the kernel picks (tests that may run beside
 	// another suite).
 	RoCEPort uint16
-	// Link is the emulated NICs' link in every experiment (the zero value: odp's
-	// default, 100 Gb/s with 2 us of delay each way), and ResponderFaults their
-	// responders' fault policy (default RNR NAK); the manifest records both.
-	Link            odp.LinkModel
-	ResponderFaults odp.FaultPolicy
+	// Profile is the emulated NICs' profile in every experiment (odp.Profile: the
+	// link, the responders' fault policy, the fault model of the variants that
+	// name none, the firmware's memory key costs, the prefetch limit, implicit
+	// children); the zero value is the emulator's own, with odp's default link
+	// (100 Gb/s with 2 us of delay each way). The manifest records it.
+	Profile odp.Profile
 }
 
 // ErrUnknownExperiment is returned for a name in Config.Only that names none.
@@ -149,8 +150,7 @@ type X struct {
 
 	wireServer []string
 	rocePort   uint16
-	link       odp.LinkModel
-	faults     odp.FaultPolicy
+	profile    odp.Profile
 	// formats are the figures' file formats (default png and svg); loaded holds
 	// the tables Replot read, by name.
 	formats []string
@@ -203,15 +203,20 @@ func (x *X) Headline(what, value, detail string) {
 	x.headlines = append(x.headlines, Headline{Experiment: x.name, What: what, Value: value, Detail: detail})
 }
 
-// nic returns p with the run's link and fault policy.
+// nic returns p with the run's profile (p's fault model, if it names one, stays).
 func (x *X) nic(p perf.Params) perf.Params {
-	p.Link, p.ResponderFaults = x.link, x.faults
+	p.Profile = x.profile
 	return p
 }
 
-// device returns c with the run's link and fault policy.
+// device returns c with the run's profile (c's fault model, if it names one,
+// stays).
 func (x *X) device(c odp.Config) odp.Config {
-	c.Link, c.ResponderFaults = x.link, x.faults
+	model := c.FaultModel
+	c = x.profile.Apply(c)
+	if model != (odp.FaultModel{}) {
+		c.FaultModel = model
+	}
 	return c
 }
 
@@ -239,14 +244,18 @@ func Run(cfg Config) (*Report, error) {
 	m.Started, m.Command, m.Machine, m.Go, m.Revision = time.Now(), cfg.Command, results.Describe(), runtime.Version(), results.Revision()
 	params := map[string]map[string]any{}
 	m.Config = map[string]any{"scale": cfg.Scale.String(), "seed": cfg.Seed, "only": cfg.Only, "experiments": params,
-		"link": cfg.Link.String(), "link_bdp_bytes": cfg.Link.BDPBytes(), "responder_faults": cfg.ResponderFaults.String()}
+		"profile": cfg.Profile.String(), "profile_source": cfg.Profile.Source, "profile_settings": cfg.Profile.Describe(),
+		"link": cfg.Profile.Link.String(), "link_bdp_bytes": cfg.Profile.Link.BDPBytes(),
+		"responder_faults": cfg.Profile.ResponderFaults.String(), "fault_model": cfg.Profile.Fault.String(),
+		"fault_model_per_fault_ns": cfg.Profile.Fault.PerFault.Nanoseconds(), "fault_model_per_page_ns": cfg.Profile.Fault.PerPage.Nanoseconds(),
+		"mkey_reg_ns": cfg.Profile.Reg.Reg.Nanoseconds(), "mkey_dereg_ns": cfg.Profile.Reg.Dereg.Nanoseconds()}
 	var failed []error
 	for i, e := range all {
 		if len(cfg.Only) > 0 && !slices.Contains(cfg.Only, e.Name) {
 			continue
 		}
 		x := &X{Scale: cfg.Scale, Seed: cfg.Seed + uint64(i)*1000, name: e.Name, dir: cfg.Dir, prog: cfg.Progress,
-			params: map[string]any{}, wireServer: cfg.WireServer, rocePort: cfg.RoCEPort, link: cfg.Link, faults: cfg.ResponderFaults}
+			params: map[string]any{}, wireServer: cfg.WireServer, rocePort: cfg.RoCEPort, profile: cfg.Profile}
 		x.Param("seed", x.Seed)
 		start := time.Now()
 		err := e.Run(x)

@@ -20,6 +20,9 @@ func writeSummary(rep *Report) error {
 	if c, ok := m.Config.(map[string]any); ok && c["link"] != nil {
 		fmt.Fprintf(&b, "- Emulated NICs: link %v; responder faults: %v\n", c["link"], c["responder_faults"])
 	}
+	if c, ok := m.Config.(map[string]any); ok && c["profile"] != nil {
+		fmt.Fprintf(&b, "- Profile: %v (%v); from %v\n", c["profile"], c["profile_settings"], c["profile_source"])
+	}
 	fmt.Fprintf(&b, "- Files: `manifest.json` records the machine, the configuration and the seeds.\n\n")
 	fmt.Fprintf(&b, "## Headlines\n\n| Experiment | Result | Value | How |\n|---|---|---|---|\n")
 	csvOf := map[string]string{}

@@ -66,9 +66,14 @@ func odpemu_open(name, addrStr *C.char, out *C.odpemu_handle, attr *C.struct_odp
 	if err != nil || !addr.Is4() {
 		return fail(fmt.Errorf("address %q: want an IPv4 address", C.GoString(addrStr)), errBuf, errLen)
 	}
-	// ODPEMU_NO_SNAPSHOT=1: an ODP MR maps no page at registration, so that the first
-	// DMA to each page takes a network page fault.
-	dev, err := odp.Open(odp.Config{Name: C.GoString(name), NoSnapshot: os.Getenv("ODPEMU_NO_SNAPSHOT") == "1"})
+	// ODPEMU_PROFILE names the device's profile (odp.Profiles; default the emulator's
+	// own). ODPEMU_NO_SNAPSHOT=1: an ODP MR maps no page at registration, so that the
+	// first DMA to each page takes a network page fault.
+	profile, err := odp.LookupProfile(os.Getenv("ODPEMU_PROFILE"))
+	if err != nil {
+		return fail(fmt.Errorf("ODPEMU_PROFILE: %w", err), errBuf, errLen)
+	}
+	dev, err := odp.Open(profile.Apply(odp.Config{Name: C.GoString(name), NoSnapshot: os.Getenv("ODPEMU_NO_SNAPSHOT") == "1"}))
 	if err != nil {
 		return fail(err, errBuf, errLen)
 	}

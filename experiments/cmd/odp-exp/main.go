@@ -59,7 +59,7 @@ func run(args []string, stdout, stderr io.Writer) error {
 	seed := fs.Uint64("seed", 1, "seed of every random choice")
 	list := fs.Bool("list", false, "list the experiments and exit")
 	quiet := fs.Bool("quiet", false, "no progress")
-	link := cmdflag.AddLink(fs)
+	nic := cmdflag.AddNIC(fs)
 	rocePort := fs.Uint16("roce-port", roce.UDPPort, "UDP port of the wire experiment's RoCEv2 endpoints, at 127.0.0.1 and 127.0.0.2 (0: the kernel picks)")
 	replot := fs.String("replot", "", "draw the figures of the run in this directory again, from its CSVs, into --out (runs nothing)")
 	formats := fs.StringSlice("formats", []string{"pdf", "png"}, "with --replot: the figures' formats (pdf, png, svg)")
@@ -70,7 +70,7 @@ func run(args []string, stdout, stderr io.Writer) error {
 	if fs.NArg() > 0 {
 		return fmt.Errorf("unexpected argument %q", fs.Arg(0))
 	}
-	linkModel, faults, err := link.Model()
+	profile, err := nic.Profile()
 	if err != nil {
 		return err
 	}
@@ -105,11 +105,11 @@ func run(args []string, stdout, stderr io.Writer) error {
 	}
 	cfg := suite.Config{Scale: scale, Only: *only, Dir: dir, Seed: *seed, Command: append([]string{"odp-exp"}, args...),
 		WireServer: []string{exe, wireServerRole}, RoCEPort: *rocePort,
-		Link: linkModel, ResponderFaults: faults}
+		Profile: profile}
 	if !*quiet {
 		cfg.Progress = &bars{w: stderr}
 	}
-	fmt.Fprintf(stdout, "odp-exp: %s run into %s; link: %v; responder faults: %v\n", scale, dir, linkModel, faults)
+	fmt.Fprintf(stdout, "odp-exp: %s run into %s; profile %s: %s\n", scale, dir, profile, profile.Describe())
 	rep, err := suite.Run(cfg)
 	if rep != nil {
 		fmt.Fprintf(stdout, "\n%-14s %-40s %s\n", "experiment", "result", "value")

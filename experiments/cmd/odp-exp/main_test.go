@@ -15,6 +15,7 @@ import (
 	"github.com/odpemu/odpemu/experiments/results"
 	"github.com/odpemu/odpemu/experiments/suite"
 	"github.com/odpemu/odpemu/internal/fusemount"
+	"github.com/odpemu/odpemu/odp"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 	"go.uber.org/goleak"
@@ -180,6 +181,29 @@ func TestOnlyAndList(t *testing.T) {
 		names = append(names, e.Name())
 	}
 	assert.ElementsMatch(t, []string{"registration.csv", "registration.png", "registration.svg", "manifest.json", "summary.md"}, names)
+
+	// A profile: the manifest records it, and the registrations pay its memory
+	// key costs.
+	dir = t.TempDir()
+	_, _, err = runArgs("--tiny", "--only", "registration", "--profile", "connectx4", "--out", dir)
+	require.NoError(t, err)
+	m, err := results.ReadManifest(dir)
+	require.NoError(t, err)
+	cfg, ok := m.Config.(map[string]any)
+	require.True(t, ok)
+	assert.Equal(t, "connectx4", cfg["profile"])
+	assert.Contains(t, cfg["profile_source"], "ASPLOS'17")
+	tab, err := results.ReadCSV(filepath.Join(dir, "registration.csv"))
+	require.NoError(t, err)
+	rows := tab.Rows(nil)
+	require.NotEmpty(t, rows)
+	for _, r := range rows {
+		assert.GreaterOrEqual(t, r.Float("total_ns"), float64(odp.ProfileConnectX4.Reg.Reg), "%v", r)
+		assert.GreaterOrEqual(t, r.Float("dereg_ns"), float64(odp.ProfileConnectX4.Reg.Dereg), "%v", r)
+	}
+	summary, err := os.ReadFile(filepath.Join(dir, "summary.md"))
+	require.NoError(t, err)
+	assert.Contains(t, string(summary), "- Profile: connectx4 (")
 }
 
 func TestBadArguments(t *testing.T) {

@@ -156,14 +156,15 @@ func bw(test string, args []string, stdout, stderr io.Writer) error {
 	cpuProfile := fs.String("cpuprofile", "", "write a CPU profile of the runs to this file (go tool pprof)")
 	minMemcpy := fs.Float64("min-memcpy-ratio", 0, "fail unless the median BW/memcpy of each size reaches this (a speed guard for CI; in one process)")
 	traceFile := fs.String("trace", "", "write an execution trace of the runs to this file (go tool trace): where the engines wait")
-	lf := cmdflag.AddLink(fs)
+	nic := cmdflag.AddNIC(fs)
 	if err := fs.Parse(args); err != nil {
 		return err
 	}
-	link, policy, err := lf.Model()
+	profile, err := nic.Profile()
 	if err != nil {
 		return err
 	}
+	link := profile.Link
 	if *cpuProfile != "" {
 		stop, err := startProfile(*cpuProfile, pprof.StartCPUProfile, pprof.StopCPUProfile)
 		if err != nil {
@@ -246,12 +247,12 @@ func bw(test string, args []string, stdout, stderr io.Writer) error {
 	}
 	inProcess := ln == nil && *connect == ""
 	if !*asJSON && ln == nil {
-		fmt.Fprintf(stdout, "# link: %v, responder faults: %v\n", link, policy)
+		fmt.Fprintf(stdout, "# profile %s: %s\n", profile, profile.Describe())
 		fmt.Fprintf(stdout, " %-10s %-12s %-18s %-21s %-15s", "#bytes", "#iterations", "BW peak[MiB/sec]", "BW average[MiB/sec]", "MsgRate[Mpps]")
 		if inProcess {
 			fmt.Fprintf(stdout, " %-18s %-10s", "memcpy[MiB/sec]", "BW/memcpy")
 		}
-		if link.RateGbps > 0 {
+		if link.Gbps() > 0 {
 			fmt.Fprintf(stdout, " %-16s %s", "line[MiB/sec]", "BW/line")
 		}
 		fmt.Fprintln(stdout)
@@ -261,7 +262,7 @@ func bw(test string, args []string, stdout, stderr io.Writer) error {
 		p := perf.Params{Test: test, ODP: *odpFlag, Size: s, Iters: *iters, Depth: *depth, CQMod: *cqMod,
 			MRSize: int(mrSize), Warm: *warm, FaultAround: *fa, InvalidateRate: *invRate, Budget: int64(budget), Random: *random,
 			Implicit: *implicit, Prefetch: *prefetch, RNRRetry: rnr, MinRNRTimer: timer,
-			Loss: *loss, Seed: *seed, Timeout: ackTimeout, Link: link, ResponderFaults: policy}
+			Loss: *loss, Seed: *seed, Timeout: ackTimeout, Profile: profile}
 		var r perf.Result
 		switch {
 		case ln != nil:
@@ -298,8 +299,8 @@ func bw(test string, args []string, stdout, stderr io.Writer) error {
 		}
 		if !inProcess {
 			fmt.Fprintf(stdout, " %-10d %-12d %-18.2f %-21.2f %-15.6f", r.Bytes, r.Iters, r.PeakMiBps, r.AvgMiBps, r.MsgRateMpps)
-			if link.RateGbps > 0 {
-				line := lineRate(link.RateGbps, s)
+			if link.Gbps() > 0 {
+				line := lineRate(link.Gbps(), s)
 				fmt.Fprintf(stdout, " %-16.2f %.3f", line, r.AvgMiBps/line)
 			}
 			fmt.Fprintln(stdout)
@@ -454,8 +455,8 @@ func printRounds(w io.Writer, rs rounds, link odp.LinkModel) {
 	m1, m, m3 := rs.quartiles(round.memcpyRatio)
 	fmt.Fprintf(w, " %-10d %-12d %-18.2f %-21.2f %-15.6f %-18.2f %-10.3f", r.Bytes, r.Iters, peak, bw, mpps, floor, m)
 	line := 0.0
-	if link.RateGbps > 0 {
-		line = lineRate(link.RateGbps, r.Bytes)
+	if link.Gbps() > 0 {
+		line = lineRate(link.Gbps(), r.Bytes)
 		fmt.Fprintf(w, " %-16.2f %.3f", line, bw/line)
 	}
 	fmt.Fprintln(w)
