@@ -1244,11 +1244,7 @@ int odp_fs_event_fd(odp_fs *fs) { return fs->evfd; }
 
 uint64_t odp_fs_now_ns(void) { return now_ns(); }
 
-int64_t odp_fs_settled_events(odp_fs *fs) {
-	if (__atomic_load_n(&fs->reading, __ATOMIC_SEQ_CST))
-		return -1;
-	return (int64_t)__atomic_load_n(&fs->gate->events, __ATOMIC_SEQ_CST);
-}
+int *odp_fs_reading_word(odp_fs *fs) { return &fs->reading; }
 
 void odp_fs_set_evictable(odp_fs *fs, int slot, uint32_t *state, uint64_t first, uint64_t n, int on) {
 	pthread_mutex_lock(&fs->rmu); // held by the server thread while it evicts

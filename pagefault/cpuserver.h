@@ -85,9 +85,10 @@ int odp_fs_event_fd(odp_fs *fs);
 // odp_fs_pop_events moves up to max queued 32-byte uffd_msg records into out, and the
 // CLOCK_MONOTONIC times at which they were read into times, and returns how many.
 int odp_fs_pop_events(odp_fs *fs, void *out, uint64_t *times, int max);
-// odp_fs_settled_events returns the number of events queued so far, or -1 while the
-// server is between reading messages and queueing them.
-int64_t odp_fs_settled_events(odp_fs *fs);
+// odp_fs_reading_word returns the word that is 1 while the server is between reading
+// messages and queueing them (the gate's events count the ones queued): Go reads it
+// atomically, without a call (CPUServer.SettledEvents). Valid until odp_fs_stop.
+int *odp_fs_reading_word(odp_fs *fs);
 // odp_fs_fault_seq returns the sequence number of the latest fault served (a page a
 // thread found missing: installed, found installed meanwhile, or not mappable).
 uint64_t odp_fs_fault_seq(odp_fs *fs);
