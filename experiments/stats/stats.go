@@ -1,10 +1,12 @@
 // Package stats summarises repeated measurements: medians and quartiles, the
 // statistics every odpemu experiment reports, since means are at the mercy of one
-// slow run on a noisy machine.
+// slow run on a noisy machine, per-pair ratios of alternatives measured side by
+// side, and bootstrap confidence intervals of medians.
 package stats
 
 import (
 	"math"
+	"math/rand/v2"
 	"slices"
 )
 
@@ -63,4 +65,43 @@ func Ratios(a, b []float64) []float64 {
 		r[i] = a[i] / b[i]
 	}
 	return r
+}
+
+// Interval is a confidence interval of a statistic: its estimate on the sample and
+// the bounds.
+type Interval struct {
+	Estimate, Lo, Hi float64
+}
+
+// Resamples is how many bootstrap resamples MedianCI draws.
+const Resamples = 2000
+
+// MedianCI returns the median of xs with a percentile bootstrap confidence interval
+// at level (0.95 for 95%): the median of each of Resamples resamples of xs drawn with
+// replacement, the interval the middle level of them span. The resamples come from
+// a generator seeded with seed, so that a result recomputed from the same sample is
+// the same. An empty sample gives NaNs; one value, an interval of that value.
+func MedianCI(xs []float64, level float64, seed uint64) Interval {
+	if len(xs) == 0 || !(level > 0 && level < 1) {
+		return Interval{math.NaN(), math.NaN(), math.NaN()}
+	}
+	rng := rand.New(rand.NewPCG(seed, 0x626f6f74))
+	medians := make([]float64, Resamples)
+	r := make([]float64, len(xs))
+	for i := range medians {
+		for j := range r {
+			r[j] = xs[rng.IntN(len(xs))]
+		}
+		slices.Sort(r)
+		medians[i] = quantileSorted(r, 0.5)
+	}
+	slices.Sort(medians)
+	tail := (1 - level) / 2
+	return Interval{Estimate: Median(xs), Lo: quantileSorted(medians, tail), Hi: quantileSorted(medians, 1-tail)}
+}
+
+// RatioCI is the median of the per-pair ratios a[i]/b[i] with MedianCI's interval:
+// how every ratio of alternatives measured side by side is reported.
+func RatioCI(a, b []float64, level float64, seed uint64) Interval {
+	return MedianCI(Ratios(a, b), level, seed)
 }
