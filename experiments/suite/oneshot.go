@@ -3,6 +3,7 @@ package suite
 import (
 	"fmt"
 	"runtime"
+	"strings"
 
 	"github.com/odpemu/odpemu/experiments/perf"
 	"github.com/odpemu/odpemu/experiments/plots"
@@ -88,6 +89,14 @@ func oneShotReport(x *X, t *results.Table, sizes []int) error {
 		Series: ratios}); err != nil {
 		return err
 	}
+	slower, evidence := true, []string{}
+	for _, n := range sizes {
+		r := stats.Median(vsPinned(t, "total_ns", n, "odp-faulting-connectx4"))
+		slower = slower && r >= 1
+		evidence = append(evidence, fmt.Sprintf("%s %.2f", human(n), r))
+	}
+	x.Claim("cxslower", "With ConnectX-4 fault cost on every page ODP is slower at every size.", slower,
+		"odp-faulting-connectx4 / pinned, medians of per-repetition ratios of total time: "+strings.Join(evidence, ", "))
 	for _, v := range oneShotVariants[1:] {
 		x.Headline(fmt.Sprintf("one-shot transfer: smallest size from which %s beats pinned", v.name),
 			crossover(t, sizes, v.name), fmt.Sprintf("median of per-repetition ratios of total time below 1 at that size and every larger one; at %s: %s",

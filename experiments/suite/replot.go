@@ -49,6 +49,7 @@ func Replot(dir, out string, exts ...string) (*Report, error) {
 			errs = append(errs, fmt.Errorf("%s: %w", e.Name, err))
 		}
 		rep.Headlines = append(rep.Headlines, x.headlines...)
+		rep.Claims = append(rep.Claims, x.claims...)
 	}
 	return rep, errors.Join(errs...)
 }

@@ -83,6 +83,18 @@ type Headline struct {
 	Detail     string // how it was obtained: repetitions, medians, ranges
 }
 
+// Claim is a sentence of the paper that states a direction or a comparison ("ODP is
+// slower at every size"), with whether this run's data hold it: the report that
+// draws an experiment's figures decides it from its tables, and the paper prints
+// the sentence only when it holds (\claim, written by WriteTeX; a false claim stops
+// the paper's build, naming it).
+type Claim struct {
+	Experiment, Name string
+	Text             string // the sentence, or the clause, as the paper prints it
+	Holds            bool
+	Evidence         string // the numbers that decide it
+}
+
 // Progress hears of an experiment's progress.
 type Progress interface {
 	// Start begins an experiment of steps steps.
@@ -132,6 +144,7 @@ type Report struct {
 	Scale     Scale
 	Manifest  results.Manifest
 	Headlines []Headline
+	Claims    []Claim
 }
 
 // X is an experiment's view of a run: its scale and seed, and where its tables,
@@ -146,6 +159,7 @@ type X struct {
 	tables    []*results.Table
 	files     []string
 	headlines []Headline
+	claims    []Claim
 	params    map[string]any
 
 	wireServer []string
@@ -201,6 +215,12 @@ func (x *X) Figure(name string, f figure) error {
 // Headline adds a number to the summary.
 func (x *X) Headline(what, value, detail string) {
 	x.headlines = append(x.headlines, Headline{Experiment: x.name, What: what, Value: value, Detail: detail})
+}
+
+// Claim records a claim of the paper about this run (see Claim); name is unique
+// within the experiment, a TeX-safe word.
+func (x *X) Claim(name, text string, holds bool, evidence string) {
+	x.claims = append(x.claims, Claim{Experiment: x.name, Name: name, Text: text, Holds: holds, Evidence: evidence})
 }
 
 // nic returns p with the run's profile (p's fault model, if it names one, stays).
@@ -278,6 +298,7 @@ func Run(cfg Config) (*Report, error) {
 		m.Experiments = append(m.Experiments, rec)
 		params[e.Name] = x.params
 		rep.Headlines = append(rep.Headlines, x.headlines...)
+		rep.Claims = append(rep.Claims, x.claims...)
 	}
 	m.WallTime = time.Since(m.Started)
 	err := errors.Join(m.Write(cfg.Dir), writeSummary(rep))

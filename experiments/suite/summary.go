@@ -40,6 +40,16 @@ func writeSummary(rep *Report) error {
 		}
 		fmt.Fprintf(&b, "| %s | %s | %s | %s |\n", exp, cell(h.What), cell(h.Value), cell(h.Detail))
 	}
+	if len(rep.Claims) > 0 {
+		fmt.Fprintf(&b, "\n## Claims\n\nWhat the paper says of this run, and whether the run holds it.\n\n| Experiment | Claim | Holds | Evidence |\n|---|---|---|---|\n")
+		for _, c := range rep.Claims {
+			holds := "yes"
+			if !c.Holds {
+				holds = "**no**"
+			}
+			fmt.Fprintf(&b, "| %s | %s | %s | %s |\n", c.Experiment, cell(c.Text), holds, cell(c.Evidence))
+		}
+	}
 	fmt.Fprintf(&b, "\n## Experiments\n\n")
 	for _, e := range m.Experiments {
 		status := fmt.Sprintf("%d rows, %s", e.Rows, e.WallTime.Round(100*time.Millisecond))

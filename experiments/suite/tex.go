@@ -54,6 +54,17 @@ func WriteTeX(rep *Report, path string) error {
 	}
 	fmt.Fprintf(&b, "\\providecommand{\\result}[2]{\\ifcsname odp@#1@#2\\endcsname\\csname odp@#1@#2\\endcsname\\else\\textbf{??}\\PackageWarning{results}{no result #1 #2}\\fi}\n")
 	fmt.Fprintf(&b, "\\providecommand{\\resultdetail}[2]{\\csname odpdetail@#1@#2\\endcsname}\n")
+	// A claim that holds is its sentence; one that does not stops the build, naming
+	// it and its evidence, and so does a claim the run does not have.
+	for _, c := range rep.Claims {
+		body := texEscape(c.Text)
+		if !c.Holds {
+			body = fmt.Sprintf("\\PackageError{results}{claim %s/%s does not hold for this run: %s}{}", c.Experiment, c.Name,
+				texEscape(c.Evidence))
+		}
+		def(fmt.Sprintf("odpclaim@%s@%s", c.Experiment, c.Name), body)
+	}
+	fmt.Fprintf(&b, "\\providecommand{\\claim}[2]{\\ifcsname odpclaim@#1@#2\\endcsname\\csname odpclaim@#1@#2\\endcsname\\else\\PackageError{results}{no claim #1/#2 in this run}{}\\fi}\n")
 	fmt.Fprintf(&b, "\\providecommand{\\resultstable}{%%\n%s}\n", table.String())
 	return os.WriteFile(path, b.Bytes(), 0o644)
 }
