@@ -329,6 +329,10 @@ func fileBackedReport(x *X, t, st *results.Table, size int, fractions []float64)
 	for _, fr := range fractions {
 		totals = append(totals, fmt.Sprintf("%.2f", perFraction(fr, "total_ns", "odp", "pinned").Median))
 	}
+	sparse := perFraction(fractions[0], "total_ns", "odp", "pinned").Median
+	full := perFraction(fractions[len(fractions)-1], "total_ns", "odp", "pinned").Median
+	x.Claim("sparsefull", "ODP wins sparse access and loses a full scan", sparse < 1 && full > 1,
+		fmt.Sprintf("ODP / pinned total time, medians of per-repetition ratios: %.2f at the sparsest READs, %.2f at a full scan", sparse, full))
 	x.Headline("total time, READs of 1% / 10% / 100% of the file: ODP / pinned", strings.Join(totals, " / "),
 		"medians of per-repetition ratios, registration included, page cache dropped before each run; every ODP READ of a new chunk takes a fault and an RNR NAK")
 	fsb := perFraction(fractions[0], "fs_bytes_read", "pinned", "odp")
