@@ -49,6 +49,12 @@ package odp
 //     coalesced ACK, its copy runs on the requester's engine, and at most
 //     max_rd_atomic (16) are outstanding: at 4 KiB it reaches about two thirds of
 //     WRITE's message rate, at 64 B a little over half.
+//   - SEND: a WRITE's work and a receive, which the responder takes from the
+//     receive ring with a compare-and-swap (no lock: see recvQueue) and completes
+//     into the receive CQ with the pass's other receives, under one lock; the
+//     application's poll of an empty CQ takes none. It reaches WRITE's message
+//     rate within a sixth at 64 B and 4 KiB; a quarter of a SEND's samples were
+//     in QP.mu and the CQ's lock before.
 
 import (
 	"errors"
