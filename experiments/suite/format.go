@@ -61,6 +61,10 @@ func sel(pairs ...any) func(results.Row) bool {
 	return results.Where(strs...)
 }
 
+// ciSeed seeds the bootstrap intervals the reports compute: one constant, so that a
+// replot of a run's CSVs computes the run's intervals again.
+const ciSeed = 1
+
 // perRep pairs the rows a selects with the rows b selects by repetition and returns
 // col's ratio a/b for each pair: ratios of measurements made side by side.
 func perRep(t *results.Table, col string, a, b func(results.Row) bool) []float64 {
