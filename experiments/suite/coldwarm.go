@@ -110,7 +110,7 @@ func coldWarmReport(x *X, t *results.Table, sizes []int) error {
 	}
 	if err := x.Figure("coldwarm_variants", plots.Figure{Title: "Cold pass: ODP variants over pinned",
 		X: plots.Axis{Label: "message size (bytes)", Log: true, Bytes: true}, Y: plots.Axis{Label: "bandwidth ratio to pinned (1: parity)", Log: true},
-		Series: ratios}); err != nil {
+		Series: append(ratios, parity(sizes))}); err != nil {
 		return err
 	}
 	// The claims the paper makes of the cold pass (medians of per-repetition ratios

@@ -86,7 +86,7 @@ func oneShotReport(x *X, t *results.Table, sizes []int) error {
 	}
 	if err := x.Figure("oneshot_ratio", plots.Figure{Title: "One-shot transfer time, ODP over pinned",
 		X: plots.Axis{Label: "bytes moved", Log: true, Bytes: true}, Y: plots.Axis{Label: "time ratio (below 1: ODP is faster)", Log: true},
-		Series: ratios}); err != nil {
+		Series: append(ratios, parity(sizes))}); err != nil {
 		return err
 	}
 	slower, evidence := true, []string{}
