@@ -232,22 +232,68 @@ func (f Figure) plot() (*plot.Plot, error) {
 	if !f.Y.Log {
 		p.Y.Min = min(p.Y.Min, f.Y.Min, ymin, 0)
 	}
-	headroom(&p.Y, f.Y.Log, drawn)
+	headroom(&p.Y, f.Y.Log, drawn, f.under(p))
 	return p, nil
 }
 
-// headroom raises the y axis's top so that the data stays below the legend, which
-// sits in the top left corner: each of its lines takes about 7% of the height.
-func headroom(ax *plot.Axis, log bool, lines int) {
+// under returns the highest y of the data under the legend, which sits in the top
+// left corner of the data area: the points (their upper quartiles) whose x lies in
+// the part of the x axis the legend's width covers, and the lines between them and
+// their neighbours. NaN when no point is there.
+func (f Figure) under(p *plot.Plot) float64 {
+	frame := draw.Canvas{Rectangle: vg.Rectangle{Max: vg.Point{X: Width, Y: Height}}} // measures text only
+	lw := p.Legend.Rectangle(frame).Size().X + p.Legend.XOffs + vg.Points(6)
+	cover := float64(lw / (Width - vg.Points(45))) // of the data area's width, beside the y axis
+	// pos is x's place along the x axis, 0 to 1.
+	pos := func(x float64) float64 {
+		lo, hi := p.X.Min, p.X.Max
+		if f.X.Log {
+			x, lo, hi = math.Log10(x), math.Log10(lo), math.Log10(hi)
+		}
+		if hi <= lo {
+			return 0
+		}
+		return (x - lo) / (hi - lo)
+	}
+	top := math.NaN()
+	for _, s := range f.Series {
+		var prev *Point
+		for i := range s.Points {
+			pt := &s.Points[i]
+			if (f.X.Log && pt.X <= 0) || (f.Y.Log && pt.Y.Q1 <= 0) || pt.Y.N == 0 {
+				continue
+			}
+			// A point under the legend, or the first one past it (the line to it
+			// rises under the legend).
+			if pos(pt.X) <= cover || (prev != nil && pos(prev.X) <= cover) {
+				if math.IsNaN(top) || pt.Y.Q3 > top {
+					top = pt.Y.Q3
+				}
+			}
+			prev = pt
+		}
+	}
+	return top
+}
+
+// headroom raises the y axis's top so that the data under the legend, which sits
+// in the top left corner and whose lines take about 7% of the height each, stays
+// below it: the top rises only as far as that data needs (under, NaN: all of the
+// data, as when the legend spans the whole width), so that the axis fits the data.
+func headroom(ax *plot.Axis, log bool, lines int, under float64) {
 	h := min(0.07*float64(lines)+0.03, 0.6)
 	lo, hi := ax.Min, ax.Max
+	u := under
+	if math.IsNaN(u) || u > hi {
+		u = hi
+	}
 	if log {
-		lo, hi = math.Log10(lo), math.Log10(hi)
+		lo, hi, u = math.Log10(lo), math.Log10(hi), math.Log10(max(u, ax.Min))
 	}
 	if hi <= lo {
 		hi = lo + 1
 	}
-	hi += (hi - lo) * h / (1 - h)
+	hi = max(hi, lo+(u-lo)/(1-h)) // u at 1-h of the axis at most
 	if log {
 		hi = math.Pow(10, hi)
 	}
@@ -374,6 +420,6 @@ func (b Bars) plot() (*plot.Plot, error) {
 	}
 	p.NominalX(b.Categories...)
 	p.Y.Min = 0
-	headroom(&p.Y, false, len(b.Stacks))
+	headroom(&p.Y, false, len(b.Stacks), math.NaN()) // bars span the width: all under the legend
 	return p, nil
 }

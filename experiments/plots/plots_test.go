@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"errors"
 	"image/png"
+	"math"
 	"os"
 	"path/filepath"
 	"testing"
@@ -86,4 +87,31 @@ func TestBars(t *testing.T) {
 	assert.Error(t, err, "a stack with a value missing")
 	_, err = Bars{}.Save(t.TempDir(), "empty")
 	assert.True(t, errors.Is(err, ErrEmpty))
+}
+
+// The y axis rises above the data only as far as the data under the legend (top
+// left) needs: a series that climbs to the right keeps its axis at its data; one
+// that is high under the legend raises the axis to keep it below.
+func TestHeadroomFitsTheData(t *testing.T) {
+	pt := func(x, y float64) Point {
+		return Point{X: x, Y: stats.Summary{N: 1, Min: y, Q1: y, Median: y, Q3: y, Max: y}}
+	}
+	var rising, falling Series
+	rising.Name, falling.Name = "rising", "falling"
+	for i := 0; i <= 10; i++ {
+		x := math.Pow(4, float64(i)) * 4096
+		rising.Points = append(rising.Points, pt(x, math.Pow(10, float64(i)/2)))
+		falling.Points = append(falling.Points, pt(x, math.Pow(10, float64(10-i)/2)))
+	}
+	x, y := Axis{Label: "bytes", Log: true, Bytes: true}, Axis{Label: "time", Log: true}
+	p, err := Figure{X: x, Y: y, Series: []Series{rising}}.plot()
+	require.NoError(t, err)
+	assert.InDelta(t, 5, math.Log10(p.Y.Max), 0.01, "rising: the axis ends at the data (1e5)")
+	p, err = Figure{X: x, Y: y, Series: []Series{falling}}.plot()
+	require.NoError(t, err)
+	assert.Greater(t, math.Log10(p.Y.Max), 5.2, "falling: the data under the legend raises the axis")
+	// Bars span the width: always raised.
+	b, err := Bars{Categories: []string{"a"}, Stacks: []Stack{{Name: "s", Values: []float64{10}}}}.plot()
+	require.NoError(t, err)
+	assert.Greater(t, b.Y.Max, 10.0)
 }
