@@ -5,6 +5,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/odpemu/odpemu/internal/bytesize"
 	"github.com/odpemu/odpemu/pagefault"
 )
 
@@ -161,27 +162,14 @@ func (p Profile) Describe() string {
 	c := p.Apply(Config{}).normalized()
 	prefetch := "none past the faulting packets"
 	if c.PrefetchLimit > 0 {
-		prefetch = byteSize(c.PrefetchLimit)
+		prefetch = bytesize.Format(c.PrefetchLimit)
 	}
 	fault := fmt.Sprintf("%v per fault + %v per page", p.Fault.PerFault, p.Fault.PerPage)
 	if p.Fault.PerFault == 0 && p.Fault.PerPage == 0 {
 		fault = "the emulator's own cost"
 	}
 	return fmt.Sprintf("fault %v (%s), link %v, responder faults %v, mkeys %v, prefetch %s, implicit children %s",
-		p.Fault, fault, p.Link, p.ResponderFaults, p.Reg, prefetch, byteSize(c.ImplicitChild))
-}
-
-// byteSize writes n in the largest binary unit that divides it.
-func byteSize(n int64) string {
-	for _, u := range []struct {
-		shift uint
-		name  string
-	}{{30, "GiB"}, {20, "MiB"}, {10, "KiB"}} {
-		if n >= 1<<u.shift && n%(1<<u.shift) == 0 {
-			return fmt.Sprintf("%d %s", n>>u.shift, u.name)
-		}
-	}
-	return fmt.Sprintf("%d B", n)
+		p.Fault, fault, p.Link, p.ResponderFaults, p.Reg, prefetch, bytesize.Format(c.ImplicitChild))
 }
 
 // checkProfile checks the profile's settings in c.

@@ -167,5 +167,5 @@ type MRStats struct {
 	StaleDMAs        uint64 // audit violations on this MR
 	ValidPages       int    // entries valid now
 	TableBytes       int    // memory the NIC's table of the MR takes (mmu.Table.Footprint)
-	Children         uint64 // an implicit MR's children, created by faults (Config.ImplicitChild)
+	Children         uint64 // an implicit MR's children, created by faults and prefetches (Config.ImplicitChild)
 }

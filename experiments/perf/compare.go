@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"github.com/odpemu/odpemu/experiments/stats"
+	"github.com/odpemu/odpemu/internal/bytesize"
 	"github.com/odpemu/odpemu/odp"
 )
 
@@ -208,17 +209,7 @@ func WriteRegRows(w io.Writer, regs []RegRow) {
 }
 
 // HumanBytes writes n as KiB, MiB or GiB when it is a whole multiple.
-func HumanBytes(n int) string {
-	for _, u := range []struct {
-		shift int
-		name  string
-	}{{30, "GiB"}, {20, "MiB"}, {10, "KiB"}} {
-		if n >= 1<<u.shift && n%(1<<u.shift) == 0 {
-			return fmt.Sprintf("%d %s", n>>u.shift, u.name)
-		}
-	}
-	return fmt.Sprintf("%d B", n)
-}
+func HumanBytes(n int) string { return bytesize.Format(int64(n)) }
 
 func b2i(b bool) int {
 	if b {
