@@ -48,10 +48,17 @@ type Series struct {
 	Name   string
 	Points []Point
 	Dashed bool // a reference or model rather than a measurement
+	// Of, for a dashed series, names the series it is the reference of (a budget
+	// line of a resident set): it is drawn in that series' colour and has no
+	// legend entry of its own.
+	Of string
 }
 
 // Figure is a line figure.
 type Figure struct {
+	// Title says what the figure shows. It is not drawn: a paper's caption says
+	// it, and a title in the plot would repeat it (Caption returns it for a
+	// summary to print beside the image).
 	Title  string
 	X, Y   Axis
 	Series []Series
@@ -97,6 +104,12 @@ const (
 
 // ErrEmpty is returned for a figure with no point to draw.
 var ErrEmpty = errors.New("plots: nothing to draw")
+
+// Caption returns what the figure shows, its Title.
+func (f Figure) Caption() string { return f.Title }
+
+// Caption returns what the figure shows, its Title.
+func (b Bars) Caption() string { return b.Title }
 
 // Save draws f and writes dir/name.png and dir/name.svg; it returns their paths.
 func (f Figure) Save(dir, name string) ([]string, error) { return f.SaveAs(dir, name, "png", "svg") }
@@ -160,8 +173,6 @@ var palette = []color.Color{
 // plot builds the gonum plot of f.
 func (f Figure) plot() (*plot.Plot, error) {
 	p := plot.New()
-	p.Title.Text = f.Title
-	p.Title.TextStyle.Font.Size = vg.Points(9)
 	for _, a := range []struct {
 		ax   *plot.Axis
 		spec Axis
@@ -183,6 +194,7 @@ func (f Figure) plot() (*plot.Plot, error) {
 	p.Add(plotter.NewGrid())
 	drawn := 0
 	ymin := math.Inf(1)
+	colour := map[string]int{} // a series' index in the palette, by name
 	for i, s := range f.Series {
 		var xys plotter.XYs
 		var errs plotter.YErrors
@@ -197,7 +209,15 @@ func (f Figure) plot() (*plot.Plot, error) {
 		if len(xys) == 0 {
 			continue
 		}
-		c := palette[i%len(palette)]
+		ci := i
+		if s.Of != "" {
+			if j, ok := colour[s.Of]; ok {
+				ci = j
+			}
+		} else {
+			colour[s.Name] = i
+		}
+		c := palette[ci%len(palette)]
 		line, points, err := plotter.NewLinePoints(xys)
 		if err != nil {
 			return nil, err
@@ -223,8 +243,10 @@ func (f Figure) plot() (*plot.Plot, error) {
 			bars.CapWidth = vg.Points(3)
 			p.Add(bars)
 		}
-		p.Legend.Add(s.Name, line, points)
-		drawn++
+		if s.Of == "" {
+			p.Legend.Add(s.Name, line, points)
+			drawn++
+		}
 	}
 	if drawn == 0 {
 		return nil, ErrEmpty
@@ -337,21 +359,28 @@ func sizeLabel(e int) string {
 	return strconv.Itoa(1<<(e-10*u)) + units[u]
 }
 
-// decadeTicks marks powers of ten, written out up to 10^5 and as 1e6 beyond.
+// decadeTicks marks powers of ten, written out up to 10^5 and as 1e6 beyond; on an
+// axis that spans less than two decades, 2 and 5 times a power of ten are written
+// too, so that the axis has more than one number.
 type decadeTicks struct{}
 
 func (decadeTicks) Ticks(lo, hi float64) []plot.Tick {
 	ts := plot.LogTicks{Prec: -1}.Ticks(lo, hi)
+	few := hi/lo < 100
 	for i, t := range ts {
-		if t.Label == "" {
+		e := math.Floor(math.Log10(t.Value) + 1e-9)
+		m := math.Round(t.Value / math.Pow(10, e))
+		if t.Label == "" && !(few && (m == 2 || m == 5)) {
 			continue
 		}
-		e := math.Round(math.Log10(t.Value))
 		switch {
 		case e >= 6 || e <= -4:
-			ts[i].Label = "1e" + strconv.Itoa(int(e))
+			ts[i].Label = strconv.FormatFloat(m, 'f', -1, 64) + "e" + strconv.Itoa(int(e))
+			if m == 1 {
+				ts[i].Label = "1e" + strconv.Itoa(int(e))
+			}
 		default:
-			ts[i].Label = strconv.FormatFloat(t.Value, 'f', -1, 64)
+			ts[i].Label = strconv.FormatFloat(m*math.Pow(10, e), 'f', -1, 64)
 		}
 	}
 	return ts
@@ -366,7 +395,7 @@ type Stack struct {
 // Bars is a stacked bar figure: one bar per category, its segments stacked in the
 // order given.
 type Bars struct {
-	Title      string
+	Title      string // what the figure shows, not drawn (as Figure's)
 	Y          Axis
 	Categories []string
 	Stacks     []Stack
@@ -389,8 +418,6 @@ func (b Bars) plot() (*plot.Plot, error) {
 		return nil, ErrEmpty
 	}
 	p := plot.New()
-	p.Title.Text = b.Title
-	p.Title.TextStyle.Font.Size = vg.Points(9)
 	p.Y.Label.Text = b.Y.Label
 	p.Y.Label.TextStyle.Font.Size = vg.Points(8)
 	p.Y.Tick.Label.Font.Size = vg.Points(7)

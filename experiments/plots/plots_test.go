@@ -13,6 +13,8 @@ import (
 	"github.com/odpemu/odpemu/experiments/stats"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
+	"gonum.org/v1/plot/vg"
+	"gonum.org/v1/plot/vg/draw"
 )
 
 func TestGroup(t *testing.T) {
@@ -114,4 +116,44 @@ func TestHeadroomFitsTheData(t *testing.T) {
 	b, err := Bars{Categories: []string{"a"}, Stacks: []Stack{{Name: "s", Values: []float64{10}}}}.plot()
 	require.NoError(t, err)
 	assert.Greater(t, b.Y.Max, 10.0)
+}
+
+// A reference line of a series (Of) takes no legend entry: the legend of a series
+// with its reference is the legend of the series alone.
+func TestReferenceHasNoLegendEntry(t *testing.T) {
+	pt := func(x, y float64) Point {
+		return Point{X: x, Y: stats.Summary{N: 1, Min: y, Q1: y, Median: y, Q3: y, Max: y}}
+	}
+	trace := Series{Name: "resident", Points: []Point{pt(0, 3), pt(1, 4), pt(2, 3.5)}}
+	ref := Series{Name: "budget", Of: "resident", Dashed: true, Points: []Point{pt(0, 4), pt(2, 4)}}
+	other := Series{Name: "other", Dashed: true, Points: []Point{pt(0, 1), pt(2, 1)}}
+	height := func(s ...Series) vg.Length {
+		p, err := Figure{X: Axis{Label: "t"}, Y: Axis{Label: "y"}, Series: s}.plot()
+		require.NoError(t, err)
+		frame := draw.Canvas{Rectangle: vg.Rectangle{Max: vg.Point{X: Width, Y: Height}}}
+		return p.Legend.Rectangle(frame).Size().Y
+	}
+	alone := height(trace)
+	assert.Equal(t, alone, height(trace, ref), "the reference adds no entry")
+	assert.Greater(t, height(trace, other), alone, "a series of its own does")
+	_, err := Figure{X: Axis{Label: "t"}, Y: Axis{Label: "y"}, Series: []Series{ref}}.plot()
+	assert.ErrorIs(t, err, ErrEmpty, "references alone draw no figure")
+}
+
+// A log axis spanning less than two decades labels 2 and 5 times a power of ten
+// as well as the power; a wider one labels powers only.
+func TestDecadeTicks(t *testing.T) {
+	labels := func(lo, hi float64) []string {
+		var out []string
+		for _, tk := range (decadeTicks{}).Ticks(lo, hi) {
+			if tk.Label != "" && tk.Value >= lo && tk.Value <= hi { // ticks beyond the axis are clipped
+				out = append(out, tk.Label)
+			}
+		}
+		return out
+	}
+	assert.Equal(t, []string{"100", "200", "500"}, labels(60, 600))
+	assert.Equal(t, []string{"5e6", "1e7", "2e7"}, labels(4e6, 3e7))
+	assert.Equal(t, []string{"0.1", "0.2", "0.5"}, labels(0.04, 0.6))
+	assert.Equal(t, []string{"1", "10", "100", "1000"}, labels(1, 1000))
 }
