@@ -72,6 +72,10 @@ type Params struct {
 	// Duration, if set, ends the timed loop early: no work request is posted after
 	// it (Iters is then a bound, and Result.Iters says how many ran).
 	Duration time.Duration
+	// ResidentTrace keeps every sample of the server region's resident bytes taken
+	// during the timed loop in Result.Resident (they are taken in any case, for
+	// Result.MaxResident).
+	ResidentTrace bool
 	// Profile is both devices' NIC (odp.Profile: the fault model, the link, the
 	// responder's fault policy, the firmware's memory key costs, the prefetch
 	// limit, implicit children); the zero value is the emulator's own.
@@ -180,8 +184,6 @@ type Result struct {
 	PrefetchTime time.Duration `json:"prefetch_ns"`
 	// Invalidations issued by --invalidate-rate during the timed loop.
 	Invalidations uint64 `json:"invalidations"`
-	// Under a budget: pages evicted and restored, and the most resident bytes of
-	// the server's region seen during the loop.
 	// Timeouts is how often the client's local ACK timer expired.
 	Timeouts uint64 `json:"timeouts"`
 	// The client's link: its bandwidth-delay product and the most bytes it held
@@ -189,10 +191,23 @@ type Result struct {
 	LinkBDP         int `json:"link_bdp_bytes"`
 	LinkMaxInFlight int `json:"link_max_in_flight_bytes"`
 	// MaxGoBack is the most packets one go-back-N of the client sent again.
-	MaxGoBack   uint64 `json:"max_go_back_packets"`
+	MaxGoBack uint64 `json:"max_go_back_packets"`
+	// Under a budget: pages evicted and restored; the most resident bytes of the
+	// server's region seen during the loop (the kernel's count, from pagemap).
 	Evictions   uint64 `json:"evictions"`
 	Restores    uint64 `json:"restores"`
 	MaxResident int64  `json:"max_resident_bytes"`
+	// Resident is the server region's resident bytes over the loop, with
+	// Params.ResidentTrace: the first sample as the loop starts, the last as it
+	// ends.
+	Resident []ResidentSample `json:"resident,omitempty"`
+}
+
+// ResidentSample is the resident bytes of a region at a time since the timed
+// loop started.
+type ResidentSample struct {
+	At    time.Duration `json:"at_ns"`
+	Bytes int64         `json:"bytes"`
 }
 
 // CompletionError is a run's work request that completed with an error status.
@@ -316,7 +331,13 @@ func (r *rig) measure(p Params) (Result, error) {
 	stopSample := sampleResident(server)
 	res, err := client.loop(p, server.target())
 	res.Invalidations = stopInval()
-	res.MaxResident = stopSample()
+	trace := stopSample()
+	for _, s := range trace {
+		res.MaxResident = max(res.MaxResident, s.Bytes)
+	}
+	if p.ResidentTrace {
+		res.Resident = trace
+	}
 	if err != nil {
 		return Result{}, err
 	}
@@ -735,27 +756,39 @@ func startInvalidator(s *side, p Params) func() uint64 {
 	return func() uint64 { close(stop); return <-done }
 }
 
-// sampleResident reports the most resident bytes of s's region seen until the
-// returned function is called (every 5 ms, and once at the end).
-func sampleResident(s *side) func() int64 {
-	stop, done := make(chan struct{}), make(chan int64)
+// sampleResident samples the resident bytes of s's region until the returned
+// function is called, which returns the samples: one now, one every
+// residentEvery or ten times as long as the last sample took to read (pagemap of
+// a large region takes milliseconds, and the sampler must not take a core from
+// the run it watches), and one at the end.
+func sampleResident(s *side) func() []ResidentSample {
+	stop, done := make(chan struct{}), make(chan []ResidentSample)
+	start := time.Now()
 	go func() {
-		var most int64
-		t := time.NewTicker(5 * time.Millisecond)
-		defer t.Stop()
-		resident := func() int64 {
-			n, _ := s.dev.ResidentBytes(s.buf) // 0 if pagemap cannot be read: a sample missed
-			return n
+		var out []ResidentSample
+		sample := func() time.Duration {
+			t := time.Now()
+			n, err := s.dev.ResidentBytes(s.buf)
+			if err == nil { // pagemap could not be read: a sample missed
+				out = append(out, ResidentSample{At: t.Sub(start), Bytes: n})
+			}
+			return time.Since(t)
 		}
 		for {
-			most = max(most, resident())
+			took := sample()
+			wait := time.NewTimer(max(residentEvery, 10*took))
 			select {
 			case <-stop:
-				done <- max(most, resident())
+				wait.Stop()
+				sample()
+				done <- out
 				return
-			case <-t.C:
+			case <-wait.C:
 			}
 		}
 	}()
-	return func() int64 { close(stop); return <-done }
+	return func() []ResidentSample { close(stop); return <-done }
 }
+
+// residentEvery is how often sampleResident samples at most.
+const residentEvery = 2 * time.Millisecond

@@ -211,3 +211,33 @@ func TestSendBW(t *testing.T) {
 	_, err = Run(Params{Test: "atomic_bw"})
 	assert.ErrorContains(t, err, "unknown test")
 }
+
+// Under a budget the server region's resident bytes, read from pagemap over the
+// timed loop, stay within the budget (and a few messages in flight) while random
+// WRITEs evict and fault pages back; the trace is kept only when asked for.
+func TestBudgetResidentTrace(t *testing.T) {
+	const size, region, budget = 64 << 10, 4 << 20, 1 << 20
+	p := Params{ODP: true, Size: size, MRSize: region, Iters: 64, Random: true, Budget: budget, Prefetch: "sync",
+		ResidentTrace: true}
+	r, err := Run(p)
+	require.NoError(t, err)
+	assert.Positive(t, r.Evictions, "a region four times the budget evicts")
+	require.GreaterOrEqual(t, len(r.Resident), 2, "a sample as the loop starts and one as it ends")
+	var most int64
+	for i, s := range r.Resident {
+		if i > 0 {
+			assert.GreaterOrEqual(t, s.At, r.Resident[i-1].At, "samples in time order")
+		}
+		assert.LessOrEqual(t, s.Bytes, int64(budget+4*size), "sample %d at %v", i, s.At)
+		most = max(most, s.Bytes)
+	}
+	assert.Equal(t, most, r.MaxResident)
+	assert.Positive(t, r.MaxResident, "the prefetch left the budget's worth resident")
+	assert.Less(t, r.Resident[0].At, r.Elapsed, "the first sample is taken as the loop starts")
+
+	p.ResidentTrace = false
+	r, err = Run(p)
+	require.NoError(t, err)
+	assert.Nil(t, r.Resident)
+	assert.Positive(t, r.MaxResident, "the samples are taken for MaxResident in any case")
+}

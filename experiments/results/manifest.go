@@ -41,8 +41,11 @@ type ExperimentRecord struct {
 	Name     string        `json:"name"`
 	WallTime time.Duration `json:"wall_time_ns"`
 	Files    []string      `json:"files"`
-	Rows     int           `json:"rows"`
-	Error    string        `json:"error,omitempty"`
+	// Figures says what each figure shows, by the figure's name (its files' base
+	// name).
+	Figures map[string]string `json:"figures,omitempty"`
+	Rows    int               `json:"rows"`
+	Error   string            `json:"error,omitempty"`
 }
 
 // Machine describes the machine a run was made on.

@@ -3,7 +3,9 @@ package suite
 import (
 	"errors"
 	"fmt"
+	"math"
 	"runtime"
+	"strings"
 
 	"github.com/odpemu/odpemu/experiments/perf"
 	"github.com/odpemu/odpemu/experiments/plots"
@@ -13,14 +15,23 @@ import (
 )
 
 var overcommit = Experiment{
-	Name:   "overcommit",
-	Title:  "An ODP MR larger than the NIC's resident budget: bandwidth, faults and residency vs budget",
-	Run:    runOvercommit,
-	Replot: func(x *X) error { return replot(x, "", func(t *results.Table) error { return overcommitReport(x, t) }) },
+	Name:  "overcommit",
+	Title: "An ODP MR larger than the NIC's resident budget: bandwidth, faults and residency vs budget",
+	Run:   runOvercommit,
+	Replot: func(x *X) error {
+		return replot(x, "", func(t *results.Table) error {
+			rt, err := x.Loaded("overcommit_resident")
+			if err != nil {
+				return err
+			}
+			return overcommitReport(x, t, rt)
+		})
+	},
 }
 
-// budgetRatios are budget / working set.
-var budgetRatios = []float64{1, 0.5, 0.25, 0.125}
+// budgetRatios are budget / working set: the cliff lies between 1 and 1/2, the
+// collapse below.
+var budgetRatios = []float64{1, 0.875, 0.75, 0.625, 0.5, 0.25, 0.125}
 
 func runOvercommit(x *X) error {
 	const size = 64 << 10
@@ -30,16 +41,19 @@ func runOvercommit(x *X) error {
 	x.Param("message_bytes", size)
 	x.Param("region_bytes", region)
 	x.Param("iterations", iters)
-	x.Param("budget_ratios", budgetRatios)
+	ratios := pick(x.Scale, []float64{1, 0.75, 0.5, 0.125}, budgetRatios, budgetRatios)
+	x.Param("budget_ratios", ratios)
 	x.Param("reps", reps)
 	x.Param("run", "WRITEs to random slots of the server's region, 128 in flight, after a synchronous prefetch of the whole "+
-		"region (ODP), which leaves the budget's worth of it resident; the server NIC's resident budget evicts ODP pages "+
-		"to its backing store beyond it")
-	x.Steps(reps * len(budgetRatios))
+		"region (ODP), which maps no more than the budget holds, so that the timed loop starts in the steady state; the server "+
+		"NIC's resident budget evicts ODP pages to its backing store beyond it; the region's resident bytes are read from "+
+		"pagemap during the loop (overcommit_resident: every sample of the first repetition)")
+	x.Steps(reps * len(ratios))
 	t := x.Table("", "budget_ratio", "budget_bytes", "region_bytes", "variant", "fault_model", "rep", "status", "bw_mib_s",
 		"elapsed_ns", "network_page_faults", "pages_faulted", "evictions", "restores", "max_resident_bytes", "rnr_naks")
+	rt := x.Table("overcommit_resident", "budget_ratio", "budget_bytes", "fault_model", "rep", "t_ms", "resident_bytes")
 	for rep := range reps {
-		for _, ratio := range budgetRatios {
+		for _, ratio := range ratios {
 			budget := int64(float64(region) * ratio)
 			runtime.GC()
 			type variant struct {
@@ -58,7 +72,7 @@ func runOvercommit(x *X) error {
 					prefetch = "sync" // steady state: the region mapped as far as the budget lets it
 				}
 				res, err := perf.Run(x.nic(perf.Params{ODP: v.odp, Size: size, Iters: iters, MRSize: region, Random: true,
-					Budget: budget, FaultModel: v.model, Prefetch: prefetch}))
+					Budget: budget, FaultModel: v.model, Prefetch: prefetch, ResidentTrace: v.odp && rep == 0}))
 				status := "ok"
 				switch {
 				case !v.odp && (errors.Is(err, odp.ErrMemlockLimit) || errors.Is(err, odp.ErrNoMemory)):
@@ -70,14 +84,19 @@ func runOvercommit(x *X) error {
 					res.PageFaults, res.PagesFaulted, res.Evictions, res.Restores, res.MaxResident, res.RNRNaks); err != nil {
 					return err
 				}
+				for _, r := range res.Resident {
+					if err := rt.Add(ratio, budget, v.model.String(), rep, float64(r.At)/1e6, r.Bytes); err != nil {
+						return err
+					}
+				}
 			}
 			x.Step()
 		}
 	}
-	return overcommitReport(x, t)
+	return overcommitReport(x, t, rt)
 }
 
-func overcommitReport(x *X, t *results.Table) error {
+func overcommitReport(x *X, t, rt *results.Table) error {
 	var bw, faults []plots.Series
 	for _, m := range faultModels {
 		rows := t.Rows(sel("status", "ok", "variant", "odp", "fault_model", m.String()))
@@ -125,5 +144,127 @@ func overcommitReport(x *X, t *results.Table) error {
 	refused := len(t.Rows(sel("variant", "pinned", "status", "refused")))
 	x.Headline("pinned registrations larger than the budget", fmt.Sprintf("%d of %d refused", refused,
 		len(t.Rows(sel("variant", "pinned")))-len(t.Rows(sel("variant", "pinned", "budget_ratio", 1)))), "ENOMEM, as ib_umem_get under RLIMIT_MEMLOCK")
+	for _, m := range faultModels {
+		x.Headline(fmt.Sprintf("ODP's bandwidth by budget / at full budget, %s faults", m), cliff(t, m.String()),
+			"median of per-repetition ratios at each budget / working set")
+	}
+	if err := residentFigure(x, rt); err != nil {
+		return err
+	}
+	timer, evidence := timerPrices(t, lo)
+	x.Claim("timerprice", "A miss costs an eviction, a fault and an RNR NAK, whose timer, not the fault, sets its price, "+
+		"so the two fault costs give nearly the same curve", timer, evidence)
+	bounded, evidence := residentBounded(t)
+	x.Claim("bounded", "the region's resident set stays within the budget while the NIC works", bounded, evidence)
 	return nil
+}
+
+// cliff lists ODP's bandwidth at each budget below the whole working set over its
+// bandwidth at the whole, for fault model m: where the cliff is.
+func cliff(t *results.Table, m string) string {
+	var parts []string
+	for _, r := range floats(t, "budget_ratio") {
+		if r == 1 {
+			continue
+		}
+		s := stats.Summarize(perRep(t, "bw_mib_s", sel("status", "ok", "variant", "odp", "fault_model", m, "budget_ratio", r),
+			sel("status", "ok", "variant", "odp", "fault_model", m, "budget_ratio", 1)))
+		if s.N > 0 {
+			parts = append([]string{fmt.Sprintf("%.2f at %s", s.Median, fraction(r))}, parts...) // from the largest budget down
+		}
+	}
+	return strings.Join(parts, ", ")
+}
+
+// timerPrices decides whether, at budget ratio lo, the responder's RNR timer
+// (the QPs' default) accounts for at least half of every ODP run's time and the
+// fault models' bandwidths are within 25% of each other: the timer, not the
+// fault, prices a miss.
+func timerPrices(t *results.Table, lo float64) (bool, string) {
+	timer := odp.RNRTimer(odp.DefaultQPAttr.MinRNRTimer)
+	holds, runs := true, 0
+	share := math.Inf(1)
+	for _, r := range t.Rows(sel("status", "ok", "variant", "odp", "budget_ratio", lo)) {
+		f := r.Float("rnr_naks") * float64(timer) / r.Float("elapsed_ns")
+		share = min(share, f)
+		holds = holds && f >= 0.5
+		runs++
+	}
+	ms := make([]float64, len(faultModels))
+	for i, m := range faultModels {
+		ms[i] = stats.Median(results.Floats(t.Rows(sel("status", "ok", "variant", "odp", "budget_ratio", lo, "fault_model", m.String())), "bw_mib_s"))
+	}
+	near := ms[1]/ms[0] >= 0.8 && ms[1]/ms[0] <= 1.25
+	return runs > 0 && holds && near, fmt.Sprintf("at budget %s: RNR NAKs x the %v RNR timer / run time, smallest over %d runs: %.2f "+
+		"(at least 0.5); median bandwidth %s / %s faults: %.2f (0.8 to 1.25)", fraction(lo), timer, runs, share,
+		faultModels[1], faultModels[0], ms[1]/ms[0])
+}
+
+// residentSlack is how far a region's resident bytes may exceed its budget for a
+// moment: a fault's pages are mapped before reclaim evicts down to the budget, and a
+// direct reclaim gives up when another reclaim is under way, so the faults in flight
+// at once (a few messages' pages) may overshoot.
+const residentSlack = 4 * 64 << 10
+
+// residentBounded decides whether every ODP run below the full budget kept its
+// region's resident bytes within the budget (and residentSlack), and says by how
+// much the largest overshoot, or the largest share of the budget used, went.
+func residentBounded(t *results.Table) (bool, string) {
+	holds, worst, runs := true, math.Inf(-1), 0
+	var at string
+	for _, r := range t.Rows(sel("status", "ok", "variant", "odp")) {
+		if r.Float("budget_ratio") >= 1 {
+			continue
+		}
+		runs++
+		over := r.Float("max_resident_bytes") - r.Float("budget_bytes")
+		holds = holds && over <= residentSlack
+		if over > worst {
+			worst, at = over, fmt.Sprintf("budget %s of %s, %s faults, repetition %s", human(int(r.Float("budget_bytes"))),
+				human(int(r.Float("region_bytes"))), r.Get("fault_model"), r.Get("rep"))
+		}
+	}
+	if runs == 0 {
+		return false, "no ODP run under a budget"
+	}
+	return holds, fmt.Sprintf("most resident bytes - budget, largest over %d runs: %+.0f KiB (%s); allowed: %d KiB, "+
+		"a few messages' pages, faults in flight", runs, worst/1024, at, residentSlack>>10)
+}
+
+// residentBudgets are the budgets whose resident sets the figure shows.
+var residentBudgets = []float64{0.75, 0.5, 0.125}
+
+// residentFigure draws the server region's resident bytes over the timed loop of
+// the first repetition, with the emulator's faults, at a few budgets, each with its
+// budget as a dashed line.
+func residentFigure(x *X, rt *results.Table) error {
+	var traces, budgets []plots.Series
+	m := odp.FaultModelEmulator.String()
+	for _, b := range residentBudgets {
+		rows := rt.Rows(sel("budget_ratio", b, "fault_model", m, "rep", 0))
+		if len(rows) == 0 {
+			continue
+		}
+		g := plots.Group(rows, "t_ms", "resident_bytes", "fault_model")
+		g[0].Name = fmt.Sprintf("budget %s of the region", fraction(b))
+		traces = append(traces, g[0])
+		end := g[0].Points[len(g[0].Points)-1].X
+		budget := exactly(rows[0].Float("budget_bytes"))
+		budgets = append(budgets, plots.Series{Name: g[0].Name + ": budget", Of: g[0].Name, Dashed: true,
+			Points: []plots.Point{{X: 0, Y: budget}, {X: end, Y: budget}}})
+	}
+	return x.Figure("overcommit_resident", plots.Figure{Title: "Resident bytes of the server's region during the timed loop, " +
+		"budgets dashed",
+		X: plots.Axis{Label: "time in the timed loop (ms)"}, Y: plots.Axis{Label: "resident bytes of the region (MiB)"},
+		Series: scaleY(append(traces, budgets...), 1.0/(1<<20))})
+}
+
+// fraction writes r as a fraction of small numbers (3/4, 1/8), or as a decimal.
+func fraction(r float64) string {
+	for d := 2; d <= 16; d *= 2 {
+		if n := r * float64(d); n == math.Trunc(n) {
+			return fmt.Sprintf("%.0f/%d", n, d)
+		}
+	}
+	return fmt.Sprintf("%.3g", r)
 }

@@ -158,6 +158,7 @@ type X struct {
 
 	tables    []*results.Table
 	files     []string
+	captions  map[string]string // what each figure shows, by name
 	headlines []Headline
 	claims    []Claim
 	params    map[string]any
@@ -194,6 +195,7 @@ func (x *X) Table(name string, columns ...string) *results.Table {
 // figure is a plots.Figure or plots.Bars.
 type figure interface {
 	SaveAs(dir, name string, exts ...string) ([]string, error)
+	Caption() string
 }
 
 // Figure saves f as name's PNG and SVG (or the formats Replot was given).
@@ -208,6 +210,12 @@ func (x *X) Figure(name string, f figure) error {
 	}
 	for _, p := range paths {
 		x.files = append(x.files, filepath.Base(p))
+	}
+	if c := f.Caption(); c != "" {
+		if x.captions == nil {
+			x.captions = map[string]string{}
+		}
+		x.captions[name] = c
 	}
 	return nil
 }
@@ -290,6 +298,7 @@ func Run(cfg Config) (*Report, error) {
 			rec.Rows += t.Len()
 		}
 		rec.Files = append(rec.Files, x.files...)
+		rec.Figures = x.captions
 		if err != nil {
 			rec.Error = err.Error()
 			failed = append(failed, fmt.Errorf("%s: %w", e.Name, err))

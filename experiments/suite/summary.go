@@ -62,7 +62,11 @@ func writeSummary(rep *Report) error {
 			case ".csv":
 				fmt.Fprintf(&b, "- [%s](%s)\n", f, f)
 			case ".png":
-				fmt.Fprintf(&b, "\n![%s](%s)\n", strings.TrimSuffix(f, ".png"), f)
+				name := strings.TrimSuffix(f, ".png")
+				if c := e.Figures[name]; c != "" {
+					fmt.Fprintf(&b, "\n%s:\n", c)
+				}
+				fmt.Fprintf(&b, "\n![%s](%s)\n", name, f)
 			}
 		}
 		b.WriteString("\n")

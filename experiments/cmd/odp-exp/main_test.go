@@ -53,7 +53,7 @@ var tinyRows = map[string]int{
 	"coldwarm":     2 * 1 * 7 * 2,       // 2 sizes, 1 rep, 7 variants, cold and warm
 	"anatomy":      2 * (3*6 + 3),       // 2 reps: 3 variants x (5 phases and the whole fault), 3 floors
 	"invalidation": 1 * (1 + 2*(1+1*1)), // 1 rep: pinned, and per fault model no storm and 1 rate x 1 range
-	"overcommit":   1 * 4 * 3,           // 1 rep, 4 budgets, pinned and 2 fault models
+	"overcommit":   1 * 4 * 3,           // 1 rep, 4 budgets (1, 3/4, 1/2, 1/8), pinned and 2 fault models
 	"buffers":      2 * 1 * 6,           // 2 reuse rates, 1 rep, 6 strategies
 	"rnr":          1 * 2 * 2 * (2 + 1), // 1 rep, 2 models, 2 timers, 2 losses and rnr_retry 1
 	"wire":         1 * 5,               // 1 round of UDP, pinned and ODP warm, pinned and ODP cold
@@ -121,6 +121,9 @@ func TestTinySuite(t *testing.T) {
 					assert.NoError(t, fh.Close())
 					assert.FileExists(t, strings.TrimSuffix(path, ".png")+".svg")
 					assert.Contains(t, string(summary), "("+f+")", "the summary shows the figure")
+					c := e.Figures[strings.TrimSuffix(f, ".png")]
+					assert.NotEmpty(t, c, "%s: what the figure shows", f)
+					assert.Contains(t, string(summary), c+":\n\n![", "the summary says what %s shows", f)
 				}
 			}
 			assert.Positive(t, pngs, "at least one figure")
