@@ -723,9 +723,9 @@ func fill(b []byte) {
 
 // startInvalidator invalidates random ranges of s's region of p.InvalidateBytes at
 // p.InvalidateRate per second until the returned function is called, which returns
-// how many it issued. The ticker paces the load and the schedule sets the count:
-// each tick issues what is due by then, so that rates beyond the timer's resolution
-// are met. It synchronises nothing.
+// how many it issued. The schedule sets the count and a timer paces it: each wake-up
+// issues what is due by then, so that rates beyond the timer's resolution are met.
+// It synchronises nothing.
 func startInvalidator(s *side, p Params) func() uint64 {
 	if p.InvalidateRate == 0 {
 		return func() uint64 { return 0 }
@@ -733,23 +733,29 @@ func startInvalidator(s *side, p Params) func() uint64 {
 	stop, done := make(chan struct{}), make(chan uint64)
 	go func() {
 		rng := rand.New(rand.NewPCG(uint64(p.Size), uint64(p.InvalidateRate)))
-		tick := time.NewTicker(max(time.Second/time.Duration(p.InvalidateRate), time.Millisecond))
-		defer tick.Stop()
-		slots := max(p.MRSize/p.Size, 1)
+		rate := float64(p.InvalidateRate)
+		// The k-th invalidation is due at (k+1/2)/rate: a run of d seconds has
+		// rate*d of them, the first after half an interval. The timer wakes for
+		// the next one, or after a millisecond for those due by then.
 		start := time.Now()
+		next := time.NewTimer(time.Duration(0.5 / rate * 1e9))
+		defer next.Stop()
+		slots := max(p.MRSize/p.Size, 1)
 		var n, issued uint64
 		for {
 			select {
 			case <-stop:
 				done <- n
 				return
-			case now := <-tick.C:
-				for due := uint64(now.Sub(start).Seconds() * float64(p.InvalidateRate)); issued < due; issued++ {
+			case now := <-next.C:
+				for due := uint64(now.Sub(start).Seconds()*rate + 0.5); issued < due; issued++ {
 					off := rng.IntN(slots) * p.Size
 					if s.dev.Invalidate(s.addr(uint64(off)), uint64(min(p.InvalidateBytes, len(s.buf)-off))) == nil {
 						n++
 					}
 				}
+				at := start.Add(time.Duration((float64(issued) + 0.5) / rate * 1e9))
+				next.Reset(max(time.Until(at), time.Millisecond))
 			}
 		}
 	}()

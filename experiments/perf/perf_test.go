@@ -241,3 +241,17 @@ func TestBudgetResidentTrace(t *testing.T) {
 	assert.Nil(t, r.Resident)
 	assert.Positive(t, r.MaxResident, "the samples are taken for MaxResident in any case")
 }
+
+// Injection at a low rate starts half an interval in: a run of 300 ms at 4 per
+// second has its first invalidation at 125 ms, and each takes a fault at the next
+// WRITE to its range; the count follows the rate over the run.
+func TestInvalidateRateLow(t *testing.T) {
+	r, err := Run(Params{ODP: true, Warm: true, Size: 4 << 10, Iters: 1 << 30, Duration: 300 * time.Millisecond,
+		InvalidateRate: 4})
+	require.NoError(t, err)
+	assert.GreaterOrEqual(t, r.Invalidations, uint64(1), "due at 125 ms of a run of %v", r.Elapsed)
+	// The invalidator runs a little longer than the timed loop (it starts before it
+	// and stops after it): a second's slack.
+	assert.LessOrEqual(t, float64(r.Invalidations), 4*(r.Elapsed.Seconds()+1))
+	assert.NotZero(t, r.PageFaults, "an invalidated slot faults at the next WRITE to it")
+}

@@ -141,16 +141,16 @@ func write(p *plot.Plot, path, ext string) error {
 	switch ext {
 	case "png":
 		img := vgimg.NewWith(vgimg.UseWH(Width, Height), vgimg.UseDPI(dpi))
-		p.Draw(draw.New(img))
+		drawPlot(p, draw.New(img))
 		out = vgimg.PngCanvas{Canvas: img}
 	case "svg":
 		svg := vgsvg.New(Width, Height)
-		p.Draw(draw.New(svg))
+		drawPlot(p, draw.New(svg))
 		out = svg
 	case "pdf":
 		pdf := vgpdf.New(Width, Height)
 		pdf.EmbedFonts(true)
-		p.Draw(draw.New(pdf))
+		drawPlot(p, draw.New(pdf))
 		out = pdf
 	default:
 		return fmt.Errorf("unknown figure format %q", ext)
@@ -161,6 +161,29 @@ func write(p *plot.Plot, path, ext string) error {
 	}
 	_, err = out.WriteTo(f)
 	return errors.Join(err, f.Close())
+}
+
+// drawPlot draws p on c. gonum makes room for a y axis's label as if it were
+// centred on the axis's arithmetic midpoint, which on a log scale lies near the
+// top, and shrinks the data area until the label fits there, though it draws the
+// label centred: a log axis with a long label leaves the plot short under an empty
+// band. So p is drawn with a label of one space, which takes the same width (a
+// line's height) and fits anywhere, and the label is drawn here where gonum draws
+// it, centred on the data area.
+func drawPlot(p *plot.Plot, c draw.Canvas) {
+	label := p.Y.Label.Text
+	if label == "" {
+		p.Draw(c)
+		return
+	}
+	p.Y.Label.Text = " "
+	defer func() { p.Y.Label.Text = label }()
+	p.Draw(c)
+	sty := p.Y.Label.TextStyle
+	x := c.Min.X + sty.Height(label) - sty.FontExtents().Descent
+	sty.Rotation += math.Pi / 2
+	da := p.DataCanvas(c)
+	c.FillText(sty, vg.Point{X: x, Y: da.Center().Y}, label)
 }
 
 // palette is Okabe and Ito's colour-blind-safe palette.
@@ -180,6 +203,9 @@ func (f Figure) plot() (*plot.Plot, error) {
 		a.ax.Label.Text = a.spec.Label
 		a.ax.Label.TextStyle.Font.Size = vg.Points(8)
 		a.ax.Tick.Label.Font.Size = vg.Points(7)
+		if err := fits(a.ax, a.ax == &p.Y); err != nil {
+			return nil, err
+		}
 		switch {
 		case a.spec.Log && a.spec.Bytes:
 			a.ax.Scale, a.ax.Tick.Marker = plot.LogScale{}, byteTicks{}
@@ -256,6 +282,22 @@ func (f Figure) plot() (*plot.Plot, error) {
 	}
 	headroom(&p.Y, f.Y.Log, drawn, f.under(p))
 	return p, nil
+}
+
+// ErrLabelTooLong is returned for an axis label longer than its axis can hold.
+var ErrLabelTooLong = errors.New("plots: axis label longer than the axis")
+
+// fits checks that ax's label fits along it: gonum shrinks the data area until a
+// y label does, which leaves the plot short under an empty band.
+func fits(ax *plot.Axis, vertical bool) error {
+	room := Width - vg.Points(50) // beside the y axis's ticks and labels
+	if vertical {
+		room = Height - vg.Points(40) // above the x axis's ticks and label
+	}
+	if w := ax.Label.TextStyle.Width(ax.Label.Text); w > room {
+		return fmt.Errorf("%w: %q is %.0f pt, the axis %.0f pt", ErrLabelTooLong, ax.Label.Text, w.Points(), room.Points())
+	}
+	return nil
 }
 
 // under returns the highest y of the data under the legend, which sits in the top
@@ -365,7 +407,11 @@ func sizeLabel(e int) string {
 type decadeTicks struct{}
 
 func (decadeTicks) Ticks(lo, hi float64) []plot.Tick {
-	ts := plot.LogTicks{Prec: -1}.Ticks(lo, hi)
+	// LogTicks also marks the powers of ten around the range; gonum makes room
+	// for the labels of those beyond it, which shrinks the plot: they are dropped.
+	ts := slices.DeleteFunc(plot.LogTicks{Prec: -1}.Ticks(lo, hi), func(t plot.Tick) bool {
+		return t.Value < lo*(1-1e-9) || t.Value > hi*(1+1e-9)
+	})
 	few := hi/lo < 100
 	for i, t := range ts {
 		e := math.Floor(math.Log10(t.Value) + 1e-9)
@@ -421,6 +467,9 @@ func (b Bars) plot() (*plot.Plot, error) {
 	p.Y.Label.Text = b.Y.Label
 	p.Y.Label.TextStyle.Font.Size = vg.Points(8)
 	p.Y.Tick.Label.Font.Size = vg.Points(7)
+	if err := fits(&p.Y, true); err != nil {
+		return nil, err
+	}
 	p.X.Tick.Label.Font.Size = vg.Points(7)
 	p.Legend.Top, p.Legend.Left = true, true
 	p.Legend.XOffs, p.Legend.YOffs = vg.Points(4), -vg.Points(2)

@@ -157,3 +157,16 @@ func TestDecadeTicks(t *testing.T) {
 	assert.Equal(t, []string{"0.1", "0.2", "0.5"}, labels(0.04, 0.6))
 	assert.Equal(t, []string{"1", "10", "100", "1000"}, labels(1, 1000))
 }
+
+// An axis label longer than its axis is an error, not a figure whose plot shrinks
+// to make room for it.
+func TestLabelTooLong(t *testing.T) {
+	s := Series{Name: "s", Points: []Point{{X: 1, Y: stats.Summary{N: 1, Q1: 1, Median: 1, Q3: 1}}}}
+	long := "a label that goes on and on about what the axis shows, longer than the figure is high"
+	_, err := Figure{X: Axis{Label: "x"}, Y: Axis{Label: long}, Series: []Series{s}}.plot()
+	assert.ErrorIs(t, err, ErrLabelTooLong)
+	_, err = Bars{Y: Axis{Label: long}, Categories: []string{"a"}, Stacks: []Stack{{Name: "s", Values: []float64{1}}}}.plot()
+	assert.ErrorIs(t, err, ErrLabelTooLong)
+	_, err = Figure{X: Axis{Label: "x"}, Y: Axis{Label: "thousand WRITEs per second", Log: true}, Series: []Series{s}}.plot()
+	assert.NoError(t, err)
+}

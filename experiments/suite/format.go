@@ -90,13 +90,13 @@ func vsPinned(t *results.Table, col string, n int, variant string, extra ...any)
 	return perRep(t, col, at(variant), at("pinned"))
 }
 
-// ratioSeries is one point per size, the summary of the ratios measured at it.
 // parity is the reference line at 1 of a ratio figure over sizes.
 func parity(sizes []int) plots.Series {
 	return plots.Series{Name: "parity (1)", Dashed: true,
 		Points: []plots.Point{{X: float64(sizes[0]), Y: exactly(1)}, {X: float64(sizes[len(sizes)-1]), Y: exactly(1)}}}
 }
 
+// ratioSeries is one point per size, the summary of the ratios measured at it.
 func ratioSeries(name string, sizes []int, ratios func(n int) []float64) plots.Series {
 	s := plots.Series{Name: name}
 	for _, n := range sizes {

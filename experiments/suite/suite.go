@@ -72,7 +72,7 @@ type Experiment struct {
 // Experiments lists every experiment, in the order the suite runs them.
 func Experiments() []Experiment {
 	return []Experiment{registration, oneShot, coldWarm, faultAnatomy, invalidationStorm, overcommit, bufferStrategies, rnrPitfalls,
-		wireExperiment, fileBacked}
+		faultInjection, wireExperiment, fileBacked}
 }
 
 // Headline is one number of the summary.

@@ -48,16 +48,17 @@ func runArgs(args ...string) (string, string, error) {
 // tinyRows is how many rows each experiment writes at the tiny scale: its
 // parameters' product (sizes x repetitions x variants x ...).
 var tinyRows = map[string]int{
-	"registration": 7 * 2 * 2,           // 4K..16M by 4, 2 reps, pinned and ODP
-	"oneshot":      5 * 1 * 4,           // 4K..1M by 4, 1 rep, 4 variants
-	"coldwarm":     2 * 1 * 7 * 2,       // 2 sizes, 1 rep, 7 variants, cold and warm
-	"anatomy":      2 * (3*6 + 3),       // 2 reps: 3 variants x (5 phases and the whole fault), 3 floors
-	"invalidation": 1 * (1 + 2*(1+1*1)), // 1 rep: pinned, and per fault model no storm and 1 rate x 1 range
-	"overcommit":   1 * 4 * 3,           // 1 rep, 4 budgets (1, 3/4, 1/2, 1/8), pinned and 2 fault models
-	"buffers":      2 * 1 * 6,           // 2 reuse rates, 1 rep, 6 strategies
-	"rnr":          1 * 2 * 2 * (2 + 1), // 1 rep, 2 models, 2 timers, 2 losses and rnr_retry 1
-	"wire":         1 * 5,               // 1 round of UDP, pinned and ODP warm, pinned and ODP cold
-	"filebacked":   2 * 3 * 2,           // 2 reps, 3 fractions, pinned and ODP (and 2 rows of the stale demo)
+	"registration": 7 * 2 * 2,             // 4K..16M by 4, 2 reps, pinned and ODP
+	"oneshot":      5 * 1 * 4,             // 4K..1M by 4, 1 rep, 4 variants
+	"coldwarm":     2 * 1 * 7 * 2,         // 2 sizes, 1 rep, 7 variants, cold and warm
+	"anatomy":      2 * (3*6 + 3),         // 2 reps: 3 variants x (5 phases and the whole fault), 3 floors
+	"invalidation": 1 * (1 + 2*(1+1*1)),   // 1 rep: pinned, and per fault model no storm and 1 rate x 1 range
+	"overcommit":   1 * 4 * 3,             // 1 rep, 4 budgets (1, 3/4, 1/2, 1/8), pinned and 2 fault models
+	"buffers":      2 * 1 * 6,             // 2 reuse rates, 1 rep, 6 strategies
+	"rnr":          1 * 2 * 2 * (2 + 1),   // 1 rep, 2 models, 2 timers, 2 losses and rnr_retry 1
+	"injection":    1 * (1 + 1*1 + 1 + 2), // 1 rep: no faults before each group, 1 latency x 1 rate, 2 RNR timers
+	"wire":         1 * 5,                 // 1 round of UDP, pinned and ODP warm, pinned and ODP cold
+	"filebacked":   2 * 3 * 2,             // 2 reps, 3 fractions, pinned and ODP (and 2 rows of the stale demo)
 }
 
 // The whole suite at the tiny scale: every CSV parses with its rows, every figure
