@@ -162,7 +162,7 @@ func injectionReport(x *X, t *results.Table) error {
 		models = append(models, model)
 	}
 	series = append(series, models...)
-	if err := x.Figure("injection", plots.Figure{Title: "Throughput with faults injected, over none (RNR timer 0.64 ms); "+
+	if err := x.Figure("injection", plots.Figure{Title: "Throughput with faults injected, over none (RNR timer 0.64 ms); " +
 		"dashed: 1 - rate x the fault's latency rounded up to RNR timers",
 		X: plots.Axis{Label: "injected faults per second", Log: true}, Y: plots.Axis{Label: "throughput / without faults"},
 		Series: append(series, parity(nonzero(rates)))}); err != nil {
