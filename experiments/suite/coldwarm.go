@@ -56,11 +56,14 @@ func runColdWarm(x *X) error {
 	x.Param("region_bytes", fmt.Sprintf("max(%d, %d x message size)", region, passMsgs))
 	x.Param("reps", reps)
 	x.Param("pass", "the cold pass WRITEs every message-sized slot of a fresh region once (region/size work requests, 128 in flight) "+
-		"to a fresh region of the same size; the warm pass repeats it over the same memory")
+		"to a fresh region of the same size; the warm pass repeats it over the same memory. bw_mib_s times the pass alone: "+
+		"the two regions' registration (registration_ns, for both passes the one registration before the cold pass) and "+
+		"prefetch (prefetch_ns, for async only the call) come before it; bw_prepared_mib_s times the cold pass with them "+
+		"(the warm pass: as bw_mib_s)")
 	x.Steps(len(sizes) * reps)
 	t := x.Table("", "size_bytes", "variant", "fault_model", "fault_around", "prefetch", "rep", "pass", "bw_mib_s",
 		"msg_rate_mpps", "elapsed_ns", "iterations", "network_page_faults", "pages_faulted", "rnr_naks",
-		"retransmissions", "prefetch_ns")
+		"retransmissions", "prefetch_ns", "registration_ns", "bw_prepared_mib_s")
 	for _, size := range sizes {
 		for rep := range reps {
 			runtime.GC()
@@ -76,7 +79,7 @@ func runColdWarm(x *X) error {
 				}{{"cold", cold}, {"warm", warm}} {
 					if err := t.Add(size, v.name, v.model.String(), v.faultAround, v.prefetch, rep, r.pass, r.r.AvgMiBps,
 						r.r.MsgRateMpps, r.r.Elapsed, r.r.Iters, r.r.PageFaults, r.r.PagesFaulted, r.r.RNRNaks,
-						r.r.Retransmissions, r.r.PrefetchTime); err != nil {
+						r.r.Retransmissions, r.r.PrefetchTime, r.r.RegTime, prepared(r.r)); err != nil {
 						return err
 					}
 				}
@@ -147,5 +150,26 @@ func coldWarmReport(x *X, t *results.Table, sizes []int) error {
 		x.Headline(fmt.Sprintf("%s messages: pinned cold pass / warm pass bandwidth", human(n)), fmt.Sprintf("%.2f", pc.Median),
 			fmt.Sprintf("should be about 1 (pinned takes no fault); quartiles %.2f-%.2f of %d", pc.Q1, pc.Q3, pc.N))
 	}
+	for _, v := range []string{"odp", "odp-prefetch-sync"} {
+		var parts []string
+		for _, n := range sizes {
+			parts = append(parts, fmt.Sprintf("%.2f at %s", stats.Median(vsPinned(t, "bw_prepared_mib_s", n, v, "pass", "cold")), human(n)))
+		}
+		x.Headline(fmt.Sprintf("cold pass with registration and prefetch timed, %s / pinned bandwidth", v), strings.Join(parts, ", "),
+			"medians of per-repetition ratios; the pass alone leaves both out (bw_mib_s)")
+	}
 	return nil
+}
+
+// prepared is r's bandwidth with its registration and prefetch in the timing, for a
+// cold pass; a warm pass (registered and prefetched before the cold one) as it is.
+func prepared(r perf.Result) float64 {
+	if r.Warm {
+		return r.AvgMiBps
+	}
+	total := r.Elapsed + r.RegTime + r.PrefetchTime
+	if total <= 0 {
+		return 0
+	}
+	return float64(r.Iters) * float64(r.Bytes) / (1 << 20) / total.Seconds()
 }

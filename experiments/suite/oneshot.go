@@ -50,7 +50,7 @@ func runOneShot(x *X) error {
 		"odp-faulting (no snapshot: every page takes a network page fault); the same with ConnectX-4 fault latency")
 	x.Steps(len(sizes) * reps)
 	t := x.Table("", "size_bytes", "variant", "fault_model", "rep", "total_ns", "register_ns", "transfer_ns",
-		"dereg_ns", "network_page_faults", "pages_faulted", "pages_mapped")
+		"dereg_ns", "network_page_faults", "pages_faulted", "pages_mapped", "fault_ns")
 	for _, n := range sizes {
 		for rep := range reps {
 			runtime.GC()
@@ -62,7 +62,7 @@ func runOneShot(x *X) error {
 					return fmt.Errorf("%s, %s: %w", v.name, human(n), err)
 				}
 				if err := t.Add(n, v.name, v.model.String(), rep, r.Total, r.Register, r.Transfer, r.Deregister,
-					r.PageFaults, r.PagesFault, r.Mapped); err != nil {
+					r.PageFaults, r.PagesFault, r.Mapped, r.Source.FaultTime); err != nil {
 					return err
 				}
 			}
@@ -102,7 +102,7 @@ func oneShotReport(x *X, t *results.Table, sizes []int) error {
 			crossover(t, sizes, v.name), fmt.Sprintf("median of per-repetition ratios of total time below 1 at that size and every larger one; at %s: %s",
 				human(sizes[len(sizes)-1]), ratio(stats.Median(vsPinned(t, "total_ns", sizes[len(sizes)-1], v.name)))))
 	}
-	return nil
+	return oneShotParts(x, t, sizes[len(sizes)-1])
 }
 
 // crossover returns the smallest size from which variant's median ratio to pinned
@@ -123,4 +123,42 @@ func crossover(t *results.Table, sizes []int, variant string) string {
 		return fmt.Sprintf("every size from %s", human(sizes[0]))
 	}
 	return human(sizes[from])
+}
+
+// oneShotParts decomposes each variant's one-shot transfer of n bytes into its
+// registration, the network page faults in its transfer, the rest of its transfer
+// and its deregistration (medians over repetitions; the faults' time, summed over
+// faults, is capped at the transfer's), as a figure and a headline per variant.
+func oneShotParts(x *X, t *results.Table, n int) error {
+	parts := []string{"register", "transfer: faults", "transfer: the rest", "deregister"}
+	stacks := make([]plots.Stack, len(parts))
+	for i, p := range parts {
+		stacks[i].Name = p
+	}
+	var cats []string
+	for _, v := range oneShotVariants {
+		rows := t.Rows(sel("size_bytes", n, "variant", v.name))
+		if len(rows) == 0 {
+			continue
+		}
+		med := func(c string) float64 {
+			vs := results.Floats(rows, c)
+			if len(vs) == 0 {
+				return 0 // a run from before the column
+			}
+			return stats.Median(vs)
+		}
+		transfer := med("transfer_ns")
+		faults := min(med("fault_ns"), transfer)
+		vals := []float64{med("register_ns"), faults, transfer - faults, med("dereg_ns")}
+		for i := range stacks {
+			stacks[i].Values = append(stacks[i].Values, vals[i]/1e6)
+		}
+		cats = append(cats, v.name)
+		x.Headline(fmt.Sprintf("one-shot transfer of %s, %s: register, transfer (of which faults), deregister", human(n), v.name),
+			fmt.Sprintf("%s, %s (%s), %s", dur(vals[0]), dur(transfer), dur(faults), dur(vals[3])),
+			"medians over repetitions; the faults' time is summed over faults")
+	}
+	return x.Figure("oneshot_parts", plots.Bars{Title: fmt.Sprintf("Where a one-shot transfer of %s goes", human(n)),
+		Y: plots.Axis{Label: "time (ms), medians"}, Categories: cats, Stacks: stacks})
 }
