@@ -1,0 +1,223 @@
+package suite
+
+import (
+	"fmt"
+	"runtime"
+	"strings"
+	"time"
+
+	"github.com/odpemu/odpemu/experiments/perf"
+	"github.com/odpemu/odpemu/experiments/plots"
+	"github.com/odpemu/odpemu/experiments/results"
+	"github.com/odpemu/odpemu/experiments/stats"
+	"github.com/odpemu/odpemu/odp"
+)
+
+var latencySweep = Experiment{
+	Name: "sweep",
+	Title: "The conclusions that may flip with the NIC's fault latency, from 5 us to 2 ms: one-shot transfer, cold pass, " +
+		"invalidation and overcommit",
+	Run: runSweep,
+	Replot: func(x *X) error {
+		return replot(x, "", func(t *results.Table) error { return sweepReport(x, t) })
+	},
+}
+
+// sweepLatencies are the fault latencies swept, in µs: from a software fault
+// (NP-RDMA's 5.7 µs) past ConnectX-4's 220 µs and a production fault's 700 µs.
+var sweepLatencies = []int{5, 20, 50, 100, 220, 500, 2000}
+
+// conclusion is one of the paper's conclusions whose direction may depend on the
+// fault latency: a ratio of an ODP measurement to its reference, and the condition
+// under which the conclusion holds, given the ratio and its value at the smallest
+// latency swept.
+type conclusion struct {
+	name  string // the CSV's conclusion column
+	label string // the figure's legend
+	claim string // what holds while holds does
+	holds func(ratio, first float64) bool
+}
+
+// near is a conclusion that the fault latency changes little: the ratio stays
+// within a factor of 2 of the fastest fault's.
+func near(r, first float64) bool { return r >= first/2 && r <= first*2 }
+
+var sweepConclusions = []conclusion{
+	{"oneshot", "one-shot: ODP (every page faulting) / pinned time", "a one-shot transfer with every page faulting is no " +
+		"slower than pinning it", func(r, _ float64) bool { return r <= 1 }},
+	{"coldpass", "cold pass: ODP / pinned bandwidth", "the cold pass's cost is the RNR timer's, whatever the fault's " +
+		"(within a factor of 2 of the fastest fault's ratio)", near},
+	{"invalidation", "1000 invalidations/s: bandwidth / none", "the cost of 1000 invalidations a second is the RNR " +
+		"timer's (within a factor of 2 of the fastest fault's)", near},
+	{"overcommit", "budget 1/2: bandwidth / full budget", "the cost of a budget of half the working set is the RNR " +
+		"timer's (within a factor of 2 of the fastest fault's)", near},
+}
+
+func runSweep(x *X) error {
+	lats := pick(x.Scale, []int{5, 2000}, sweepLatencies, sweepLatencies)
+	reps := pick(x.Scale, 1, 2, 10)
+	region := pick(x.Scale, 1<<20, 16<<20, 64<<20)
+	runFor := pick(x.Scale, 100*time.Millisecond, 300*time.Millisecond, time.Second)
+	const size = 64 << 10
+	x.Param("fault_latencies_us", lats)
+	x.Param("reps", reps)
+	x.Param("region_bytes", region)
+	x.Param("message_bytes", size)
+	x.Param("run", "per latency (a fault model of that latency per fault): a one-shot transfer of the region with every "+
+		"page faulting (no snapshot) against pinned, total time; a cold pass of WRITEs over a fresh region against "+
+		"pinned (the pass alone); warm WRITEs for the run's duration with 1000 invalidations/s of message-sized ranges "+
+		"against none; random WRITEs under a budget of half the region against the full region (prefetched to the "+
+		"budget). The pin-down cache's reuse threshold is not swept: see the buffers experiment's ConnectX-4 rows")
+	x.Steps(reps * len(lats))
+	t := x.Table("", "fault_latency_us", "conclusion", "rep", "odp", "reference", "ratio", "network_page_faults")
+	for rep := range reps {
+		runtime.GC()
+		for i := range lats {
+			l := lats[(i+rep)%len(lats)]
+			m := odp.FaultModel{Name: fmt.Sprintf("%dus", l), PerFault: time.Duration(l) * time.Microsecond}
+			add := func(c string, odpV, ref float64, faults uint64) error {
+				return t.Add(l, c, rep, odpV, ref, odpV/ref, faults)
+			}
+			// One-shot: total time, ODP faulting every page over pinned.
+			pin, err := perf.OneShot(x.nic(perf.Params{Size: size}), region, perf.OneShotOptions{})
+			if err != nil {
+				return fmt.Errorf("one-shot pinned: %w", err)
+			}
+			od, err := perf.OneShot(x.nic(perf.Params{ODP: true, Size: size, FaultModel: m}), region, perf.OneShotOptions{NoSnapshot: true})
+			if err != nil {
+				return fmt.Errorf("one-shot at %d us: %w", l, err)
+			}
+			if err := add("oneshot", float64(od.Total), float64(pin.Total), od.PageFaults); err != nil {
+				return err
+			}
+			// Cold pass: bandwidth over pinned's.
+			pc, _, err := perf.ColdWarm(x.nic(perf.Params{Size: size, MRSize: region}))
+			if err != nil {
+				return fmt.Errorf("cold pass pinned: %w", err)
+			}
+			oc, _, err := perf.ColdWarm(x.nic(perf.Params{ODP: true, Size: size, MRSize: region, FaultModel: m}))
+			if err != nil {
+				return fmt.Errorf("cold pass at %d us: %w", l, err)
+			}
+			if err := add("coldpass", oc.AvgMiBps, pc.AvgMiBps, oc.PageFaults); err != nil {
+				return err
+			}
+			// Invalidation: warm bandwidth under 1000/s over none.
+			inv := func(rate int) (perf.Result, error) {
+				return perf.Run(x.nic(perf.Params{ODP: true, Size: size, Iters: 1 << 30, Duration: runFor, MRSize: region,
+					Warm: true, InvalidateRate: rate, FaultModel: m}))
+			}
+			none, err := inv(0)
+			if err != nil {
+				return fmt.Errorf("invalidation at %d us: %w", l, err)
+			}
+			storm, err := inv(1000)
+			if err != nil {
+				return fmt.Errorf("invalidation at %d us: %w", l, err)
+			}
+			if err := add("invalidation", storm.AvgMiBps, none.AvgMiBps, storm.PageFaults); err != nil {
+				return err
+			}
+			// Overcommit: random WRITEs under half the region over the full region.
+			over := func(budget int64) (perf.Result, error) {
+				return perf.Run(x.nic(perf.Params{ODP: true, Size: size, Iters: max(region/size/4, 64), MRSize: region,
+					Random: true, Budget: budget, Prefetch: "sync", FaultModel: m}))
+			}
+			full, err := over(int64(region))
+			if err != nil {
+				return fmt.Errorf("overcommit at %d us: %w", l, err)
+			}
+			half, err := over(int64(region / 2))
+			if err != nil {
+				return fmt.Errorf("overcommit at %d us: %w", l, err)
+			}
+			if err := add("overcommit", half.AvgMiBps, full.AvgMiBps, half.PageFaults); err != nil {
+				return err
+			}
+			x.Step()
+		}
+	}
+	return sweepReport(x, t)
+}
+
+func sweepReport(x *X, t *results.Table) error {
+	lats := ints(t, "fault_latency_us")
+	var series []plots.Series
+	for _, c := range sweepConclusions {
+		s := ratioSeries(c.label, lats, func(l int) []float64 {
+			return results.Floats(t.Rows(sel("conclusion", c.name, "fault_latency_us", l)), "ratio")
+		})
+		if len(s.Points) > 0 {
+			series = append(series, s)
+		}
+	}
+	if err := x.Figure("sweep", plots.Figure{Title: "The conclusions that may flip, by the NIC's fault latency",
+		X: plots.Axis{Label: "fault latency (µs)", Log: true}, Y: plots.Axis{Label: "ratio (medians, quartiles)", Log: true},
+		Series: append(series, parity(lats))}); err != nil {
+		return err
+	}
+	held := map[string]map[int]bool{} // by conclusion, by latency
+	for _, c := range sweepConclusions {
+		held[c.name] = map[int]bool{}
+		var holds, fails []string
+		var parts []string
+		first := 0.0
+		for _, l := range lats {
+			r := results.Floats(t.Rows(sel("conclusion", c.name, "fault_latency_us", l)), "ratio")
+			if len(r) == 0 {
+				continue
+			}
+			m := stats.Median(r)
+			if first == 0 {
+				first = m
+			}
+			parts = append(parts, fmt.Sprintf("%.3g at %d µs", m, l))
+			held[c.name][l] = c.holds(m, first)
+			if c.holds(m, first) {
+				holds = append(holds, fmt.Sprint(l))
+			} else {
+				fails = append(fails, fmt.Sprint(l))
+			}
+		}
+		x.Headline(fmt.Sprintf("%s: the fault latencies (µs) at which it holds", c.claim), flips(holds, fails),
+			"medians of per-repetition ratios: "+strings.Join(parts, ", "))
+	}
+	masks, ev := true, []string{}
+	for _, c := range sweepConclusions[1:] {
+		for l, h := range held[c.name] {
+			if l <= 220 && !h {
+				masks = false
+				ev = append(ev, fmt.Sprintf("%s fails at %d µs", c.name, l))
+			}
+		}
+	}
+	if len(ev) == 0 {
+		ev = append(ev, "cold pass, invalidation and overcommit within a factor of 2 of their ratios at the fastest fault, "+
+			"at every latency up to 220 µs")
+	}
+	x.Claim("timermasks", "Up to ConnectX-4's 220 µs the fault latency changes none of the cold-pass, invalidation and "+
+		"overcommit results by more than a factor of 2: the 0.64 ms RNR timer, not the fault, prices each fault", masks,
+		strings.Join(ev, "; "))
+	one := held["oneshot"]
+	flip := len(one) > 0 && one[lats[0]]
+	for l, h := range one {
+		if l >= 50 && h {
+			flip = false
+		}
+	}
+	x.Claim("oneshotflips", "A one-shot transfer that faults on every page beats pinning only while a fault costs a few "+
+		"microseconds", flip, fmt.Sprintf("holds at %d µs: %v; holds at none of 50 µs and above: see the headline", lats[0], one[lats[0]]))
+	return nil
+}
+
+// flips says at which latencies a conclusion holds, given those where it holds
+// and those where it does not (each ascending).
+func flips(holds, fails []string) string {
+	switch {
+	case len(fails) == 0:
+		return "every latency swept"
+	case len(holds) == 0:
+		return "none"
+	}
+	return fmt.Sprintf("holds at %s; not at %s", strings.Join(holds, ", "), strings.Join(fails, ", "))
+}
