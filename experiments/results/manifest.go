@@ -11,6 +11,7 @@ import (
 	"path/filepath"
 	"runtime"
 	"runtime/debug"
+	"strconv"
 	"strings"
 	"time"
 
@@ -34,6 +35,59 @@ type Manifest struct {
 	Config any `json:"config"`
 	// Experiments lists each experiment's files and wall time.
 	Experiments []ExperimentRecord `json:"experiments"`
+	// Steal is the share of the machine's CPU time the hypervisor gave to other
+	// guests during the run (/proc/stat's steal over all of its columns); nil when
+	// the kernel did not say, or the run is older than the field: on a VM, how much
+	// of the run's time was not its own.
+	Steal *float64 `json:"steal_share,omitempty"`
+}
+
+// CPUTimes is /proc/stat's line for all CPUs: the time spent in each state, in
+// clock ticks since boot.
+type CPUTimes struct {
+	Total, Steal uint64
+}
+
+// ReadCPUTimes reads the machine's CPU times from /proc/stat.
+func ReadCPUTimes() (CPUTimes, error) {
+	b, err := os.ReadFile("/proc/stat")
+	if err != nil {
+		return CPUTimes{}, err
+	}
+	return parseCPUTimes(b)
+}
+
+// parseCPUTimes parses /proc/stat's first line: "cpu" and user, nice, system,
+// idle, iowait, irq, softirq, steal, guest and guest_nice ticks (guest time is
+// counted in user and nice, so it is not added again).
+func parseCPUTimes(b []byte) (CPUTimes, error) {
+	line, _, _ := bytes.Cut(b, []byte("\n"))
+	f := strings.Fields(string(line))
+	if len(f) < 9 || f[0] != "cpu" {
+		return CPUTimes{}, fmt.Errorf("results: /proc/stat: no steal column in %q", line)
+	}
+	var t CPUTimes
+	for i, v := range f[1:min(len(f), 9)] {
+		n, err := strconv.ParseUint(v, 10, 64)
+		if err != nil {
+			return CPUTimes{}, fmt.Errorf("results: /proc/stat: %w", err)
+		}
+		t.Total += n
+		if i == 7 {
+			t.Steal = n
+		}
+	}
+	return t, nil
+}
+
+// StealShare is the share of CPU time stolen between two readings, nil when no time
+// passed between them.
+func StealShare(before, after CPUTimes) *float64 {
+	if after.Total <= before.Total || after.Steal < before.Steal {
+		return nil
+	}
+	share := float64(after.Steal-before.Steal) / float64(after.Total-before.Total)
+	return &share
 }
 
 // ExperimentRecord is one experiment's entry in the manifest.

@@ -80,3 +80,22 @@ func TestManifest(t *testing.T) {
 	assert.Contains(t, back, "machine")
 	assert.Equal(t, map[string]any{"reps": 3.0}, back["config"])
 }
+
+// /proc/stat's first line gives the total and the steal ticks (guest time, already
+// in user and nice, is not added twice); the share is the steal over the total
+// between two readings, and nothing when no time passed.
+func TestCPUTimes(t *testing.T) {
+	c, err := parseCPUTimes([]byte("cpu  100 5 50 800 10 1 2 32 7 0\ncpu0 50 2 25 400 5 0 1 16 3 0\n"))
+	require.NoError(t, err)
+	assert.Equal(t, CPUTimes{Total: 1000, Steal: 32}, c)
+	_, err = parseCPUTimes([]byte("cpu  100 5 50 800\n"))
+	assert.Error(t, err, "a kernel without the steal column")
+	later := CPUTimes{Total: 2000, Steal: 132}
+	require.NotNil(t, StealShare(c, later))
+	assert.InDelta(t, 0.1, *StealShare(c, later), 1e-12)
+	assert.Nil(t, StealShare(c, c))
+	now, err := ReadCPUTimes()
+	require.NoError(t, err, "this machine's /proc/stat")
+	assert.Positive(t, now.Total)
+	assert.LessOrEqual(t, now.Steal, now.Total)
+}

@@ -2,6 +2,7 @@ package suite
 
 import (
 	"fmt"
+	"math"
 	"runtime"
 	"strings"
 
@@ -136,6 +137,7 @@ func oneShotParts(x *X, t *results.Table, n int) error {
 		stacks[i].Name = p
 	}
 	var cats []string
+	byVariant := map[string][]float64{} // register, faults, rest of transfer, deregister
 	for _, v := range oneShotVariants {
 		rows := t.Rows(sel("size_bytes", n, "variant", v.name))
 		if len(rows) == 0 {
@@ -155,9 +157,18 @@ func oneShotParts(x *X, t *results.Table, n int) error {
 			stacks[i].Values = append(stacks[i].Values, vals[i]/1e6)
 		}
 		cats = append(cats, v.name)
+		byVariant[v.name] = vals
 		x.Headline(fmt.Sprintf("one-shot transfer of %s, %s: register, transfer (of which faults), deregister", human(n), v.name),
 			fmt.Sprintf("%s, %s (%s), %s", dur(vals[0]), dur(transfer), dur(faults), dur(vals[3])),
 			"medians over repetitions; the faults' time is summed over faults")
+	}
+	pin, od := byVariant["pinned"], byVariant["odp"]
+	if pin != nil && od != nil {
+		prep := (pin[0] + pin[3]) - (od[0] + od[3])
+		transfer := (pin[1] + pin[2]) - (od[1] + od[2])
+		x.Claim("regdecides", "ODP with the snapshot gains on pinning in registration and deregistration, not in the transfer",
+			prep > 0 && prep >= math.Abs(transfer), fmt.Sprintf("at %s, pinned - odp: registration and deregistration %s, "+
+				"transfer %s (medians)", human(n), dur(prep), dur(transfer)))
 	}
 	return x.Figure("oneshot_parts", plots.Bars{Title: fmt.Sprintf("Where a one-shot transfer of %s goes", human(n)),
 		Y: plots.Axis{Label: "time (ms), medians"}, Categories: cats, Stacks: stacks})

@@ -277,6 +277,7 @@ func Run(cfg Config) (*Report, error) {
 		"responder_faults": cfg.Profile.ResponderFaults.String(), "fault_model": cfg.Profile.Fault.String(),
 		"fault_model_per_fault_ns": cfg.Profile.Fault.PerFault.Nanoseconds(), "fault_model_per_page_ns": cfg.Profile.Fault.PerPage.Nanoseconds(),
 		"mkey_reg_ns": cfg.Profile.Reg.Reg.Nanoseconds(), "mkey_dereg_ns": cfg.Profile.Reg.Dereg.Nanoseconds()}
+	cpu0, cpuErr := results.ReadCPUTimes()
 	var failed []error
 	for i, e := range all {
 		if len(cfg.Only) > 0 && !slices.Contains(cfg.Only, e.Name) {
@@ -310,6 +311,9 @@ func Run(cfg Config) (*Report, error) {
 		rep.Claims = append(rep.Claims, x.claims...)
 	}
 	m.WallTime = time.Since(m.Started)
+	if cpu1, err := results.ReadCPUTimes(); err == nil && cpuErr == nil {
+		m.Steal = results.StealShare(cpu0, cpu1)
+	}
 	err := errors.Join(m.Write(cfg.Dir), writeSummary(rep))
 	return rep, errors.Join(err, errors.Join(failed...))
 }

@@ -23,6 +23,9 @@ func writeSummary(rep *Report) error {
 	if c, ok := m.Config.(map[string]any); ok && c["profile"] != nil {
 		fmt.Fprintf(&b, "- Profile: %v (%v); from %v\n", c["profile"], c["profile_settings"], c["profile_source"])
 	}
+	if m.Steal != nil {
+		fmt.Fprintf(&b, "- Steal time: %.1f%% of the machine's CPU time went to other guests during the run\n", 100**m.Steal)
+	}
 	fmt.Fprintf(&b, "- Files: `manifest.json` records the machine, the configuration and the seeds.\n\n")
 	fmt.Fprintf(&b, "## Headlines\n\n| Experiment | Result | Value | How |\n|---|---|---|---|\n")
 	csvOf := map[string]string{}

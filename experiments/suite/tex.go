@@ -43,6 +43,11 @@ func WriteTeX(rep *Report, path string) error {
 	def("resultsresponderfaults", texEscape(faults))
 	def("resultsgo", texEscape(m.Go))
 	def("resultswalltime", texEscape(m.WallTime.Round(1e9).String()))
+	steal := "not recorded" // runs before the manifest recorded it, and kernels without the column
+	if m.Steal != nil {
+		steal = fmt.Sprintf("%.1f\\%%", 100**m.Steal)
+	}
+	def("resultssteal", steal)
 	index := map[string]int{}
 	var table strings.Builder
 	for _, h := range rep.Headlines {
