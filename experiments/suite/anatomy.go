@@ -49,7 +49,7 @@ const (
 
 func runAnatomy(x *X) error {
 	region := pick(x.Scale, 1<<20, 16<<20, 256<<20)
-	reps := pick(x.Scale, 2, 5, 10)
+	reps := pick(x.Scale, 2, 5, fullReps)
 	pages := region / 4096
 	x.Param("region_bytes", region)
 	x.Param("reps", reps)

@@ -49,7 +49,7 @@ type bufferWorkload struct {
 func runBuffers(x *X) error {
 	w := bufferWorkload{size: 256 << 10, pool: 16, transfers: pick(x.Scale, 40, 200, 2000)}
 	reuses := pick(x.Scale, []float64{0, 1}, []float64{0, 0.5, 0.9, 1}, []float64{0, 0.1, 0.25, 0.5, 0.75, 0.9, 0.99, 1})
-	reps := pick(x.Scale, 1, 3, 5)
+	reps := pick(x.Scale, 1, 3, fullReps)
 	x.Param("transfer_bytes", w.size)
 	x.Param("pool_buffers", w.pool)
 	x.Param("transfers", w.transfers)

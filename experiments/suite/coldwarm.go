@@ -51,7 +51,7 @@ func runColdWarm(x *X) error {
 	// start of a run, not its steady rate.
 	region := pick(x.Scale, 4<<20, 32<<20, 512<<20)
 	passMsgs := pick(x.Scale, 64, 128, 1024)
-	reps := pick(x.Scale, 1, 3, 5)
+	reps := pick(x.Scale, 1, 3, fullReps)
 	x.Param("message_sizes", sizes)
 	x.Param("region_bytes", fmt.Sprintf("max(%d, %d x message size)", region, passMsgs))
 	x.Param("reps", reps)

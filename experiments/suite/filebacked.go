@@ -176,7 +176,7 @@ func runFileBacked(x *X) error {
 		size /= 2
 	}
 	fractions := []float64{0.01, 0.1, 1}
-	reps := pick(x.Scale, 2, 3, 5)
+	reps := pick(x.Scale, 2, 3, fullReps)
 	const changed = 16
 	x.Param("file_bytes", size)
 	x.Param("read_bytes", fileMsg)

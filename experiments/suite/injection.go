@@ -42,7 +42,7 @@ const injectionTimerRate = 10
 func runInjection(x *X) error {
 	const size = 4 << 10
 	runFor := pick(x.Scale, 200*time.Millisecond, time.Second, 2*time.Second)
-	reps := pick(x.Scale, 1, 3, 10)
+	reps := pick(x.Scale, 1, 3, fullReps)
 	lats := pick(x.Scale, injectionLatencies[2:], injectionLatencies, injectionLatencies)
 	rates := pick(x.Scale, []int{10}, injectionRates, injectionRates)
 	timers := pick(x.Scale, []uint8{13, 20}, injectionTimers, injectionTimers)

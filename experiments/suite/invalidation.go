@@ -33,7 +33,7 @@ func runInvalidation(x *X) error {
 	runFor := pick(x.Scale, 100*time.Millisecond, 500*time.Millisecond, 2*time.Second)
 	rates := pick(x.Scale, []int{1000}, []int{100, 1000, 10000}, []int{10, 100, 1000, 10000})
 	ranges := pick(x.Scale, []int{64 << 10}, []int{4 << 10, 64 << 10, 1 << 20}, []int{4 << 10, 64 << 10, 1 << 20})
-	reps := pick(x.Scale, 1, 3, 5)
+	reps := pick(x.Scale, 1, 3, fullReps)
 	x.Param("message_bytes", size)
 	x.Param("region_bytes", region)
 	x.Param("run_duration", runFor.String())

@@ -43,7 +43,7 @@ const oneShotMsg = 64 << 10
 func runOneShot(x *X) error {
 	top := min(pick(x.Scale, 1<<20, 1<<30, 1<<30), memoryCap())
 	sizes := sizesPow4(4096, top)
-	reps := pick(x.Scale, 1, 3, 5)
+	reps := pick(x.Scale, 1, 3, fullReps)
 	x.Param("sizes", sizes)
 	x.Param("reps", reps)
 	x.Param("message_bytes", oneShotMsg)

@@ -36,7 +36,7 @@ var budgetRatios = []float64{1, 0.875, 0.75, 0.625, 0.5, 0.25, 0.125}
 func runOvercommit(x *X) error {
 	const size = 64 << 10
 	region := pick(x.Scale, 4<<20, 32<<20, 1<<30)
-	reps := pick(x.Scale, 1, 3, 5)
+	reps := pick(x.Scale, 1, 3, fullReps)
 	iters := max(region/size/4, 64) // as many random WRITEs as a quarter of the region has slots
 	x.Param("message_bytes", size)
 	x.Param("region_bytes", region)

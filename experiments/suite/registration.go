@@ -48,7 +48,7 @@ func runRegistration(x *X) error {
 		top /= 4
 	}
 	sizes := sizesPow4(4096, top)
-	reps := pick(x.Scale, 2, 5, 10)
+	reps := pick(x.Scale, 2, 5, fullReps)
 	x.Param("sizes", sizes)
 	x.Param("reps", reps)
 	x.Steps(len(sizes) * reps)

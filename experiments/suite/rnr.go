@@ -33,7 +33,7 @@ const rnrAckTimeout = 14
 func runRNR(x *X) error {
 	const size = 64 << 10
 	region := pick(x.Scale, 1<<20, 8<<20, 64<<20)
-	reps := pick(x.Scale, 1, 2, 5)
+	reps := pick(x.Scale, 1, 2, fullReps)
 	losses := pick(x.Scale, []float64{0, 0.01}, []float64{0, 0.001, 0.01}, []float64{0, 0.001, 0.01})
 	timers := pick(x.Scale, []uint8{1, 12}, rnrTimers, rnrTimers)
 	type run struct {

@@ -48,6 +48,10 @@ func (s Scale) String() string {
 	return fmt.Sprintf("Scale(%d)", int(s))
 }
 
+// fullReps is how many repetitions a full run makes of each measurement: enough for
+// the bootstrap intervals of its medians to mean something.
+const fullReps = 10
+
 // pick returns the value for scale s.
 func pick[T any](s Scale, tiny, quick, full T) T {
 	switch s {

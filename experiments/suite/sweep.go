@@ -55,7 +55,7 @@ var sweepConclusions = []conclusion{
 
 func runSweep(x *X) error {
 	lats := pick(x.Scale, []int{5, 2000}, sweepLatencies, sweepLatencies)
-	reps := pick(x.Scale, 1, 2, 10)
+	reps := pick(x.Scale, 1, 2, fullReps)
 	region := pick(x.Scale, 1<<20, 16<<20, 64<<20)
 	runFor := pick(x.Scale, 100*time.Millisecond, 300*time.Millisecond, time.Second)
 	const size = 64 << 10
