@@ -1,5 +1,6 @@
 // Package plots draws the experiment suite's figures with gonum/plot: the median of
-// each point's repetitions as a line, their quartiles as error bars, log scales where
+// each point's repetitions as a line, the median's 95% bootstrap interval as error
+// bars (the quartiles for a summary without one), log scales where
 // values span decades, a legend, and axes with units. Each figure is written as PNG
 // (for looking at) and SVG (for the paper), sized for a paper's column.
 package plots
@@ -88,7 +89,7 @@ func Group(rows []results.Row, x, y, series string) []Series {
 		}
 		slices.Sort(xs)
 		for _, xv := range xs {
-			s.Points = append(s.Points, Point{X: xv, Y: stats.Summarize(byX[xv])})
+			s.Points = append(s.Points, Point{X: xv, Y: stats.SummarizeCI(byX[xv])})
 		}
 		out = append(out, s)
 	}
@@ -225,12 +226,13 @@ func (f Figure) plot() (*plot.Plot, error) {
 		var xys plotter.XYs
 		var errs plotter.YErrors
 		for _, pt := range s.Points {
-			if (f.X.Log && pt.X <= 0) || (f.Y.Log && pt.Y.Q1 <= 0) || pt.Y.N == 0 {
+			lo, hi := pt.Y.Band()
+			if (f.X.Log && pt.X <= 0) || (f.Y.Log && lo <= 0) || pt.Y.N == 0 {
 				continue // nothing to place on a log axis
 			}
 			xys = append(xys, plotter.XY{X: pt.X, Y: pt.Y.Median})
-			errs = append(errs, struct{ Low, High float64 }{pt.Y.Median - pt.Y.Q1, pt.Y.Q3 - pt.Y.Median})
-			ymin = min(ymin, pt.Y.Q1)
+			errs = append(errs, struct{ Low, High float64 }{pt.Y.Median - lo, hi - pt.Y.Median})
+			ymin = min(ymin, lo)
 		}
 		if len(xys) == 0 {
 			continue
@@ -301,7 +303,7 @@ func fits(ax *plot.Axis, vertical bool) error {
 }
 
 // under returns the highest y of the data under the legend, which sits in the top
-// left corner of the data area: the points (their upper quartiles) whose x lies in
+// left corner of the data area: the points (the tops of their bands) whose x lies in
 // the part of the x axis the legend's width covers, and the lines between them and
 // their neighbours. NaN when no point is there.
 func (f Figure) under(p *plot.Plot) float64 {
@@ -324,14 +326,15 @@ func (f Figure) under(p *plot.Plot) float64 {
 		var prev *Point
 		for i := range s.Points {
 			pt := &s.Points[i]
-			if (f.X.Log && pt.X <= 0) || (f.Y.Log && pt.Y.Q1 <= 0) || pt.Y.N == 0 {
+			lo, hi := pt.Y.Band()
+			if (f.X.Log && pt.X <= 0) || (f.Y.Log && lo <= 0) || pt.Y.N == 0 {
 				continue
 			}
 			// A point under the legend, or the first one past it (the line to it
 			// rises under the legend).
 			if pos(pt.X) <= cover || (prev != nil && pos(prev.X) <= cover) {
-				if math.IsNaN(top) || pt.Y.Q3 > top {
-					top = pt.Y.Q3
+				if math.IsNaN(top) || hi > top {
+					top = hi
 				}
 			}
 			prev = pt

@@ -14,6 +14,32 @@ import (
 type Summary struct {
 	N                        int
 	Min, Q1, Median, Q3, Max float64
+	// Lo and Hi are the median's 95% bootstrap interval when HasCI (SummarizeCI).
+	Lo, Hi float64
+	HasCI  bool
+}
+
+// CISeed seeds the intervals SummarizeCI computes: one constant, so that a summary
+// recomputed from the same sample is the same.
+const CISeed = 1
+
+// SummarizeCI is Summarize with the median's 95% bootstrap interval (MedianCI).
+func SummarizeCI(xs []float64) Summary {
+	s := Summarize(xs)
+	if s.N > 0 {
+		ci := MedianCI(xs, 0.95, CISeed)
+		s.Lo, s.Hi, s.HasCI = ci.Lo, ci.Hi, true
+	}
+	return s
+}
+
+// Band is the interval a figure draws around the median: the 95% interval when the
+// summary has one, else the quartiles.
+func (s Summary) Band() (lo, hi float64) {
+	if s.HasCI {
+		return s.Lo, s.Hi
+	}
+	return s.Q1, s.Q3
 }
 
 // Summarize returns xs's summary; quartiles are interpolated between order

@@ -6,6 +6,7 @@ import (
 	"testing"
 
 	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
 )
 
 func TestSummarize(t *testing.T) {
@@ -80,4 +81,22 @@ func TestMedianCICovers(t *testing.T) {
 	assert.True(t, math.IsNaN(MedianCI(xs, 1.5, 1).Lo))
 	r := RatioCI([]float64{2, 4, 6}, []float64{1, 2, 3}, 0.9, 1)
 	assert.Equal(t, Interval{2, 2, 2}, r, "identical ratios")
+}
+
+// SummarizeCI adds the median's 95% bootstrap interval, which brackets the median,
+// is the same when recomputed, and is what Band returns; a plain summary's band is
+// its quartiles.
+func TestSummarizeCI(t *testing.T) {
+	xs := []float64{5, 1, 4, 2, 3, 9, 7}
+	s := SummarizeCI(xs)
+	require.True(t, s.HasCI)
+	assert.LessOrEqual(t, s.Lo, s.Median)
+	assert.GreaterOrEqual(t, s.Hi, s.Median)
+	assert.Equal(t, s, SummarizeCI(xs), "seeded: the same sample, the same interval")
+	lo, hi := s.Band()
+	assert.Equal(t, [2]float64{s.Lo, s.Hi}, [2]float64{lo, hi})
+	p := Summarize(xs)
+	lo, hi = p.Band()
+	assert.Equal(t, [2]float64{p.Q1, p.Q3}, [2]float64{lo, hi})
+	assert.False(t, SummarizeCI(nil).HasCI, "an empty sample has no interval")
 }

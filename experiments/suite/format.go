@@ -40,7 +40,7 @@ func scaleY(series []plots.Series, f float64) []plots.Series {
 	for i := range series {
 		for j := range series[i].Points {
 			y := &series[i].Points[j].Y
-			y.Min, y.Q1, y.Median, y.Q3, y.Max = y.Min*f, y.Q1*f, y.Median*f, y.Q3*f, y.Max*f
+			y.Min, y.Q1, y.Median, y.Q3, y.Max, y.Lo, y.Hi = y.Min*f, y.Q1*f, y.Median*f, y.Q3*f, y.Max*f, y.Lo*f, y.Hi*f
 		}
 	}
 	return series
@@ -101,7 +101,7 @@ func ratioSeries(name string, sizes []int, ratios func(n int) []float64) plots.S
 	s := plots.Series{Name: name}
 	for _, n := range sizes {
 		if r := ratios(n); len(r) > 0 {
-			s.Points = append(s.Points, plots.Point{X: float64(n), Y: stats.Summarize(r)})
+			s.Points = append(s.Points, plots.Point{X: float64(n), Y: stats.SummarizeCI(r)})
 		}
 	}
 	return s

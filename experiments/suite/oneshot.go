@@ -76,7 +76,7 @@ func runOneShot(x *X) error {
 func oneShotReport(x *X, t *results.Table, sizes []int) error {
 	series := scaleY(plots.Group(t.Rows(nil), "size_bytes", "total_ns", "variant"), 1e-3)
 	if err := x.Figure("oneshot", plots.Figure{Title: "One transfer of fresh memory, registration included",
-		X: plots.Axis{Label: "bytes moved", Log: true, Bytes: true}, Y: plots.Axis{Label: "time (µs), median and quartiles", Log: true},
+		X: plots.Axis{Label: "bytes moved", Log: true, Bytes: true}, Y: plots.Axis{Label: "time (µs), medians", Log: true},
 		Series: series}); err != nil {
 		return err
 	}

@@ -130,7 +130,7 @@ func registrationReport(x *X, t *results.Table, sizes []int) error {
 	}
 	series = append(series, model)
 	err := x.Figure("registration", plots.Figure{Title: "Registering fresh memory",
-		X: plots.Axis{Label: "MR size (bytes)", Log: true, Bytes: true}, Y: plots.Axis{Label: "time (µs), median and quartiles", Log: true},
+		X: plots.Axis{Label: "MR size (bytes)", Log: true, Bytes: true}, Y: plots.Axis{Label: "time (µs), medians", Log: true},
 		Series: series})
 	if err != nil {
 		return err

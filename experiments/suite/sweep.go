@@ -152,7 +152,7 @@ func sweepReport(x *X, t *results.Table) error {
 		}
 	}
 	if err := x.Figure("sweep", plots.Figure{Title: "The conclusions that may flip, by the NIC's fault latency",
-		X: plots.Axis{Label: "fault latency (µs)", Log: true}, Y: plots.Axis{Label: "ratio (medians, quartiles)", Log: true},
+		X: plots.Axis{Label: "fault latency (µs)", Log: true}, Y: plots.Axis{Label: "ratio (medians)", Log: true},
 		Series: append(series, parity(lats))}); err != nil {
 		return err
 	}
