@@ -480,11 +480,33 @@ func (b Bars) plot() (*plot.Plot, error) {
 	p.Add(plotter.NewGrid())
 	width := (Width - vg.Points(60)) / vg.Length(len(b.Categories)) * 0.6
 	var below *plotter.BarChart
+	floor := 0.0
+	if b.Y.Log {
+		// A log axis has no zero: the bars rise from a power of ten at or below the
+		// smallest value, an undrawn bar of that height under each. One stack only:
+		// segments stacked on a log axis would not show their sizes.
+		var err error
+		if floor, err = b.logFloor(); err != nil {
+			return nil, err
+		}
+		base := make(plotter.Values, len(b.Categories))
+		for i := range base {
+			base[i] = floor
+		}
+		if below, err = plotter.NewBarChart(base, width); err != nil {
+			return nil, err
+		}
+		p.Y.Scale, p.Y.Tick.Marker = plot.LogScale{}, decadeTicks{}
+	}
 	for i, s := range b.Stacks {
 		if len(s.Values) != len(b.Categories) {
 			return nil, fmt.Errorf("stack %q has %d values for %d categories", s.Name, len(s.Values), len(b.Categories))
 		}
-		bars, err := plotter.NewBarChart(plotter.Values(s.Values), width)
+		vals := make(plotter.Values, len(s.Values))
+		for k, v := range s.Values {
+			vals[k] = v - floor
+		}
+		bars, err := plotter.NewBarChart(vals, width)
 		if err != nil {
 			return nil, err
 		}
@@ -498,7 +520,24 @@ func (b Bars) plot() (*plot.Plot, error) {
 		p.Legend.Add(s.Name, bars)
 	}
 	p.NominalX(b.Categories...)
-	p.Y.Min = 0
-	headroom(&p.Y, false, len(b.Stacks), math.NaN()) // bars span the width: all under the legend
+	p.Y.Min = floor
+	headroom(&p.Y, b.Y.Log, len(b.Stacks), math.NaN()) // bars span the width: all under the legend
 	return p, nil
+}
+
+// logFloor is where the bars of a log axis rise from: the power of ten at or below
+// the smallest value. It refuses more than one stack and values that are not
+// positive.
+func (b Bars) logFloor() (float64, error) {
+	if len(b.Stacks) != 1 {
+		return 0, fmt.Errorf("a log axis takes one stack, not %d", len(b.Stacks))
+	}
+	lowest := math.Inf(1)
+	for _, v := range b.Stacks[0].Values {
+		if !(v > 0) {
+			return 0, fmt.Errorf("stack %q: %g on a log axis", b.Stacks[0].Name, v)
+		}
+		lowest = min(lowest, v)
+	}
+	return math.Pow(10, math.Floor(math.Log10(lowest))), nil
 }

@@ -170,3 +170,25 @@ func TestLabelTooLong(t *testing.T) {
 	_, err = Figure{X: Axis{Label: "x"}, Y: Axis{Label: "thousand WRITEs per second", Log: true}, Series: []Series{s}}.plot()
 	assert.NoError(t, err)
 }
+
+// Bars on a log axis rise from the power of ten at or below the smallest value (a
+// log axis has no zero); they take one stack of positive values.
+func TestLogBars(t *testing.T) {
+	one := func(v ...float64) []Stack { return []Stack{{Name: "per fault", Values: v}} }
+	p, err := Bars{Y: Axis{Label: "µs", Log: true}, Categories: []string{"a", "b", "c"}, Stacks: one(9.2, 220, 2.5)}.plot()
+	require.NoError(t, err)
+	assert.Equal(t, 1.0, p.Y.Min, "the floor under 2.5")
+	assert.Greater(t, p.Y.Max, 220.0)
+	_, err = Bars{Y: Axis{Label: "µs", Log: true}, Categories: []string{"a"}, Stacks: one(0)}.plot()
+	assert.Error(t, err, "zero on a log axis")
+	two := append(one(1), Stack{Name: "more", Values: []float64{2}})
+	_, err = Bars{Y: Axis{Label: "µs", Log: true}, Categories: []string{"a"}, Stacks: two}.plot()
+	assert.Error(t, err, "stacks on a log axis")
+	dir := t.TempDir()
+	_, err = Bars{Y: Axis{Label: "µs", Log: true}, Categories: []string{"a", "b"}, Stacks: one(3, 300)}.SaveAs(dir, "log", "png", "svg")
+	require.NoError(t, err)
+	svg, err := os.ReadFile(filepath.Join(dir, "log.svg"))
+	require.NoError(t, err)
+	assert.NotContains(t, string(svg), "NaN")
+	assert.NotContains(t, string(svg), "Inf")
+}

@@ -124,7 +124,21 @@ func anatomyReport(x *X, t *results.Table) error {
 	stacks = append(stacks, plots.Stack{Name: "C floors (whole fault)",
 		Values: []float64{0, 0, 0, med(floorHandler, "total", "per_page_ns") / 1e3, med(floorSpin, "total", "per_page_ns") / 1e3,
 			med(floorCopy, "total", "per_page_ns") / 1e3}})
-	if err := x.Figure("anatomy", plots.Bars{Title: "A network page fault's time per page (FA: fault-around)",
+	// Per fault on a log axis: a ConnectX-4 fault and a userfaultfd fault compared
+	// as what they are, one fault each (the C floors handle one page per fault).
+	perFault := plots.Stack{Name: "time per fault (medians)"}
+	for _, v := range anatomyVariants {
+		perFault.Values = append(perFault.Values, med(v.name, "fault", "per_fault_ns")/1e3)
+	}
+	for _, f := range []string{floorHandler, floorSpin, floorCopy} {
+		perFault.Values = append(perFault.Values, med(f, "total", "per_fault_ns")/1e3)
+	}
+	if err := x.Figure("anatomy", plots.Bars{Title: "A network page fault's time per fault (FA: fault-around), against " +
+		"userfaultfd's floors", Y: plots.Axis{Label: "time per fault (µs)", Log: true}, Categories: cats,
+		Stacks: []plots.Stack{perFault}}); err != nil {
+		return err
+	}
+	if err := x.Figure("anatomy_page", plots.Bars{Title: "A network page fault's time per page, by phase (FA: fault-around)",
 		Y: plots.Axis{Label: "time per page (µs)"}, Categories: cats, Stacks: stacks}); err != nil {
 		return err
 	}
