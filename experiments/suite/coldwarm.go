@@ -117,8 +117,8 @@ func coldWarmReport(x *X, t *results.Table, sizes []int) error {
 		return err
 	}
 	// The claims the paper makes of the cold pass (medians of per-repetition ratios
-	// to pinned, at every size): a synchronous prefetch brings it near pinned (at
-	// least 0.7 of it); an asynchronous one, racing the pass, recovers less, though
+	// to pinned, at every size): a synchronous prefetch brings it within a factor of 2
+	// of pinned; an asynchronous one, racing the pass, recovers less, though
 	// more than no prefetch; the ConnectX-4 model changes it little (within a factor
 	// of 2 of the emulator's fault cost).
 	near, less, little := true, true, true
@@ -126,15 +126,15 @@ func coldWarmReport(x *X, t *results.Table, sizes []int) error {
 	for _, n := range sizes {
 		cold := func(v string) float64 { return stats.Median(vsPinned(t, "bw_mib_s", n, v, "pass", "cold")) }
 		sync, async, plain, cx := cold("odp-prefetch-sync"), cold("odp-prefetch-async"), cold("odp"), cold("odp-connectx4")
-		near = near && sync >= 0.7
+		near = near && sync >= 0.5
 		less = less && plain < async && async < sync
 		little = little && cx/plain >= 0.5 && cx/plain <= 2
 		ne = append(ne, fmt.Sprintf("%s %.2f", human(n), sync))
 		le = append(le, fmt.Sprintf("%s %.3f < %.2f < %.2f", human(n), plain, async, sync))
 		ce = append(ce, fmt.Sprintf("%s %.3f vs %.3f", human(n), cx, plain))
 	}
-	x.Claim("syncnear", "a synchronous prefetch brings the cold pass near pinned", near,
-		"odp-prefetch-sync cold / pinned cold (near: at least 0.7 at every size): "+strings.Join(ne, ", "))
+	x.Claim("syncnear", "a synchronous prefetch brings the cold pass within a factor of 2 of pinned", near,
+		"odp-prefetch-sync cold / pinned cold (at least 0.5 at every size): "+strings.Join(ne, ", "))
 	x.Claim("asyncless", "an asynchronous one, which races the pass, recovers less", less,
 		"cold / pinned cold, odp < odp-prefetch-async < odp-prefetch-sync at every size: "+strings.Join(le, ", "))
 	x.Claim("cxlittle", "The ConnectX-4 model changes little here", little,
