@@ -255,3 +255,28 @@ func TestInvalidateRateLow(t *testing.T) {
 	assert.LessOrEqual(t, float64(r.Invalidations), 4*(r.Elapsed.Seconds()+1))
 	assert.NotZero(t, r.PageFaults, "an invalidated slot faults at the next WRITE to it")
 }
+
+// Several QPs make one cold pass between the same two devices at once: every slot
+// is written once, every page of both regions is faulted in once (by whichever QP
+// reaches it first), and the QPs' RNR NAKs add up; bad parameters are refused.
+func TestMultiQP(t *testing.T) {
+	const region, size = 1 << 20, 16 << 10
+	for _, qps := range []int{1, 4} {
+		r, err := MultiQP(Params{ODP: true, Size: size, MRSize: region, Depth: 16, CQMod: 8}, qps)
+		require.NoError(t, err, "%d QPs", qps)
+		assert.Equal(t, region/size, r.Iters, "%d QPs: each slot once", qps)
+		assert.EqualValues(t, 2*region/4096, r.PagesFaulted, "%d QPs: every page of both regions once", qps)
+		assert.NotZero(t, r.RNRNaks, "%d QPs: the server's faults answered with RNR NAK", qps)
+		assert.Positive(t, r.AvgMiBps)
+	}
+	r, err := MultiQP(Params{Size: size, MRSize: region, Depth: 16, CQMod: 8}, 3)
+	require.NoError(t, err, "pinned, 3 QPs (slices of 21 slots)")
+	assert.Equal(t, 3*(region/3/size), r.Iters)
+	assert.Zero(t, r.PageFaults)
+	for _, p := range []Params{{Test: SendBW}, {Warm: true}, {Random: true}, {Budget: 1 << 20}} {
+		_, err := MultiQP(p, 2)
+		assert.Error(t, err, "%+v", p)
+	}
+	_, err = MultiQP(Params{Size: size, MRSize: size}, 2)
+	assert.Error(t, err, "fewer slots than QPs")
+}

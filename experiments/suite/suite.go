@@ -76,7 +76,7 @@ type Experiment struct {
 // Experiments lists every experiment, in the order the suite runs them.
 func Experiments() []Experiment {
 	return []Experiment{registration, oneShot, coldWarm, faultAnatomy, invalidationStorm, overcommit, bufferStrategies, rnrPitfalls,
-		faultInjection, latencySweep, validation, wireExperiment, fileBacked}
+		faultInjection, latencySweep, severalQPs, validation, wireExperiment, fileBacked}
 }
 
 // Headline is one number of the summary.

@@ -58,6 +58,7 @@ var tinyRows = map[string]int{
 	"rnr":          1 * 2 * 2 * (2 + 1),   // 1 rep, 2 models, 2 timers, 2 losses and rnr_retry 1
 	"injection":    1 * (1 + 1*1 + 1 + 2), // 1 rep: no faults before each group, 1 latency x 1 rate, 2 RNR timers
 	"sweep":        1 * 2 * 4,             // 1 rep, 2 latencies, 4 conclusions
+	"qps":          1 * 2 * 3,             // 1 rep, 1 and 4 QPs, pinned and 2 fault models
 	"validate":     1 * 6,                 // 1 rep of the 6 anchors rerun (nbs-rnr-timer skipped: its pass takes seconds)
 	"wire":         1 * 5,                 // 1 round of UDP, pinned and ODP warm, pinned and ODP cold
 	"filebacked":   2 * 3 * 2,             // 2 reps, 3 fractions, pinned and ODP (and 2 rows of the stale demo)
