@@ -137,11 +137,15 @@ func (s *sleeper) add(deadline time.Time) *wait {
 	return w
 }
 
-// cancel forgets w (its waiter stopped waiting).
+// cancel forgets w (its waiter stopped waiting). If the sleeper slept for w, it
+// wakes to sleep for the next wait instead, or to end after linger without one.
 func (s *sleeper) cancel(w *wait) {
 	s.mu.Lock()
 	if w.index >= 0 {
 		heap.Remove(&s.waits, w.index)
+		if s.running && w.at.Equal(s.target) {
+			s.kickLocked()
+		}
 	}
 	s.mu.Unlock()
 }
@@ -156,8 +160,14 @@ func (s *sleeper) kickLocked() {
 // the waits whose deadline is less than ahead away and sleeps until the next one's
 // is, until none has come for linger.
 func (s *sleeper) run(efd int) {
-	runtime.LockOSThread() // the timer slack is the thread's; the thread ends with the goroutine
+	// The timer slack is the thread's, so the sleeper keeps to its thread, and
+	// gives it back as it found it: a goroutine that ends locked ends its thread
+	// too, and a child process started from that thread with a parent-death signal
+	// (Pdeathsig, as the packet captures of the tests start tshark) would be killed.
+	runtime.LockOSThread()
 	_ = unix.Prctl(unix.PR_SET_TIMERSLACK, 1, 0, 0, 0)
+	defer runtime.UnlockOSThread()
+	defer func() { _ = unix.Prctl(unix.PR_SET_TIMERSLACK, 0, 0, 0, 0) }() // 0: the thread's default
 	idleSince := time.Now()
 	for {
 		s.mu.Lock()

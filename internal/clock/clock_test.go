@@ -90,26 +90,6 @@ func TestEarlierWaitWakesTheSleeper(t *testing.T) {
 	assert.False(t, <-long)
 }
 
-// Waits that should overlap do: 32 goroutines waiting 220 us each at once end on
-// average within a millisecond of their deadlines. Waits that kept a P in a system
-// call ended 1.4 ms late each on 2 CPUs (BenchmarkConcurrentWaits measures it).
-func TestWaitsOverlap(t *testing.T) {
-	var late atomic.Int64
-	var wg sync.WaitGroup
-	const n = 32
-	for range n {
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			deadline := time.Now().Add(220 * time.Microsecond)
-			SleepUntil(deadline, nil)
-			late.Add(int64(time.Since(deadline)))
-		}()
-	}
-	wg.Wait()
-	assert.Less(t, time.Duration(late.Load()/n), time.Millisecond)
-}
-
 // Waits of 220 us (a ConnectX-4 fault's hold) by n goroutines at once, as n QPs'
 // faults hold at once: how late each ends, on average (overshoot-us), and how long
 // a round of n takes over 220 us (round-us).
