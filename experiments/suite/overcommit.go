@@ -144,10 +144,22 @@ func overcommitReport(x *X, t, rt *results.Table) error {
 	refused := len(t.Rows(sel("variant", "pinned", "status", "refused")))
 	x.Headline("pinned registrations larger than the budget", fmt.Sprintf("%d of %d refused", refused,
 		len(t.Rows(sel("variant", "pinned")))-len(t.Rows(sel("variant", "pinned", "budget_ratio", 1)))), "ENOMEM, as ib_umem_get under RLIMIT_MEMLOCK")
+	top := true
+	var tops []string
 	for _, m := range faultModels {
 		x.Headline(fmt.Sprintf("ODP's bandwidth by budget / at full budget, %s faults", m), cliff(t, m.String()),
 			"median of per-repetition ratios at each budget / working set")
+		if below := floats(t, "budget_ratio"); len(below) > 1 {
+			r := below[len(below)-2] // the largest budget below the whole working set
+			s := stats.Summarize(perRep(t, "bw_mib_s", sel("status", "ok", "variant", "odp", "fault_model", m.String(), "budget_ratio", r),
+				sel("status", "ok", "variant", "odp", "fault_model", m.String(), "budget_ratio", 1)))
+			top = top && s.N > 0 && s.Median <= 2.0/3
+			tops = append(tops, fmt.Sprintf("%s faults %.2f at %s", m, s.Median, fraction(r)))
+		}
 	}
+	x.Claim("cliff", "The cliff is at the top: the first eighth of the working set taken from the budget costs more than "+
+		"a third of the bandwidth", top && len(tops) > 0, "bandwidth at the largest budget below the working set / at "+
+		"the whole, medians of per-repetition ratios (at most 2/3): "+strings.Join(tops, ", "))
 	if err := residentFigure(x, rt); err != nil {
 		return err
 	}

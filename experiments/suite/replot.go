@@ -22,8 +22,14 @@ func Replot(dir, out string, exts ...string) (*Report, error) {
 		return nil, err
 	}
 	var params map[string]any
+	scale := Quick // what a report that depends on it assumes of a run that does not say
 	if cfg, ok := m.Config.(map[string]any); ok {
 		params, _ = cfg["experiments"].(map[string]any)
+		if name, ok := cfg["scale"].(string); ok {
+			if s, ok := scaleNamed(name); ok {
+				scale = s
+			}
+		}
 	}
 	rep := &Report{Dir: out, Manifest: *m}
 	var errs []error
@@ -34,7 +40,7 @@ func Replot(dir, out string, exts ...string) (*Report, error) {
 			continue
 		}
 		e := all[i]
-		x := &X{name: e.Name, dir: out, prog: silent{}, formats: exts, loaded: map[string]*results.Table{}}
+		x := &X{Scale: scale, name: e.Name, dir: out, prog: silent{}, formats: exts, loaded: map[string]*results.Table{}}
 		x.params, _ = params[e.Name].(map[string]any)
 		for _, f := range rec.Files {
 			if strings.HasSuffix(f, ".csv") {

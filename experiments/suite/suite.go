@@ -48,6 +48,16 @@ func (s Scale) String() string {
 	return fmt.Sprintf("Scale(%d)", int(s))
 }
 
+// scaleNamed is the scale String names, and whether there is one.
+func scaleNamed(name string) (Scale, bool) {
+	for _, s := range []Scale{Tiny, Quick, Full} {
+		if s.String() == name {
+			return s, true
+		}
+	}
+	return 0, false
+}
+
 // fullReps is how many repetitions a full run makes of each measurement: enough for
 // the bootstrap intervals of its medians to mean something.
 const fullReps = 10

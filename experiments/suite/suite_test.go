@@ -91,3 +91,15 @@ func TestFileSetupCleansUp(t *testing.T) {
 	require.NoError(t, err)
 	assert.NotContains(t, string(mounts), " "+mnt+" ")
 }
+
+// A scale's name gives the scale back, as Replot reads it from a manifest (reports
+// that say how large a run's measurements were depend on it); other names none.
+func TestScaleNamed(t *testing.T) {
+	for _, s := range []Scale{Tiny, Quick, Full} {
+		got, ok := scaleNamed(s.String())
+		assert.True(t, ok)
+		assert.Equal(t, s, got)
+	}
+	_, ok := scaleNamed("huge")
+	assert.False(t, ok)
+}
