@@ -235,10 +235,10 @@ func validateReport(x *X, t *results.Table) error {
 		vals := results.Floats(t.Rows(sel("anchor", a.name, "status", "ok")), "value")
 		emu, errText := "--", "--"
 		if len(vals) > 0 {
-			s := stats.Summarize(vals)
+			s := stats.SummarizeCI(vals)
 			emu = fmt.Sprintf("%.3g", s.Median)
 			if s.N > 2 {
-				emu += fmt.Sprintf(" (%.3g--%.3g)", s.Q1, s.Q3)
+				emu += fmt.Sprintf(" (%.3g--%.3g)", s.Lo, s.Hi)
 			}
 			if !math.IsNaN(a.published) && a.kind != kindDifferent {
 				errText = fmt.Sprintf("%+.0f\\%%", 100*(s.Median/a.published-1))
