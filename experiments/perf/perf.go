@@ -73,8 +73,8 @@ type Params struct {
 	// it (Iters is then a bound, and Result.Iters says how many ran).
 	Duration time.Duration
 	// ResidentTrace keeps every sample of the server region's resident bytes taken
-	// during the timed loop in Result.Resident (they are taken in any case, for
-	// Result.MaxResident).
+	// during the timed loop in Result.Resident (under a budget they are taken in
+	// any case, for Result.MaxResident).
 	ResidentTrace bool
 	// Profile is both devices' NIC (odp.Profile: the fault model, the link, the
 	// responder's fault policy, the firmware's memory key costs, the prefetch
@@ -193,7 +193,8 @@ type Result struct {
 	// MaxGoBack is the most packets one go-back-N of the client sent again.
 	MaxGoBack uint64 `json:"max_go_back_packets"`
 	// Under a budget: pages evicted and restored; the most resident bytes of the
-	// server's region seen during the loop (the kernel's count, from pagemap).
+	// server's region seen during the loop (the kernel's count, from pagemap; also
+	// with Params.ResidentTrace, 0 otherwise).
 	Evictions   uint64 `json:"evictions"`
 	Restores    uint64 `json:"restores"`
 	MaxResident int64  `json:"max_resident_bytes"`
@@ -328,7 +329,10 @@ func (r *rig) measure(p Params) (Result, error) {
 	before := [2]odp.Stats{client.dev.Stats(), server.dev.Stats()}
 	qbefore := client.qp.Stats()
 	stopInval := startInvalidator(server, p)
-	stopSample := sampleResident(server)
+	stopSample := func() []ResidentSample { return nil }
+	if p.Budget > 0 || p.ResidentTrace {
+		stopSample = sampleResident(server) // a run without a budget does not pay for pagemap reads
+	}
 	res, err := client.loop(p, server.target())
 	res.Invalidations = stopInval()
 	trace := stopSample()

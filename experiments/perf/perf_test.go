@@ -239,7 +239,7 @@ func TestBudgetResidentTrace(t *testing.T) {
 	r, err = Run(p)
 	require.NoError(t, err)
 	assert.Nil(t, r.Resident)
-	assert.Positive(t, r.MaxResident, "the samples are taken for MaxResident in any case")
+	assert.Positive(t, r.MaxResident, "under a budget the samples are taken for MaxResident in any case")
 }
 
 // Injection at a low rate starts half an interval in: a run of 300 ms at 4 per

@@ -188,7 +188,7 @@ func injectionReport(x *X, t *results.Table) error {
 		s := stats.Summarize(vsNone(t, sel("part", "latency", "status", "ok", "fault_latency_us", l, "rate_per_s", r)))
 		x.Headline(fmt.Sprintf("%d faults/s of %v: throughput / without faults", r, time.Duration(l*1e3)), fmt.Sprintf("%.2f", s.Median),
 			fmt.Sprintf("median of %d per-repetition ratios (quartiles %.2f-%.2f); OSDI'25, 10 faults/s of 10 ms: VPRI "+
-				"(TCP retransmission) keeps 0.40-0.55 of Redis, Memcached and Nginx throughput, VIO above 0.90", s.N, s.Q1, s.Q3))
+				"(retransmission-based) keeps 0.40-0.55 of Redis, Memcached and Nginx throughput, VIO above 0.90", s.N, s.Q1, s.Q3))
 	}
 	holds, evidence := pendingShare(t, "latency", medianByRep(t, noFaults),
 		func(r results.Row) float64 { return r.Float("rate_per_s") * r.Float("fault_latency_us") / 1e6 })

@@ -83,7 +83,7 @@ func validateAnchors(x *X) []anchor {
 			measure: func(x *X, rep int) (float64, error) { return pinPerGiB(x, regBytes) }},
 		{name: "osdi25-inject", what: "throughput at 10 faults/s of 10 ms / without faults", source: "Wang et al., OSDI'25", cite: "wang2025pri",
 			published: math.NaN(), text: "0.40-0.55 (VPRI), above 0.90 (VIO)", unit: "ratio", kind: kindDifferent,
-			note: "VPRI recovers by TCP retransmission (timeouts of 200 ms and more), an RC requester by RNR retries every " +
+			note: "VPRI recovers by retransmission (delays of several hundred ms, OSDI'25 reports), an RC requester by RNR retries every " +
 				"0.64 ms: the emulator's ODP loses about rate x latency, as VIO does",
 			measure: func(x *X, rep int) (float64, error) {
 				return injectedRatio(x, runFor, perf.Params{InvalidateRate: 10,
