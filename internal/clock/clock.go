@@ -3,24 +3,25 @@
 // time.Timer lasts about a millisecond. The emulator's modelled latencies and RC
 // timers (an RNR timer of 10 us) must not be rounded up to that, so they wait here.
 //
-// Waits of more than a few tens of microseconds are kept by one sleeper goroutine on
-// an OS thread of its own, which sleeps in ppoll(2) until the earliest deadline
-// (with the thread's timer slack at 1 ns, so that the kernel does not round the
-// wake-up) and wakes each waiter when its deadline has passed; the waiters are parked
-// meanwhile and hold no P; each is woken a little before its deadline and yields
-// until it. A goroutine that slept in the system call itself would
-// keep its P until the runtime's monitor took it back, tens of microseconds to
-// milliseconds later: with more sleepers than Ps, waits that should overlap ran one
-// after another (eight 220 us waits at once ended 260 us late each on 2 CPUs). The
-// sleeper starts with the first wait and ends once no wait is left for a while.
+// Waits of more than a few tens of microseconds are kept by one sleeper goroutine:
+// it arms a timerfd (an hrtimer, which the kernel fires without timer slack) for the
+// earliest deadline and reads it through the netpoller, so it holds no P while it
+// waits, and it wakes each waiter shortly before its deadline; the waiters are
+// parked meanwhile, hold no P either, and yield through their last microseconds. A
+// goroutine that slept in a system call itself would keep its P until the runtime's
+// monitor took it back, tens of microseconds to milliseconds later: with more
+// sleepers than Ps, waits that should overlap ran one after another (eight 220 us
+// waits at once ended 260 us late each on 2 CPUs). The sleeper starts with the
+// first wait and ends once no wait has come for a while.
 //
 // # Lock order
 //
-//	sleeper.mu   the waits and the sleeper's state; held for no system call
+//	sleeper.mu   the waits, the timerfd's setting and the sleeper's state
 package clock
 
 import (
 	"container/heap"
+	"os"
 	"runtime"
 	"sync"
 	"time"
@@ -33,14 +34,9 @@ import (
 // scheduling) costs about as much.
 const spinBelow = 30 * time.Microsecond
 
-// early is how much before a deadline the sleeper's ppoll ends, the rest being
-// spun on its own thread: the kernel's wake-up of a sleeping thread takes some
-// microseconds on a VM, and a wait must not end late by them.
-const early = 15 * time.Microsecond
-
-// ahead is how long before its deadline a wait is woken: a woken goroutine takes
-// tens of microseconds to run again on a VM (another thread must pick it up), and it
-// yields until its deadline itself.
+// ahead is how long before its deadline a wait is woken: the netpoller's wake-up of
+// the sleeper and the sleeper's of the waiter take tens of microseconds on a VM, and
+// the waiter yields until its deadline itself.
 const ahead = 40 * time.Microsecond
 
 // linger is how long the sleeper stays after its last wait before it ends.
@@ -98,118 +94,102 @@ func (h *waits) Pop() any {
 	return w
 }
 
-// sleeper keeps the waits. mu protects every field; efd is the eventfd that wakes
-// its ppoll early (a wait earlier than the one it sleeps for, or its first wait).
+// sleeper keeps the waits. mu protects every field.
 type sleeper struct {
 	mu      sync.Mutex
 	waits   waits
-	running bool      // the sleeper goroutine runs (and owns efd)
-	target  time.Time // the deadline its ppoll sleeps until; zero: none (idle)
-	efd     int
+	running bool     // the sleeper goroutine runs and owns tfd
+	tfd     *os.File // its timerfd, armed for the earliest wake-up or, idle, for the end of linger
+	fd      int      // tfd's descriptor (os.File.Fd would make tfd blocking: its reads would hold a P)
+	idle    bool     // armed for linger: no wait
 }
 
 // the is the process's sleeper.
 var the sleeper
 
-// add registers a wait for deadline, starting the sleeper or waking it if the wait
-// is earlier than the one it sleeps for.
+// add registers a wait for deadline, starting the sleeper or arming its timer
+// earlier if the wait is earlier than every other.
 func (s *sleeper) add(deadline time.Time) *wait {
 	w := &wait{at: deadline, done: make(chan struct{})}
 	s.mu.Lock()
-	heap.Push(&s.waits, w)
-	switch {
-	case !s.running:
-		efd, err := unix.Eventfd(0, unix.EFD_NONBLOCK|unix.EFD_CLOEXEC)
+	defer s.mu.Unlock()
+	if !s.running {
+		fd, err := unix.TimerfdCreate(unix.CLOCK_MONOTONIC, unix.TFD_NONBLOCK|unix.TFD_CLOEXEC)
 		if err != nil {
-			// No eventfd: the wait is kept by a goroutine of its own, as precisely
+			// No timerfd: the wait is kept by a goroutine of its own, as precisely
 			// as a system call in it allows.
-			heap.Remove(&s.waits, w.index)
-			s.mu.Unlock()
 			go func() { nanosleepUntil(deadline); close(w.done) }()
 			return w
 		}
-		s.running, s.efd, s.target = true, efd, time.Time{}
-		go s.run(efd)
-	case s.target.IsZero() || deadline.Before(s.target):
-		s.kickLocked()
+		s.tfd, s.fd, s.running = os.NewFile(uintptr(fd), "clock-timerfd"), fd, true
+		heap.Push(&s.waits, w)
+		s.armLocked()
+		go s.run(s.tfd)
+		return w
 	}
-	s.mu.Unlock()
+	heap.Push(&s.waits, w)
+	if w.index == 0 {
+		s.armLocked()
+	}
 	return w
 }
 
-// cancel forgets w (its waiter stopped waiting). If the sleeper slept for w, it
-// wakes to sleep for the next wait instead, or to end after linger without one.
+// cancel forgets w (its waiter stopped waiting); if w was the earliest, the timer is
+// armed for the next wait, or for the end of linger.
 func (s *sleeper) cancel(w *wait) {
 	s.mu.Lock()
-	if w.index >= 0 {
-		heap.Remove(&s.waits, w.index)
-		if s.running && w.at.Equal(s.target) {
-			s.kickLocked()
-		}
+	defer s.mu.Unlock()
+	if w.index < 0 {
+		return
 	}
-	s.mu.Unlock()
+	first := w.index == 0
+	heap.Remove(&s.waits, w.index)
+	if first && s.running {
+		s.armLocked()
+	}
 }
 
-// kickLocked ends the sleeper's ppoll. Needs s.mu.
-func (s *sleeper) kickLocked() {
-	one := [8]byte{1}
-	_, _ = unix.Write(s.efd, one[:]) // EAGAIN: a kick is pending already
+// armLocked arms the timerfd for the earliest wait's wake-up (ahead of its
+// deadline), or for linger when there is none. Needs s.mu, and s.running.
+func (s *sleeper) armLocked() {
+	d := linger
+	s.idle = len(s.waits) == 0
+	if !s.idle {
+		d = time.Until(s.waits[0].at.Add(-ahead))
+	}
+	d = max(d, time.Nanosecond) // a zero it_value disarms the timer: fire at once
+	spec := unix.ItimerSpec{Value: unix.NsecToTimespec(int64(d))}
+	_ = unix.TimerfdSettime(s.fd, 0, &spec, nil) // cannot fail on a valid timerfd and value
 }
 
-// run is the sleeper: on a thread of its own with a timer slack of 1 ns, it wakes
-// the waits whose deadline is less than ahead away and sleeps until the next one's
-// is, until none has come for linger.
-func (s *sleeper) run(efd int) {
-	// The timer slack is the thread's, so the sleeper keeps to its thread, and
-	// gives it back as it found it: a goroutine that ends locked ends its thread
-	// too, and a child process started from that thread with a parent-death signal
-	// (Pdeathsig, as the packet captures of the tests start tshark) would be killed.
-	runtime.LockOSThread()
-	_ = unix.Prctl(unix.PR_SET_TIMERSLACK, 1, 0, 0, 0)
-	defer runtime.UnlockOSThread()
-	defer func() { _ = unix.Prctl(unix.PR_SET_TIMERSLACK, 0, 0, 0, 0) }() // 0: the thread's default
-	idleSince := time.Now()
+// run is the sleeper: it reads its timerfd through the netpoller (parked, holding
+// no P) until the timer fires, wakes the waits whose deadline is less than ahead
+// away, and arms the timer for the next; armed for linger with no wait left, it ends
+// when that fires. tfd is its timerfd, closed as it ends.
+func (s *sleeper) run(tfd *os.File) {
+	var buf [8]byte
 	for {
+		_, _ = tfd.Read(buf[:]) // the expirations; EAGAIN cannot reach here (the poller waits)
 		s.mu.Lock()
-		now := time.Now()
-		for len(s.waits) > 0 && !s.waits[0].at.After(now.Add(ahead)) {
-			close(heap.Pop(&s.waits).(*wait).done)
-		}
-		var next time.Time
-		if len(s.waits) > 0 {
-			next, idleSince = s.waits[0].at, now
-		} else if now.Sub(idleSince) >= linger {
-			s.running = false
+		if s.idle && len(s.waits) == 0 {
+			s.running, s.tfd = false, nil
 			s.mu.Unlock()
-			_ = unix.Close(efd)
+			_ = tfd.Close()
 			return
 		}
-		s.target = next
+		soon := time.Now().Add(ahead)
+		for len(s.waits) > 0 && !s.waits[0].at.After(soon) {
+			close(heap.Pop(&s.waits).(*wait).done)
+		}
+		s.armLocked()
 		s.mu.Unlock()
-		timeout := linger - now.Sub(idleSince) // idle: until the sleeper may end
-		if !next.IsZero() {
-			next = next.Add(-ahead) // when the next wait is woken
-			timeout = next.Sub(now) - early
-		}
-		if timeout > 0 {
-			ts := unix.NsecToTimespec(int64(timeout))
-			_, _ = unix.Ppoll([]unix.PollFd{{Fd: int32(efd), Events: unix.POLLIN}}, &ts, nil) // EINTR: the loop looks again
-			var buf [8]byte
-			_, _ = unix.Read(efd, buf[:]) // the kick, if any: EAGAIN otherwise
-			continue
-		}
-		// The last microseconds before next are spun, on this thread; a wait
-		// added meanwhile for an earlier deadline ends at most early late.
-		for time.Now().Before(next) {
-			runtime.Gosched()
-		}
 	}
 }
 
 // nanosleepUntil sleeps in nanosleep until deadline, then yields until it: the
 // wait of a goroutine that cannot use the sleeper.
 func nanosleepUntil(deadline time.Time) {
-	for d := time.Until(deadline) - early; d > 0; d = time.Until(deadline) - early {
+	for d := time.Until(deadline) - ahead; d > 0; d = time.Until(deadline) - ahead {
 		ts := unix.NsecToTimespec(int64(d))
 		_ = unix.Nanosleep(&ts, nil) // EINTR: the loop sleeps again
 	}

@@ -74,9 +74,9 @@ func TestEarlierWaitWakesTheSleeper(t *testing.T) {
 	stop := make(chan struct{})
 	long := make(chan bool)
 	go func() { long <- SleepUntil(time.Now().Add(time.Hour), stop) }()
-	for { // the long wait is the sleeper's target
+	for { // the long wait is the sleeper's only one
 		the.mu.Lock()
-		asleep := !the.target.IsZero() && len(the.waits) == 1
+		asleep := the.running && !the.idle && len(the.waits) == 1
 		the.mu.Unlock()
 		if asleep {
 			break
