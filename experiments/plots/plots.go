@@ -212,6 +212,8 @@ func (f Figure) plot() (*plot.Plot, error) {
 			a.ax.Scale, a.ax.Tick.Marker = plot.LogScale{}, byteTicks{}
 		case a.spec.Log:
 			a.ax.Scale, a.ax.Tick.Marker = plot.LogScale{}, decadeTicks{}
+		default:
+			a.ax.Tick.Marker = plainTicks{}
 		}
 	}
 	p.Legend.Top, p.Legend.Left = true, true
@@ -404,6 +406,22 @@ func sizeLabel(e int) string {
 	return strconv.Itoa(1<<(e-10*u)) + units[u]
 }
 
+// plainTicks are gonum's ticks of a linear axis written as short as they can be
+// (2500, not 2500.00).
+type plainTicks struct{}
+
+func (plainTicks) Ticks(lo, hi float64) []plot.Tick {
+	ts := plot.DefaultTicks{}.Ticks(lo, hi)
+	for i, t := range ts {
+		if t.Label != "" {
+			// Ten significant digits first: 0.1 steps add to 0.30000000000000004.
+			v, _ := strconv.ParseFloat(strconv.FormatFloat(t.Value, 'g', 10, 64), 64)
+			ts[i].Label = strconv.FormatFloat(v, 'f', -1, 64)
+		}
+	}
+	return ts
+}
+
 // decadeTicks marks powers of ten, written out up to 10^5 and as 1e6 beyond; on an
 // axis that spans less than two decades, 2 and 5 times a power of ten are written
 // too, so that the axis has more than one number.
@@ -470,6 +488,7 @@ func (b Bars) plot() (*plot.Plot, error) {
 	p.Y.Label.Text = b.Y.Label
 	p.Y.Label.TextStyle.Font.Size = vg.Points(8)
 	p.Y.Tick.Label.Font.Size = vg.Points(7)
+	p.Y.Tick.Marker = plainTicks{} // a log axis replaces it
 	if err := fits(&p.Y, true); err != nil {
 		return nil, err
 	}

@@ -192,3 +192,20 @@ func TestLogBars(t *testing.T) {
 	assert.NotContains(t, string(svg), "NaN")
 	assert.NotContains(t, string(svg), "Inf")
 }
+
+// A linear axis's ticks are written as short as they can be.
+func TestPlainTicks(t *testing.T) {
+	var labels []string
+	for _, tk := range (plainTicks{}).Ticks(0, 5000) {
+		if tk.Label != "" {
+			labels = append(labels, tk.Label)
+		}
+	}
+	assert.Contains(t, labels, "2500")
+	for _, l := range labels {
+		assert.NotContains(t, l, ".00", "%q", l)
+	}
+	for _, tk := range (plainTicks{}).Ticks(0, 1.3) {
+		assert.LessOrEqual(t, len(tk.Label), 4, "%q: no float residue", tk.Label)
+	}
+}

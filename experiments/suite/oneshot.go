@@ -156,7 +156,8 @@ func oneShotParts(x *X, t *results.Table, n int) error {
 		for i := range stacks {
 			stacks[i].Values = append(stacks[i].Values, vals[i]/1e6)
 		}
-		cats = append(cats, v.name)
+		cats = append(cats, strings.NewReplacer("odp-faulting-connectx4", "ODP faulting\nConnectX-4", "odp-faulting",
+			"ODP\nfaulting", "odp", "ODP").Replace(v.name))
 		byVariant[v.name] = vals
 		x.Headline(fmt.Sprintf("one-shot transfer of %s, %s: register, transfer (of which faults), deregister", human(n), v.name),
 			fmt.Sprintf("%s, %s (%s), %s", dur(vals[0]), dur(transfer), dur(faults), dur(vals[3])),
