@@ -89,12 +89,7 @@ func MultiQP(p Params, qps int) (Result, error) {
 	for _, q := range results {
 		res.PeakMiBps = max(res.PeakMiBps, q.PeakMiBps)
 	}
-	after := [2]odp.Stats{r.client.dev.Stats(), r.server.dev.Stats()}
-	for i := range after {
-		res.PageFaults += after[i].PageFaults - before[i].PageFaults
-		res.PagesFaulted += after[i].PagesFaulted - before[i].PagesFaulted
-		res.FaultTime += after[i].FaultTime - before[i].FaultTime
-	}
+	res.addFaults(before, [2]odp.Stats{r.client.dev.Stats(), r.server.dev.Stats()})
 	for _, c := range clients {
 		qs := c.qp.Stats()
 		res.RNRNaks += qs.RNRNaksReceived

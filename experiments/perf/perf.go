@@ -211,6 +211,17 @@ type ResidentSample struct {
 	Bytes int64         `json:"bytes"`
 }
 
+// addFaults adds the faults the devices took between two readings of their
+// counters (the client's and the server's) to r.
+func (r *Result) addFaults(before, after [2]odp.Stats) {
+	for i := range after {
+		r.PageFaults += after[i].PageFaults - before[i].PageFaults
+		r.PagesFaulted += after[i].PagesFaulted - before[i].PagesFaulted
+		r.FaultTime += after[i].FaultTime - before[i].FaultTime
+		r.CPUFaults += after[i].CPUFaults - before[i].CPUFaults
+	}
+}
+
 // CompletionError is a run's work request that completed with an error status.
 type CompletionError struct {
 	WC odp.WC
@@ -346,11 +357,8 @@ func (r *rig) measure(p Params) (Result, error) {
 		return Result{}, err
 	}
 	after := [2]odp.Stats{client.dev.Stats(), server.dev.Stats()}
+	res.addFaults(before, after)
 	for i := range after {
-		res.PageFaults += after[i].PageFaults - before[i].PageFaults
-		res.PagesFaulted += after[i].PagesFaulted - before[i].PagesFaulted
-		res.FaultTime += after[i].FaultTime - before[i].FaultTime
-		res.CPUFaults += after[i].CPUFaults - before[i].CPUFaults
 		// Async prefetches may land during the run: the whole count is reported.
 		res.PagesPrefetched += after[i].PagesPrefetched
 	}
