@@ -108,9 +108,11 @@ func runAnatomy(x *X) error {
 }
 
 func anatomyReport(x *X, t *results.Table) error {
-	med := func(variant, phase, col string) float64 {
-		return stats.Median(results.Floats(t.Rows(sel("variant", variant, "phase", phase)), col))
+	vals := func(variant, phase, col string) []float64 {
+		return results.Floats(t.Rows(sel("variant", variant, "phase", phase)), col)
 	}
+	med := func(variant, phase, col string) float64 { return stats.Median(vals(variant, phase, col)) }
+	durCI := func(variant, phase, col string) string { return ci(vals(variant, phase, col), dur) }
 	cats := []string{"FA 1", "FA 16", "FA 16 CX-4", "handler", "spinning", "COPY"}
 	var stacks []plots.Stack
 	for _, ph := range phases {
@@ -144,14 +146,17 @@ func anatomyReport(x *X, t *results.Table) error {
 	}
 	for _, v := range anatomyVariants[:2] {
 		fault := med(v.name, "fault", "per_fault_ns")
-		x.Headline(fmt.Sprintf("network page fault, %s: time per fault, per page", v.name),
+		x.HeadlineCI(fmt.Sprintf("network page fault, %s: time per fault, per page", v.name),
 			fmt.Sprintf("%s, %s", dur(fault), dur(med(v.name, "fault", "per_page_ns"))),
+			fmt.Sprintf("%s, %s", durCI(v.name, "fault", "per_fault_ns"), durCI(v.name, "fault", "per_page_ns")),
 			fmt.Sprintf("medians; resolve %s, table update %s, resume %s per fault", dur(med(v.name, "resolve", "per_fault_ns")),
 				dur(med(v.name, "update", "per_fault_ns")), dur(med(v.name, "resume", "per_fault_ns"))))
 	}
 	h := stats.Summarize(results.Floats(t.Rows(sel("variant", floorHandler)), "per_page_ns"))
-	x.Headline("floors: a page by UFFDIO_COPY; a fault served by a minimal C handler sleeping in poll, and spinning",
+	x.HeadlineCI("floors: a page by UFFDIO_COPY; a fault served by a minimal C handler sleeping in poll, and spinning",
 		fmt.Sprintf("%s; %s, %s", dur(med(floorCopy, "total", "per_page_ns")), dur(h.Median), dur(med(floorSpin, "total", "per_page_ns"))),
+		fmt.Sprintf("%s; %s, %s", durCI(floorCopy, "total", "per_page_ns"), durCI(floorHandler, "total", "per_page_ns"),
+			durCI(floorSpin, "total", "per_page_ns")),
 		fmt.Sprintf("medians; the handler's quartiles %s-%s (its thread's wake-up); the emulator's 1-page fault over the handler's: %s",
 			dur(h.Q1), dur(h.Q3), ratio(med("odp-fa1", "fault", "per_fault_ns")/h.Median)))
 	return nil

@@ -14,7 +14,10 @@ import (
 // stops LaTeX naming it. The summary lists both with their evidence.
 func TestClaimsStopTheBuild(t *testing.T) {
 	dir := t.TempDir()
-	rep := &Report{Dir: dir, Claims: []Claim{
+	rep := &Report{Dir: dir, Headlines: []Headline{
+		{Experiment: "oneshot", What: "ratio", Value: "0.91x", Interval: "0.85x–0.97x", Detail: "medians"},
+		{Experiment: "oneshot", What: "count", Value: "3 of 4", Detail: "runs"},
+	}, Claims: []Claim{
 		{Experiment: "oneshot", Name: "yes", Text: "ODP is faster at 1 GiB", Holds: true, Evidence: "0.9"},
 		{Experiment: "oneshot", Name: "no", Text: "ODP is faster at 4 KiB", Holds: false, Evidence: "ratio 1.30 at 4 KiB"},
 	}}
@@ -38,7 +41,8 @@ func TestClaimsStopTheBuild(t *testing.T) {
 		out, err := cmd.CombinedOutput()
 		return string(out), err
 	}
-	out, err := build("\\claim{oneshot}{yes}.")
+	out, err := build("\\claim{oneshot}{yes}. \\result{oneshot}{1} (\\resultci{oneshot}{1}) \\resultci{oneshot}{2}. " +
+		"\\begin{tabular}{llll}\\resultstable\\end{tabular}")
 	require.NoError(t, err, out)
 	out, err = build("\\claim{oneshot}{no}.")
 	require.Error(t, err, "a false claim builds")

@@ -49,8 +49,8 @@ func runColdWarm(x *X) error {
 	sizes := pick(x.Scale, []int{4 << 10, 64 << 10}, []int{4 << 10, 64 << 10, 1 << 20}, []int{4 << 10, 16 << 10, 64 << 10, 256 << 10, 1 << 20})
 	// A pass is at least passMsgs messages: a pass of a few messages measures the
 	// start of a run, not its steady rate.
-	region := pick(x.Scale, 4<<20, 32<<20, 512<<20)
-	passMsgs := pick(x.Scale, 64, 128, 1024)
+	region := pick(x.Scale, 4<<20, 32<<20, 32<<20)
+	passMsgs := pick(x.Scale, 64, 128, 128)
 	reps := pick(x.Scale, 1, 3, fullReps)
 	x.Param("message_sizes", sizes)
 	x.Param("region_bytes", fmt.Sprintf("max(%d, %d x message size)", region, passMsgs))
@@ -140,22 +140,25 @@ func coldWarmReport(x *X, t *results.Table, sizes []int) error {
 	x.Claim("cxlittle", "The ConnectX-4 model changes little here", little,
 		"cold pass over pinned, connectx4 fault cost vs the emulator's (little: within a factor of 2): "+strings.Join(ce, ", "))
 	for _, n := range sizes {
-		cold := stats.Summarize(vsPinned(t, "bw_mib_s", n, "odp", "pass", "cold"))
-		warm := stats.Summarize(vsPinned(t, "bw_mib_s", n, "odp", "pass", "warm"))
-		x.Headline(fmt.Sprintf("%s messages: ODP / pinned bandwidth, cold pass and warm", human(n)),
-			fmt.Sprintf("cold %.2f, warm %.2f", cold.Median, warm.Median),
+		coldR, warmR := vsPinned(t, "bw_mib_s", n, "odp", "pass", "cold"), vsPinned(t, "bw_mib_s", n, "odp", "pass", "warm")
+		cold, warm := stats.Summarize(coldR), stats.Summarize(warmR)
+		x.HeadlineCI(fmt.Sprintf("%s messages: ODP / pinned bandwidth, cold pass and warm", human(n)),
+			fmt.Sprintf("cold %.2f, warm %.2f", cold.Median, warm.Median), fmt.Sprintf("cold %s, warm %s", ci(coldR, fixed2), ci(warmR, fixed2)),
 			fmt.Sprintf("medians of %d per-repetition ratios; warm quartiles %.2f-%.2f", cold.N, warm.Q1, warm.Q3))
-		pc := stats.Summarize(perRep(t, "bw_mib_s", sel("size_bytes", n, "variant", "pinned", "pass", "cold"),
-			sel("size_bytes", n, "variant", "pinned", "pass", "warm")))
-		x.Headline(fmt.Sprintf("%s messages: pinned cold pass / warm pass bandwidth", human(n)), fmt.Sprintf("%.2f", pc.Median),
+		pcR := perRep(t, "bw_mib_s", sel("size_bytes", n, "variant", "pinned", "pass", "cold"),
+			sel("size_bytes", n, "variant", "pinned", "pass", "warm"))
+		pc := stats.Summarize(pcR)
+		x.HeadlineCI(fmt.Sprintf("%s messages: pinned cold pass / warm pass bandwidth", human(n)), fixed2(pc.Median), ci(pcR, fixed2),
 			fmt.Sprintf("should be about 1 (pinned takes no fault); quartiles %.2f-%.2f of %d", pc.Q1, pc.Q3, pc.N))
 	}
 	faster := true
 	for _, v := range []string{"odp", "odp-prefetch-sync"} {
-		var parts []string
+		var parts, intervals []string
 		for _, n := range sizes {
-			r := stats.Median(vsPinned(t, "bw_prepared_mib_s", n, v, "pass", "cold"))
+			rs := vsPinned(t, "bw_prepared_mib_s", n, v, "pass", "cold")
+			r := stats.Median(rs)
 			parts = append(parts, fmt.Sprintf("%.2f at %s", r, human(n)))
+			intervals = append(intervals, fmt.Sprintf("%s at %s", ci(rs, fixed2), human(n)))
 			if v == "odp-prefetch-sync" {
 				faster = faster && r > 1
 			}
@@ -165,8 +168,8 @@ func coldWarmReport(x *X, t *results.Table, sizes []int) error {
 				"faster than pinned's at every size", faster, "odp-prefetch-sync / pinned, bandwidth with registration and "+
 				"prefetch timed, medians of per-repetition ratios: "+strings.Join(parts, ", "))
 		}
-		x.Headline(fmt.Sprintf("cold pass with registration and prefetch timed, %s / pinned bandwidth", v), strings.Join(parts, ", "),
-			"medians of per-repetition ratios; the pass alone leaves both out (bw_mib_s)")
+		x.HeadlineCI(fmt.Sprintf("cold pass with registration and prefetch timed, %s / pinned bandwidth", v), strings.Join(parts, ", "),
+			strings.Join(intervals, ", "), "medians of per-repetition ratios; the pass alone leaves both out (bw_mib_s)")
 	}
 	return nil
 }

@@ -319,24 +319,25 @@ func fileBackedReport(x *X, t, st *results.Table, size int, fractions []float64)
 	if err != nil {
 		return err
 	}
-	perFraction := func(fr float64, col, over, under string) stats.Summary {
-		return stats.Summarize(perRep(t, col, sel("fraction", fr, "method", over), sel("fraction", fr, "method", under)))
+	perFraction := func(fr float64, col, over, under string) []float64 {
+		return perRep(t, col, sel("fraction", fr, "method", over), sel("fraction", fr, "method", under))
 	}
 	fb := perFraction(fractions[0], "first_byte_ns", "pinned", "odp")
-	x.Headline(fmt.Sprintf("%s file: time to first byte, pinned / ODP", human(size)), ratio(fb.Median),
-		fmt.Sprintf("median of %d repetitions; pinned reads the whole file at registration", fb.N))
-	var totals []string
+	x.HeadlineCI(fmt.Sprintf("%s file: time to first byte, pinned / ODP", human(size)), ratio(stats.Median(fb)), ci(fb, ratio),
+		fmt.Sprintf("median of %d repetitions; pinned reads the whole file at registration", len(fb)))
+	var totals, intervals []string
 	for _, fr := range fractions {
-		totals = append(totals, fmt.Sprintf("%.2f", perFraction(fr, "total_ns", "odp", "pinned").Median))
+		v, i := medianCI(perFraction(fr, "total_ns", "odp", "pinned"), fixed2)
+		totals, intervals = append(totals, v), append(intervals, i)
 	}
-	sparse := perFraction(fractions[0], "total_ns", "odp", "pinned").Median
-	full := perFraction(fractions[len(fractions)-1], "total_ns", "odp", "pinned").Median
+	sparse := stats.Median(perFraction(fractions[0], "total_ns", "odp", "pinned"))
+	full := stats.Median(perFraction(fractions[len(fractions)-1], "total_ns", "odp", "pinned"))
 	x.Claim("sparsefull", "ODP wins sparse access and loses a full scan", sparse < 1 && full > 1,
 		fmt.Sprintf("ODP / pinned total time, medians of per-repetition ratios: %.2f at the sparsest READs, %.2f at a full scan", sparse, full))
-	x.Headline("total time, READs of 1% / 10% / 100% of the file: ODP / pinned", strings.Join(totals, " / "),
+	x.HeadlineCI("total time, READs of 1% / 10% / 100% of the file: ODP / pinned", strings.Join(totals, " / "), strings.Join(intervals, " / "),
 		"medians of per-repetition ratios, registration included, page cache dropped before each run; every ODP READ of a new chunk takes a fault and an RNR NAK")
 	fsb := perFraction(fractions[0], "fs_bytes_read", "pinned", "odp")
-	x.Headline("bytes the filesystem read for READs of 1% of the file: pinned / ODP", ratio(fsb.Median),
+	x.HeadlineCI("bytes the filesystem read for READs of 1% of the file: pinned / ODP", ratio(stats.Median(fsb)), ci(fsb, ratio),
 		"ODP's include the kernel's readahead around each fault")
 	var demo []string
 	for _, r := range st.Rows(nil) {
@@ -346,7 +347,7 @@ func fileBackedReport(x *X, t, st *results.Table, size int, fractions []float64)
 	x.Headline("READs of changed pages after the file changed", strings.Join(demo, "; "),
 		"pages changed in the backing object through the filesystem; a pinned MR keeps the pages it pinned")
 	reg := perFraction(fractions[0], "register_ns", "pinned", "odp")
-	x.Headline(fmt.Sprintf("registration of the %s file: pinned / ODP", human(size)), ratio(reg.Median),
-		fmt.Sprintf("median of %d repetitions, page cache cold", reg.N))
+	x.HeadlineCI(fmt.Sprintf("registration of the %s file: pinned / ODP", human(size)), ratio(stats.Median(reg)), ci(reg, ratio),
+		fmt.Sprintf("median of %d repetitions, page cache cold", len(reg)))
 	return nil
 }

@@ -24,6 +24,27 @@ func dur(ns float64) string {
 	return d.Round(time.Nanosecond).String()
 }
 
+// ci writes the 95% bootstrap interval of the median of xs, each end written by
+// f: "lo-hi", or the one value of a sample of one.
+func ci(xs []float64, f func(float64) string) string {
+	if len(xs) == 0 {
+		return "-"
+	}
+	r := stats.MedianCI(xs, 0.95, ciSeed)
+	if len(xs) == 1 {
+		return f(r.Estimate) + " (one repetition)"
+	}
+	return f(r.Lo) + "–" + f(r.Hi)
+}
+
+// medianCI writes the median of xs by f and its interval by ci.
+func medianCI(xs []float64, f func(float64) string) (string, string) {
+	return f(stats.Median(xs)), ci(xs, f)
+}
+
+// fixed2 writes a ratio with two decimals, as the headlines near 1 do.
+func fixed2(v float64) string { return fmt.Sprintf("%.2f", v) }
+
 // ratio writes a ratio: two decimals near 1, fewer far from it.
 func ratio(r float64) string {
 	switch {

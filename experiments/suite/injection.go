@@ -41,7 +41,7 @@ const injectionTimerRate = 10
 
 func runInjection(x *X) error {
 	const size = 4 << 10
-	runFor := pick(x.Scale, 200*time.Millisecond, time.Second, 2*time.Second)
+	runFor := pick(x.Scale, 200*time.Millisecond, time.Second, time.Second)
 	reps := pick(x.Scale, 1, 3, fullReps)
 	lats := pick(x.Scale, injectionLatencies[2:], injectionLatencies, injectionLatencies)
 	rates := pick(x.Scale, []int{10}, injectionRates, injectionRates)
@@ -185,8 +185,9 @@ func injectionReport(x *X, t *results.Table) error {
 				r = rate // OSDI 2025's largest rate, where VPRI lost 45-60% at 10 ms
 			}
 		}
-		s := stats.Summarize(vsNone(t, sel("part", "latency", "status", "ok", "fault_latency_us", l, "rate_per_s", r)))
-		x.Headline(fmt.Sprintf("%d faults/s of %v: throughput / without faults", r, time.Duration(l*1e3)), fmt.Sprintf("%.2f", s.Median),
+		rs := vsNone(t, sel("part", "latency", "status", "ok", "fault_latency_us", l, "rate_per_s", r))
+		s := stats.Summarize(rs)
+		x.HeadlineCI(fmt.Sprintf("%d faults/s of %v: throughput / without faults", r, time.Duration(l*1e3)), fixed2(s.Median), ci(rs, fixed2),
 			fmt.Sprintf("median of %d per-repetition ratios (quartiles %.2f-%.2f); OSDI'25, 10 faults/s of 10 ms: VPRI "+
 				"(retransmission-based) keeps 0.40-0.55 of Redis, Memcached and Nginx throughput, VIO above 0.90", s.N, s.Q1, s.Q3))
 	}
@@ -206,7 +207,8 @@ func injectionReport(x *X, t *results.Table) error {
 			fast = append(fast, 1/v)
 		}
 		s := stats.Summarize(fast)
-		x.Headline("throughput with min_rnr_timer 13 (0.96 ms) / 0 (655 ms)", fmt.Sprintf("%.0fx", s.Median),
+		x0 := func(v float64) string { return fmt.Sprintf("%.0fx", v) }
+		x.HeadlineCI("throughput with min_rnr_timer 13 (0.96 ms) / 0 (655 ms)", x0(s.Median), ci(fast, x0),
 			fmt.Sprintf("median of %d per-repetition ratios (quartiles %.0f-%.0f), %d faults/s; ydb-platform/nbs#5790 saw 282x "+
 				"(not ODP: its own workload and RNR cause)", s.N, s.Q1, s.Q3, injectionTimerRate))
 	}

@@ -29,8 +29,8 @@ var faultModels = []odp.FaultModel{odp.FaultModelEmulator, odp.FaultModelConnect
 
 func runInvalidation(x *X) error {
 	const size = 64 << 10
-	region := pick(x.Scale, 4<<20, 16<<20, 256<<20)
-	runFor := pick(x.Scale, 100*time.Millisecond, 500*time.Millisecond, 2*time.Second)
+	region := pick(x.Scale, 4<<20, 16<<20, 16<<20)
+	runFor := pick(x.Scale, 100*time.Millisecond, 500*time.Millisecond, 500*time.Millisecond)
 	rates := pick(x.Scale, []int{1000}, []int{100, 1000, 10000}, []int{10, 100, 1000, 10000})
 	ranges := pick(x.Scale, []int{64 << 10}, []int{4 << 10, 64 << 10, 1 << 20}, []int{4 << 10, 64 << 10, 1 << 20})
 	reps := pick(x.Scale, 1, 3, fullReps)
@@ -112,8 +112,8 @@ func invalidationReport(x *X, t *results.Table, rates, ranges []int) error {
 		r := perRep(t, "bw_mib_s", sel("variant", "odp", "fault_model", m.String(), "rate_per_s", top, "range_bytes", mid),
 			sel("variant", "odp", "fault_model", m.String(), "rate_per_s", 0))
 		s := stats.Summarize(r)
-		x.Headline(fmt.Sprintf("%d invalidations/s of %s ranges, %s faults: bandwidth / none", top, human(mid), m),
-			fmt.Sprintf("%.2f", s.Median), fmt.Sprintf("median of %d per-repetition ratios, quartiles %.2f-%.2f", s.N, s.Q1, s.Q3))
+		x.HeadlineCI(fmt.Sprintf("%d invalidations/s of %s ranges, %s faults: bandwidth / none", top, human(mid), m),
+			fixed2(s.Median), ci(r, fixed2), fmt.Sprintf("median of %d per-repetition ratios, quartiles %.2f-%.2f", s.N, s.Q1, s.Q3))
 	}
 	return nil
 }

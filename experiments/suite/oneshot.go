@@ -159,8 +159,10 @@ func oneShotParts(x *X, t *results.Table, n int) error {
 		cats = append(cats, strings.NewReplacer("odp-faulting-connectx4", "ODP faulting\nConnectX-4", "odp-faulting",
 			"ODP\nfaulting", "odp", "ODP").Replace(v.name))
 		byVariant[v.name] = vals
-		x.Headline(fmt.Sprintf("one-shot transfer of %s, %s: register, transfer (of which faults), deregister", human(n), v.name),
+		interval := func(c string) string { return ci(results.Floats(rows, c), dur) }
+		x.HeadlineCI(fmt.Sprintf("one-shot transfer of %s, %s: register, transfer (of which faults), deregister", human(n), v.name),
 			fmt.Sprintf("%s, %s (%s), %s", dur(vals[0]), dur(transfer), dur(faults), dur(vals[3])),
+			fmt.Sprintf("%s, %s (%s), %s", interval("register_ns"), interval("transfer_ns"), interval("fault_ns"), interval("dereg_ns")),
 			"medians over repetitions; the faults' time is summed over faults")
 	}
 	pin, od := byVariant["pinned"], byVariant["odp"]

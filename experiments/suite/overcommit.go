@@ -35,7 +35,7 @@ var budgetRatios = []float64{1, 0.875, 0.75, 0.625, 0.5, 0.25, 0.125}
 
 func runOvercommit(x *X) error {
 	const size = 64 << 10
-	region := pick(x.Scale, 4<<20, 32<<20, 1<<30)
+	region := pick(x.Scale, 4<<20, 32<<20, 64<<20)
 	reps := pick(x.Scale, 1, 3, fullReps)
 	iters := max(region/size/4, 64) // as many random WRITEs as a quarter of the region has slots
 	x.Param("message_bytes", size)
@@ -138,8 +138,8 @@ func overcommitReport(x *X, t, rt *results.Table) error {
 		r := perRep(t, "bw_mib_s", sel("variant", "odp", "fault_model", m.String(), "budget_ratio", lo),
 			sel("variant", "odp", "fault_model", m.String(), "budget_ratio", 1))
 		s := stats.Summarize(r)
-		x.Headline(fmt.Sprintf("ODP at budget 1/%.0f of the working set, %s faults: bandwidth / at full budget", 1/lo, m),
-			fmt.Sprintf("%.2f", s.Median), fmt.Sprintf("median of %d per-repetition ratios", s.N))
+		x.HeadlineCI(fmt.Sprintf("ODP at budget 1/%.0f of the working set, %s faults: bandwidth / at full budget", 1/lo, m),
+			fixed2(s.Median), ci(r, fixed2), fmt.Sprintf("median of %d per-repetition ratios", s.N))
 	}
 	refused := len(t.Rows(sel("variant", "pinned", "status", "refused")))
 	x.Headline("pinned registrations larger than the budget", fmt.Sprintf("%d of %d refused", refused,
@@ -147,14 +147,19 @@ func overcommitReport(x *X, t, rt *results.Table) error {
 	top := true
 	var tops []string
 	for _, m := range faultModels {
-		x.Headline(fmt.Sprintf("ODP's bandwidth by budget / at full budget, %s faults", m), cliff(t, m.String()),
-			"median of per-repetition ratios at each budget / working set")
-		if below := floats(t, "budget_ratio"); len(below) > 1 {
-			r := below[len(below)-2] // the largest budget below the whole working set
-			s := stats.Summarize(perRep(t, "bw_mib_s", sel("status", "ok", "variant", "odp", "fault_model", m.String(), "budget_ratio", r),
-				sel("status", "ok", "variant", "odp", "fault_model", m.String(), "budget_ratio", 1)))
-			top = top && s.N > 0 && s.Median <= 2.0/3
-			tops = append(tops, fmt.Sprintf("%s faults %.2f at %s", m, s.Median, fraction(r)))
+		budgets := cliff(t, m.String())
+		var parts, intervals []string
+		for _, b := range budgets {
+			parts = append(parts, fmt.Sprintf("%.2f at %s", stats.Median(b.ratios), fraction(b.ratio)))
+			intervals = append(intervals, fmt.Sprintf("%s at %s", ci(b.ratios, fixed2), fraction(b.ratio)))
+		}
+		x.HeadlineCI(fmt.Sprintf("ODP's bandwidth by budget / at full budget, %s faults", m), strings.Join(parts, ", "),
+			strings.Join(intervals, ", "), "median of per-repetition ratios at each budget / working set")
+		if len(budgets) > 0 {
+			b := budgets[0] // the largest budget below the whole working set
+			med := stats.Median(b.ratios)
+			top = top && med <= 2.0/3
+			tops = append(tops, fmt.Sprintf("%s faults %.2f at %s", m, med, fraction(b.ratio)))
 		}
 	}
 	x.Claim("cliff", "The cliff is at the top: the first eighth of the working set taken from the budget costs more than "+
@@ -171,21 +176,28 @@ func overcommitReport(x *X, t, rt *results.Table) error {
 	return nil
 }
 
-// cliff lists ODP's bandwidth at each budget below the whole working set over its
-// bandwidth at the whole, for fault model m: where the cliff is.
-func cliff(t *results.Table, m string) string {
-	var parts []string
+// cliff returns ODP's bandwidth at each budget below the whole working set over
+// its bandwidth at the whole, per repetition, for fault model m, from the largest
+// budget down: where the cliff is. Budgets without a run that completed are left out.
+func cliff(t *results.Table, m string) []budgetCliff {
+	var out []budgetCliff
 	for _, r := range floats(t, "budget_ratio") {
 		if r == 1 {
 			continue
 		}
-		s := stats.Summarize(perRep(t, "bw_mib_s", sel("status", "ok", "variant", "odp", "fault_model", m, "budget_ratio", r),
-			sel("status", "ok", "variant", "odp", "fault_model", m, "budget_ratio", 1)))
-		if s.N > 0 {
-			parts = append([]string{fmt.Sprintf("%.2f at %s", s.Median, fraction(r))}, parts...) // from the largest budget down
+		rs := perRep(t, "bw_mib_s", sel("status", "ok", "variant", "odp", "fault_model", m, "budget_ratio", r),
+			sel("status", "ok", "variant", "odp", "fault_model", m, "budget_ratio", 1))
+		if len(rs) > 0 {
+			out = append([]budgetCliff{{r, rs}}, out...)
 		}
 	}
-	return strings.Join(parts, ", ")
+	return out
+}
+
+// budgetCliff is the per-repetition ratios at one budget / working set.
+type budgetCliff struct {
+	ratio  float64
+	ratios []float64
 }
 
 // timerPrices decides whether, at budget ratio lo, the responder's RNR timer

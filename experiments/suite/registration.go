@@ -151,8 +151,8 @@ func registrationReport(x *X, t *results.Table, sizes []int) error {
 	ps, os := stats.Summarize(pinned), stats.Summarize(onDemand)
 	r := stats.MedianCI(perRep(t, "total_ns", sel("method", "pinned", "size_bytes", big), sel("method", "odp", "size_bytes", big)),
 		0.95, ciSeed)
-	x.Headline(fmt.Sprintf("registration of %s: pinned / ODP", human(big)), ratio(r.Estimate),
-		fmt.Sprintf("median of %d per-repetition ratios, 95%% bootstrap interval %s-%s; medians pinned %s, ODP %s; every run at least %.0fx (fastest pinned / slowest ODP)",
-			ps.N, ratio(r.Lo), ratio(r.Hi), dur(ps.Median), dur(os.Median), ps.Min/os.Max))
+	x.HeadlineCI(fmt.Sprintf("registration of %s: pinned / ODP", human(big)), ratio(r.Estimate), ratio(r.Lo)+"–"+ratio(r.Hi),
+		fmt.Sprintf("median of %d per-repetition ratios; medians pinned %s, ODP %s; every run at least %.0fx (fastest pinned / slowest ODP)",
+			ps.N, dur(ps.Median), dur(os.Median), ps.Min/os.Max))
 	return nil
 }

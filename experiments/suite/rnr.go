@@ -32,7 +32,7 @@ const rnrAckTimeout = 14
 
 func runRNR(x *X) error {
 	const size = 64 << 10
-	region := pick(x.Scale, 1<<20, 8<<20, 64<<20)
+	region := pick(x.Scale, 1<<20, 8<<20, 8<<20)
 	reps := pick(x.Scale, 1, 2, fullReps)
 	losses := pick(x.Scale, []float64{0, 0.01}, []float64{0, 0.001, 0.01}, []float64{0, 0.001, 0.01})
 	timers := pick(x.Scale, []uint8{1, 12}, rnrTimers, rnrTimers)
@@ -110,7 +110,8 @@ func rnrReport(x *X, t *results.Table, losses []float64) error {
 		r := perRep(t, "elapsed_ns", sel("status", "ok", "rnr_retry", 7, "loss", l, "min_rnr_timer", def, "fault_model", "emulator"),
 			sel("status", "ok", "rnr_retry", 7, "loss", 0, "min_rnr_timer", def, "fault_model", "emulator"))
 		s := stats.Summarize(r)
-		x.Headline(fmt.Sprintf("cold ODP pass with %.1f%% loss / without (RNR timer 0.64 ms)", 100*l), fmt.Sprintf("%.1fx", s.Median),
+		x1 := func(v float64) string { return fmt.Sprintf("%.1fx", v) }
+		x.HeadlineCI(fmt.Sprintf("cold ODP pass with %.1f%% loss / without (RNR timer 0.64 ms)", 100*l), x1(s.Median), ci(r, x1),
 			fmt.Sprintf("median of %d per-repetition ratios of pass time", s.N))
 	}
 	for _, m := range faultModels {

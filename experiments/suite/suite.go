@@ -31,7 +31,10 @@ const (
 	Tiny Scale = iota
 	// Quick runs the whole suite in about ten minutes on a 2-core machine.
 	Quick
-	// Full is for real machines: larger regions, more repetitions.
+	// Full makes ten repetitions of every measurement (fullReps) and the finer
+	// grids of sizes, rates and reuses, at the quick scale's regions and run
+	// lengths except where larger ones are cheap: about 45 minutes on a 2-core
+	// machine, so that the paper's run can be made where the project is.
 	Full
 )
 
@@ -94,7 +97,10 @@ type Headline struct {
 	Experiment string
 	What       string // what the number is
 	Value      string // the number, with its unit
-	Detail     string // how it was obtained: repetitions, medians, ranges
+	// Interval is the 95% bootstrap interval of each median in Value, written as
+	// Value writes it; empty where Value is a count, a choice or a list of choices.
+	Interval string
+	Detail   string // how it was obtained: repetitions, medians, ranges
 }
 
 // Claim is a sentence of the paper that states a direction or a comparison ("ODP is
@@ -234,9 +240,13 @@ func (x *X) Figure(name string, f figure) error {
 	return nil
 }
 
-// Headline adds a number to the summary.
-func (x *X) Headline(what, value, detail string) {
-	x.headlines = append(x.headlines, Headline{Experiment: x.name, What: what, Value: value, Detail: detail})
+// Headline adds a number to the summary that has no interval: a count, a choice.
+func (x *X) Headline(what, value, detail string) { x.HeadlineCI(what, value, "", detail) }
+
+// HeadlineCI adds a number to the summary with the 95% bootstrap interval of each
+// median in it (see ci).
+func (x *X) HeadlineCI(what, value, interval, detail string) {
+	x.headlines = append(x.headlines, Headline{Experiment: x.name, What: what, Value: value, Interval: interval, Detail: detail})
 }
 
 // Claim records a claim of the paper about this run (see Claim); name is unique

@@ -3,6 +3,7 @@ package suite
 import (
 	"os"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -55,7 +56,8 @@ func TestSizesAndFormats(t *testing.T) {
 // escapes table cells and shows every figure.
 func TestSummary(t *testing.T) {
 	dir := t.TempDir()
-	rep := &Report{Dir: dir, Scale: Tiny, Headlines: []Headline{{Experiment: "registration", What: "a | b", Value: "3x", Detail: "x"}}}
+	rep := &Report{Dir: dir, Scale: Tiny, Headlines: []Headline{{Experiment: "registration", What: "a | b", Value: "3x", Detail: "x"},
+		{Experiment: "registration", What: "c", Value: "2.5x", Interval: "2.1x–2.9x", Detail: "y"}}}
 	rep.Manifest.Machine.Kernel = "6.18"
 	rep.Manifest.WallTime = time.Second
 	rep.Manifest.Experiments = []results.ExperimentRecord{{Name: "registration", Rows: 4,
@@ -65,7 +67,8 @@ func TestSummary(t *testing.T) {
 	require.NoError(t, err)
 	s := string(b)
 	assert.Contains(t, s, "Linux 6.18")
-	assert.Contains(t, s, "| [registration](registration.csv) | a \\| b | 3x | x |")
+	assert.Contains(t, s, "| [registration](registration.csv) | a \\| b | 3x |  | x |", "a count has no interval")
+	assert.Contains(t, s, "| [registration](registration.csv) | c | 2.5x | 2.1x–2.9x | y |")
 	assert.Contains(t, s, "![registration](registration.png)")
 	assert.Contains(t, s, "**failed**: boom")
 	assert.Equal(t, 1, strings.Count(s, "## Headlines"))
@@ -102,4 +105,40 @@ func TestScaleNamed(t *testing.T) {
 	}
 	_, ok := scaleNamed("huge")
 	assert.False(t, ok)
+}
+
+// ci writes a median's 95% bootstrap interval, which brackets the median; a
+// sample of one says it has one repetition, an empty one has none.
+func TestCI(t *testing.T) {
+	xs := []float64{0.8, 0.9, 1.0, 1.1, 1.2, 0.95, 1.05, 1.0, 0.85, 1.15}
+	lo, hi, ok := strings.Cut(ci(xs, fixed2), "–")
+	require.True(t, ok, "an interval is lo–hi")
+	l, err := strconv.ParseFloat(lo, 64)
+	require.NoError(t, err)
+	h, err := strconv.ParseFloat(hi, 64)
+	require.NoError(t, err)
+	assert.True(t, l <= 1.0 && 1.0 <= h && l < h, "%v-%v brackets the median 1.0", l, h)
+	assert.Equal(t, "1.50 (one repetition)", ci([]float64{1.5}, fixed2))
+	assert.Equal(t, "-", ci(nil, fixed2))
+	v, i := medianCI(xs, fixed2)
+	assert.Equal(t, "1.00", v)
+	assert.Equal(t, ci(xs, fixed2), i)
+}
+
+// The sweep takes each ODP run over the median of its repetition's references, at
+// every latency: one slow reference run does not make its latency's ratio.
+func TestSweepRatios(t *testing.T) {
+	tb, err := results.NewTable("sweep", "fault_latency_us", "conclusion", "rep", "odp", "reference", "ratio", "network_page_faults")
+	require.NoError(t, err)
+	for _, r := range [][]any{
+		{5, "overcommit", 0, 10, 100, 0.1, 1}, {20, "overcommit", 0, 10, 400, 0.025, 1}, {50, "overcommit", 0, 20, 100, 0.2, 1},
+		{5, "overcommit", 1, 30, 300, 0.1, 1}, {20, "overcommit", 1, 30, 300, 0.1, 1},
+		{5, "coldpass", 0, 1, 1000, 0.001, 1},
+	} {
+		require.NoError(t, tb.Add(r...))
+	}
+	assert.Equal(t, []float64{0.1, 0.1}, sweepRatios(tb, "overcommit", 5))
+	assert.Equal(t, []float64{0.1, 0.1}, sweepRatios(tb, "overcommit", 20), "over the median reference, not the slow one beside it")
+	assert.Equal(t, []float64{0.2}, sweepRatios(tb, "overcommit", 50))
+	assert.Empty(t, sweepRatios(tb, "invalidation", 5))
 }

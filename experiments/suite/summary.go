@@ -27,7 +27,7 @@ func writeSummary(rep *Report) error {
 		fmt.Fprintf(&b, "- Steal time: %.1f%% of the machine's CPU time went to other guests during the run\n", 100**m.Steal)
 	}
 	fmt.Fprintf(&b, "- Files: `manifest.json` records the machine, the configuration and the seeds.\n\n")
-	fmt.Fprintf(&b, "## Headlines\n\n| Experiment | Result | Value | How |\n|---|---|---|---|\n")
+	fmt.Fprintf(&b, "## Headlines\n\n| Experiment | Result | Value | 95%% interval | How |\n|---|---|---|---|---|\n")
 	csvOf := map[string]string{}
 	for _, e := range m.Experiments {
 		for _, f := range e.Files {
@@ -41,7 +41,7 @@ func writeSummary(rep *Report) error {
 		if f := csvOf[exp]; f != "" {
 			exp = fmt.Sprintf("[%s](%s)", exp, f)
 		}
-		fmt.Fprintf(&b, "| %s | %s | %s | %s |\n", exp, cell(h.What), cell(h.Value), cell(h.Detail))
+		fmt.Fprintf(&b, "| %s | %s | %s | %s | %s |\n", exp, cell(h.What), cell(h.Value), cell(h.Interval), cell(h.Detail))
 	}
 	if len(rep.Claims) > 0 {
 		fmt.Fprintf(&b, "\n## Claims\n\nWhat the paper says of this run, and whether the run holds it.\n\n| Experiment | Claim | Holds | Evidence |\n|---|---|---|---|\n")

@@ -9,10 +9,12 @@ import (
 
 // WriteTeX writes a run's report as LaTeX for a paper to \input: every headline as a
 // macro, \result{experiment}{i} for the i-th headline of the experiment (from 1) and
-// \resultdetail{experiment}{i} for how it was obtained, the machine, revision and
+// \resultdetail{experiment}{i} for how it was obtained, \resultci{experiment}{i} for
+// its 95% bootstrap interval ("-" where it has none), the machine, revision and
 // scale as \resultsmachine, \resultsrevision and \resultsscale, the emulated NICs'
 // link and responder fault policy as \resultslink and \resultsresponderfaults, and
-// \resultstable, a table body of every headline (experiment & result & value \\).
+// \resultstable, a table body of every headline (experiment & result & value &
+// interval \\).
 func WriteTeX(rep *Report, path string) error {
 	var b bytes.Buffer
 	m := rep.Manifest
@@ -55,10 +57,17 @@ func WriteTeX(rep *Report, path string) error {
 		i := index[h.Experiment]
 		def(fmt.Sprintf("odp@%s@%d", h.Experiment, i), texEscape(h.Value))
 		def(fmt.Sprintf("odpdetail@%s@%d", h.Experiment, i), texEscape(h.Detail))
-		fmt.Fprintf(&table, "\\texttt{%s} & %s & %s \\\\\n", texEscape(h.Experiment), texEscape(h.What), texEscape(h.Value))
+		interval := h.Interval
+		if interval == "" {
+			interval = "-"
+		}
+		def(fmt.Sprintf("odpci@%s@%d", h.Experiment, i), texEscape(interval))
+		fmt.Fprintf(&table, "\\texttt{%s} & %s & %s & %s \\\\\n", texEscape(h.Experiment), texEscape(h.What), texEscape(h.Value),
+			texEscape(interval))
 	}
 	fmt.Fprintf(&b, "\\providecommand{\\result}[2]{\\ifcsname odp@#1@#2\\endcsname\\csname odp@#1@#2\\endcsname\\else\\textbf{??}\\PackageWarning{results}{no result #1 #2}\\fi}\n")
 	fmt.Fprintf(&b, "\\providecommand{\\resultdetail}[2]{\\csname odpdetail@#1@#2\\endcsname}\n")
+	fmt.Fprintf(&b, "\\providecommand{\\resultci}[2]{\\csname odpci@#1@#2\\endcsname}\n")
 	// A claim that holds is its sentence; one that does not stops the build, naming
 	// it and its evidence, and so does a claim the run does not have.
 	for _, c := range rep.Claims {

@@ -59,9 +59,9 @@ type anchor struct {
 // validateAnchors are the published numbers whose setups are described well enough
 // to rerun, and those that are not, with the reason.
 func validateAnchors(x *X) []anchor {
-	region := pick(x.Scale, 256<<10, 1<<20, 4<<20)
+	region := pick(x.Scale, 256<<10, 1<<20, 1<<20)
 	regBytes := pick(x.Scale, 8<<20, 64<<20, 1<<30)
-	runFor := pick(x.Scale, 200*time.Millisecond, time.Second, 2*time.Second)
+	runFor := pick(x.Scale, 200*time.Millisecond, time.Second, time.Second)
 	return []anchor{
 		{name: "cx4-fault", what: "4 KiB minor network page fault, ConnectX-4", source: "Lesokhin et al., ASPLOS'17", cite: "lesokhin2017pagefault",
 			published: 220, text: "220", unit: "µs per fault", kind: kindCalibrated,
@@ -76,7 +76,7 @@ func validateAnchors(x *X) []anchor {
 		{name: "cx4-steady", what: "steady-state ODP / pinned WRITE bandwidth, pages mapped", source: "Lesokhin et al., ASPLOS'17", cite: "lesokhin2017pagefault",
 			published: 16440.0 / 16410, text: "1.002 (16,440 / 16,410 MB/s)", unit: "ratio", kind: kindValidated,
 			note:    "measured: alternating bursts of 64 KiB WRITEs over the same buffers registered both ways (connectx4 profile)",
-			measure: func(x *X, rep int) (float64, error) { return steadyRatio(x, pick(x.Scale, 200, 2000, 5000)) }},
+			measure: func(x *X, rep int) (float64, error) { return steadyRatio(x, pick(x.Scale, 200, 2000, 2000)) }},
 		{name: "pin-per-gib", what: "pinned registration of pre-faulted memory", source: "Mooncake#855 (500 GB in 49.2 s)", cite: "mooncake855",
 			published: 49.2e3 / (500e9 / (1 << 30)), text: "106", unit: "ms per GiB", kind: kindValidated,
 			note:    fmt.Sprintf("measured on %s: page walk, pin and table build; no IOMMU, no NIC firmware", human(regBytes)),
@@ -252,7 +252,11 @@ func validateReport(x *X, t *results.Table) error {
 		}
 		fmt.Fprintf(&b, "%s & %s~\\cite{%s} & %s%s & %s & %s & \\emph{%s}: %s \\\\\n", texEscape(a.what), texEscape(a.source), a.cite,
 			texEscape(a.text), texEscape(unit), emu, errText, texEscape(a.kind), texEscape(a.note))
-		x.Headline(a.name+": "+a.what, emuOr(vals), fmt.Sprintf("published %s%s (%s); %s: %s", a.text, unit, a.source, a.kind, a.note))
+		interval := ""
+		if len(vals) > 0 {
+			interval = ci(vals, func(v float64) string { return fmt.Sprintf("%.3g", v) })
+		}
+		x.HeadlineCI(a.name+": "+a.what, emuOr(vals), interval, fmt.Sprintf("published %s%s (%s); %s: %s", a.text, unit, a.source, a.kind, a.note))
 	}
 	b.WriteString("\\bottomrule\n\\end{tabular}\n")
 	if len(bars.Values) > 0 {

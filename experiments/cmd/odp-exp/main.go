@@ -6,7 +6,8 @@
 //	odp-exp --replot RUN --out DIR [--formats pdf,png] [--tex FILE]
 //
 // The quick scale (the default) takes about ten minutes on a 2-core machine; tiny
-// takes seconds per experiment (CI); full is for real machines. Results go to
+// takes seconds per experiment (CI); full makes ten repetitions of every measurement
+// and finer grids (about 45 minutes on 2 cores; the paper's run). Results go to
 // experiments/results/<timestamp>/ unless --out names a directory. --replot draws a
 // run's figures again from its CSVs alone and, with --tex, writes its headlines as
 // LaTeX macros (the paper's numbers).
@@ -53,7 +54,7 @@ func run(args []string, stdout, stderr io.Writer) error {
 	fs.SetOutput(stderr)
 	tiny := fs.Bool("tiny", false, "seconds per experiment: a check that everything runs (CI)")
 	quick := fs.Bool("quick", false, "about ten minutes on a 2-core machine (the default)")
-	full := fs.Bool("full", false, "larger regions and more repetitions, for real machines")
+	full := fs.Bool("full", false, "ten repetitions of every measurement and finer grids (about 45 minutes on 2 cores)")
 	only := fs.StringSlice("only", nil, "run only these experiments (see --list)")
 	out := fs.String("out", "", "results directory (default experiments/results/<timestamp>)")
 	seed := fs.Uint64("seed", 1, "seed of every random choice")
