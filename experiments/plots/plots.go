@@ -466,6 +466,13 @@ type Bars struct {
 	Y          Axis
 	Categories []string
 	Stacks     []Stack
+	// Intervals, when set, holds one interval per category, drawn as an error bar
+	// over its bar: the 95% interval of the median the bar shows (of the total, for
+	// a stack of segments). An interval with a NaN end is not drawn.
+	Intervals []stats.Interval
+	// Reference, when not zero, draws a dashed line across the bars at that value
+	// (1 on a ratio's axis), named in the legend as parity.
+	Reference float64
 }
 
 // Save draws b and writes dir/name.png and dir/name.svg; it returns their paths.
@@ -538,10 +545,66 @@ func (b Bars) plot() (*plot.Plot, error) {
 		p.Add(bars)
 		p.Legend.Add(s.Name, bars)
 	}
+	if err := b.addIntervals(p); err != nil {
+		return nil, err
+	}
+	if b.Reference != 0 {
+		n := float64(len(b.Categories))
+		line, err := plotter.NewLine(plotter.XYs{{X: -0.5, Y: b.Reference}, {X: n - 0.5, Y: b.Reference}})
+		if err != nil {
+			return nil, err
+		}
+		line.Color = palette[len(b.Stacks)%len(palette)]
+		line.Dashes = []vg.Length{vg.Points(4), vg.Points(2)}
+		p.Add(line)
+		p.Legend.Add(fmt.Sprintf("parity (%g)", b.Reference), line)
+	}
 	p.NominalX(b.Categories...)
 	p.Y.Min = floor
-	headroom(&p.Y, b.Y.Log, len(b.Stacks), math.NaN()) // bars span the width: all under the legend
+	entries := len(b.Stacks)
+	if b.Reference != 0 {
+		entries++
+	}
+	headroom(&p.Y, b.Y.Log, entries, math.NaN()) // bars span the width: all under the legend
 	return p, nil
+}
+
+// addIntervals draws b.Intervals as error bars at the categories' positions.
+func (b Bars) addIntervals(p *plot.Plot) error {
+	if b.Intervals == nil {
+		return nil
+	}
+	if len(b.Intervals) != len(b.Categories) {
+		return fmt.Errorf("%d intervals for %d categories", len(b.Intervals), len(b.Categories))
+	}
+	var xys plotter.XYs
+	var errs plotter.YErrors
+	for i, iv := range b.Intervals {
+		if math.IsNaN(iv.Lo) || math.IsNaN(iv.Hi) {
+			continue
+		}
+		if iv.Lo > iv.Hi || (b.Y.Log && !(iv.Lo > 0)) {
+			return fmt.Errorf("interval %g-%g of %q cannot be drawn", iv.Lo, iv.Hi, b.Categories[i])
+		}
+		// From Lo up to Hi, wherever the bar's top is: a stack's top is the sum of
+		// its segments' medians, which need not be the median of the totals.
+		xys = append(xys, plotter.XY{X: float64(i), Y: iv.Lo})
+		errs = append(errs, struct{ Low, High float64 }{0, iv.Hi - iv.Lo})
+	}
+	if len(xys) == 0 {
+		return nil
+	}
+	bars, err := plotter.NewYErrorBars(struct {
+		plotter.XYs
+		plotter.YErrors
+	}{xys, errs})
+	if err != nil {
+		return err
+	}
+	bars.Color = color.Black
+	bars.CapWidth = vg.Points(4)
+	p.Add(bars)
+	return nil
 }
 
 // logFloor is where the bars of a log axis rise from: the power of ten at or below

@@ -209,3 +209,34 @@ func TestPlainTicks(t *testing.T) {
 		assert.LessOrEqual(t, len(tk.Label), 4, "%q: no float residue", tk.Label)
 	}
 }
+
+// A bar's interval is drawn over it and widens the axis to hold it; a wrong count,
+// an inverted interval or one at zero on a log axis is an error, a NaN one is not drawn.
+func TestBarIntervals(t *testing.T) {
+	one := func(v ...float64) []Stack { return []Stack{{Name: "per fault", Values: v}} }
+	nan := math.NaN()
+	b := Bars{Y: Axis{Label: "µs", Log: true}, Categories: []string{"a", "b"}, Stacks: one(9, 220),
+		Intervals: []stats.Interval{{Estimate: 9, Lo: 8, Hi: 11}, {Estimate: 220, Lo: 200, Hi: 900}}}
+	p, err := b.plot()
+	require.NoError(t, err)
+	assert.GreaterOrEqual(t, p.Y.Max, 900.0, "the axis holds the interval's top")
+	b.Intervals[1] = stats.Interval{Estimate: 220, Lo: nan, Hi: nan}
+	_, err = b.plot()
+	assert.NoError(t, err, "an interval with NaN ends is left out")
+	b.Intervals = b.Intervals[:1]
+	_, err = b.plot()
+	assert.Error(t, err, "one interval for two categories")
+	b.Intervals = []stats.Interval{{Lo: 10, Hi: 9}, {Lo: 1, Hi: 2}}
+	_, err = b.plot()
+	assert.Error(t, err, "an inverted interval")
+	b.Intervals = []stats.Interval{{Lo: 0, Hi: 9}, {Lo: 1, Hi: 2}}
+	_, err = b.plot()
+	assert.Error(t, err, "zero on a log axis")
+	b.Y.Log = false
+	_, err = b.plot()
+	assert.NoError(t, err, "zero on a linear axis")
+	b.Reference = 3
+	p, err = b.plot()
+	require.NoError(t, err)
+	assert.GreaterOrEqual(t, p.Y.Max, 3.0, "the reference line is on the axis")
+}

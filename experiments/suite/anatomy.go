@@ -129,19 +129,24 @@ func anatomyReport(x *X, t *results.Table) error {
 	// Per fault on a log axis: a ConnectX-4 fault and a userfaultfd fault compared
 	// as what they are, one fault each (the C floors handle one page per fault).
 	perFault := plots.Stack{Name: "time per fault (medians)"}
+	var faultCI, pageCI []stats.Interval // of the whole fault, per fault and per page
 	for _, v := range anatomyVariants {
 		perFault.Values = append(perFault.Values, med(v.name, "fault", "per_fault_ns")/1e3)
+		faultCI = append(faultCI, barInterval(vals(v.name, "fault", "per_fault_ns"), 1e-3))
+		pageCI = append(pageCI, barInterval(vals(v.name, "fault", "per_page_ns"), 1e-3))
 	}
 	for _, f := range []string{floorHandler, floorSpin, floorCopy} {
 		perFault.Values = append(perFault.Values, med(f, "total", "per_fault_ns")/1e3)
+		faultCI = append(faultCI, barInterval(vals(f, "total", "per_fault_ns"), 1e-3))
+		pageCI = append(pageCI, barInterval(vals(f, "total", "per_page_ns"), 1e-3))
 	}
 	if err := x.Figure("anatomy", plots.Bars{Title: "A network page fault's time per fault (FA: fault-around), against " +
 		"userfaultfd's floors", Y: plots.Axis{Label: "time per fault (µs)", Log: true}, Categories: cats,
-		Stacks: []plots.Stack{perFault}}); err != nil {
+		Stacks: []plots.Stack{perFault}, Intervals: faultCI}); err != nil {
 		return err
 	}
 	if err := x.Figure("anatomy_page", plots.Bars{Title: "A network page fault's time per page, by phase (FA: fault-around)",
-		Y: plots.Axis{Label: "time per page (µs)"}, Categories: cats, Stacks: stacks}); err != nil {
+		Y: plots.Axis{Label: "time per page (µs)"}, Categories: cats, Stacks: stacks, Intervals: pageCI}); err != nil {
 		return err
 	}
 	for _, v := range anatomyVariants[:2] {

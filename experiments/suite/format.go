@@ -37,6 +37,13 @@ func ci(xs []float64, f func(float64) string) string {
 	return f(r.Lo) + "–" + f(r.Hi)
 }
 
+// barInterval is the 95% bootstrap interval of the median of xs, each end times
+// scale, for a bar figure (plots.Bars.Intervals); NaN ends for an empty sample.
+func barInterval(xs []float64, scale float64) stats.Interval {
+	r := stats.MedianCI(xs, 0.95, ciSeed)
+	return stats.Interval{Estimate: r.Estimate * scale, Lo: r.Lo * scale, Hi: r.Hi * scale}
+}
+
 // medianCI writes the median of xs by f and its interval by ci.
 func medianCI(xs []float64, f func(float64) string) (string, string) {
 	return f(stats.Median(xs)), ci(xs, f)

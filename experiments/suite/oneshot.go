@@ -137,6 +137,7 @@ func oneShotParts(x *X, t *results.Table, n int) error {
 		stacks[i].Name = p
 	}
 	var cats []string
+	var totals []stats.Interval         // of each variant's total time
 	byVariant := map[string][]float64{} // register, faults, rest of transfer, deregister
 	for _, v := range oneShotVariants {
 		rows := t.Rows(sel("size_bytes", n, "variant", v.name))
@@ -159,6 +160,7 @@ func oneShotParts(x *X, t *results.Table, n int) error {
 		cats = append(cats, strings.NewReplacer("odp-faulting-connectx4", "ODP faulting\nConnectX-4", "odp-faulting",
 			"ODP\nfaulting", "odp", "ODP").Replace(v.name))
 		byVariant[v.name] = vals
+		totals = append(totals, barInterval(results.Floats(rows, "total_ns"), 1e-6))
 		interval := func(c string) string { return ci(results.Floats(rows, c), dur) }
 		x.HeadlineCI(fmt.Sprintf("one-shot transfer of %s, %s: register, transfer (of which faults), deregister", human(n), v.name),
 			fmt.Sprintf("%s, %s (%s), %s", dur(vals[0]), dur(transfer), dur(faults), dur(vals[3])),
@@ -174,5 +176,5 @@ func oneShotParts(x *X, t *results.Table, n int) error {
 				"transfer %s (medians)", human(n), dur(prep), dur(transfer)))
 	}
 	return x.Figure("oneshot_parts", plots.Bars{Title: fmt.Sprintf("Where a one-shot transfer of %s goes", human(n)),
-		Y: plots.Axis{Label: "time (ms), medians"}, Categories: cats, Stacks: stacks})
+		Y: plots.Axis{Label: "time (ms), medians"}, Categories: cats, Stacks: stacks, Intervals: totals})
 }

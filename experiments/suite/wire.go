@@ -111,12 +111,15 @@ func runWire(x *X) error {
 
 func wireReport(x *X, t *results.Table, rounds int) error {
 	var meds []float64
+	var cis []stats.Interval
 	for _, kind := range wireKinds {
-		meds = append(meds, stats.Median(results.Floats(t.Rows(sel("kind", kind)), "bw_mib_s")))
+		bw := results.Floats(t.Rows(sel("kind", kind)), "bw_mib_s")
+		meds, cis = append(meds, stats.Median(bw)), append(cis, barInterval(bw, 1))
 	}
 	if err := x.Figure("wire", plots.Bars{Title: "WRITE bandwidth between two processes (medians)",
 		Y: plots.Axis{Label: "bandwidth (MiB/s)"}, Categories: []string{"UDP", "pinned", "ODP warm", "pinned cold", "ODP cold"},
-		Stacks: []plots.Stack{{Name: fmt.Sprintf("%s messages, %d rounds", human(wireMsg), rounds), Values: meds}}}); err != nil {
+		Stacks:    []plots.Stack{{Name: fmt.Sprintf("%s messages, %d rounds", human(wireMsg), rounds), Values: meds}},
+		Intervals: cis}); err != nil {
 		return err
 	}
 	for _, kind := range []string{"pinned", "odp"} {
