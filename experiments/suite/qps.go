@@ -131,7 +131,7 @@ func qpsReport(x *X, t *results.Table) error {
 		ev = fmt.Sprintf("ODP's largest aggregate bandwidth (median) %.0f MiB/s, %.1f%% of one link's %.0f MiB/s (at most 10%%)",
 			most, 100*most/rate, rate)
 	}
-	x.Claim("linkslack", "each QP pair has a link of its own, but ODP's aggregate bandwidth stays below a tenth of one "+
-		"link's rate at every count, so one shared link would not bind it", slack, ev)
+	x.Claim("linkslack", "ODP's aggregate bandwidth stays below a tenth of one link's rate at every count, so one "+
+		"shared link would not bind it", slack, ev)
 	return nil
 }
