@@ -13,10 +13,12 @@ import (
 	"encoding/binary"
 	"errors"
 	"net/netip"
+	"runtime"
 	"sync"
 	"sync/atomic"
 	"time"
 
+	"github.com/odpemu/odpemu/internal/clock"
 	"github.com/odpemu/odpemu/transport/roce"
 )
 
@@ -85,14 +87,47 @@ func (e *udEngine) run() {
 		if QPState(e.qp.st.Load()) == StateError {
 			e.flush()
 		}
-		busy := e.receive()
+		busy, next := e.receive()
 		busy = e.send() || busy
-		if !busy {
+		switch {
+		case busy:
+		case next.IsZero():
 			select {
 			case <-e.kick:
 			case <-e.quit:
 			}
+		default:
+			e.waitUntil(next)
 		}
+	}
+}
+
+// waitUntil waits until a datagram on its way is due (the link's delay), or
+// something wakes the engine: the port wakes it when a datagram arrives, not when
+// one that arrived becomes due. Short waits yield; longer ones sleep in internal/clock,
+// which wakes the engine.
+func (e *udEngine) waitUntil(next time.Time) {
+	if time.Until(next) < spinFor {
+		for time.Now().Before(next) {
+			select {
+			case <-e.kick:
+				return
+			case <-e.quit:
+				return
+			default:
+			}
+			runtime.Gosched()
+		}
+		return
+	}
+	go func() {
+		if clock.SleepUntil(next, e.quit) {
+			e.wake()
+		}
+	}()
+	select {
+	case <-e.kick:
+	case <-e.quit:
 	}
 }
 
@@ -230,10 +265,13 @@ func (e *udEngine) flushRest() {
 }
 
 // receive places the datagrams that arrived, and reports whether there were any.
-func (e *udEngine) receive() bool {
-	n, _, err := e.port.RecvFrom(e.rx, time.Now())
+//
+// With nothing to take it returns when the next datagram on its way is due (zero when
+// none is).
+func (e *udEngine) receive() (bool, time.Time) {
+	n, next, err := e.port.RecvFrom(e.rx, time.Now())
 	if err != nil || n == 0 {
-		return false
+		return false, next
 	}
 	for i := range e.rx[:n] {
 		d := &e.rx[i]
@@ -242,7 +280,7 @@ func (e *udEngine) receive() bool {
 		}
 		d.Release()
 	}
-	return true
+	return true, time.Time{}
 }
 
 // place puts one datagram, behind its GRH, into the oldest receive posted.

@@ -163,3 +163,36 @@ func TestUDBadInputsAndReset(t *testing.T) {
 	assert.Equal(t, WC{WRID: 7, Status: WCWRFlushErr, Opcode: WCSend, QPNum: b.qp.QPNum()}, wc)
 	require.NoError(t, b.qp.Destroy())
 }
+
+// A datagram is due at the receiver a link's delay after it arrives, and the port
+// wakes the engine only when it arrives: the engine must come back for it when it is
+// due, whether it yields through a short delay or sleeps through a long one. Each
+// datagram of a burst is placed, none before its delay.
+func TestUDLinkDelay(t *testing.T) {
+	for _, delay := range []time.Duration{50 * time.Microsecond, 30 * time.Millisecond} {
+		t.Run(delay.String(), func(t *testing.T) {
+			cfg := Config{Link: LinkModel{Delay: delay}}
+			const qkey = 0x5
+			a := udNode(t, cfg, "127.0.0.1:0", qkey)
+			b := udNode(t, cfg, "127.0.0.2:0", qkey)
+			_, smr := a.region(t, ps, rw)
+			_, dmr := b.region(t, 8*ps, rw)
+			dest := &UDDest{Addr: b.qp.UDAddr(), QPN: b.qp.QPNum(), QKey: qkey}
+			const n = 8
+			for i := range n {
+				require.NoError(t, b.qp.PostRecv(RecvWR{WRID: uint64(i), SGL: sge(dmr, i*ps, GRHSize+64)}))
+			}
+			start := time.Now()
+			for i := range n {
+				require.NoError(t, a.qp.PostSend(SendWR{WRID: uint64(i), Opcode: OpSend, SGL: sge(smr, 0, 64), Flags: SendSignaled, UD: dest}))
+				require.Equal(t, WCSuccess, wait(t, a.scq).Status)
+			}
+			for i := range n {
+				wc := wait(t, b.rcq)
+				require.Equal(t, WCSuccess, wc.Status, wc.Detail)
+				assert.EqualValues(t, i, wc.WRID)
+			}
+			assert.GreaterOrEqual(t, time.Since(start), delay, "a datagram is placed after the link's delay")
+		})
+	}
+}
