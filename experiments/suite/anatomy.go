@@ -3,6 +3,7 @@ package suite
 import (
 	"fmt"
 	"runtime"
+	"strings"
 	"time"
 
 	"github.com/odpemu/odpemu/experiments/perf"
@@ -157,6 +158,23 @@ func anatomyReport(x *X, t *results.Table) error {
 			fmt.Sprintf("medians; resolve %s, table update %s, resume %s per fault", dur(med(v.name, "resolve", "per_fault_ns")),
 				dur(med(v.name, "update", "per_fault_ns")), dur(med(v.name, "resume", "per_fault_ns"))))
 	}
+	// Which phase takes most of the emulator's own faults (the ConnectX-4 variant's
+	// is its modelled latency), and how the fault compares with a handler's.
+	dominates, ev := true, []string{}
+	for _, v := range anatomyVariants[:2] {
+		top, most := "", -1.0
+		for _, ph := range phases {
+			if m := med(v.name, ph, "per_fault_ns"); m > most {
+				top, most = ph, m
+			}
+		}
+		dominates = dominates && top == "resolve"
+		ev = append(ev, fmt.Sprintf("%s: %s largest, %s per fault", v.name, top, dur(most)))
+	}
+	x.Claim("resolvedominates", "Resolution dominates", dominates, "the largest phase per fault (medians): "+strings.Join(ev, "; "))
+	fault1, handler := med("odp-fa1", "fault", "per_fault_ns"), med(floorHandler, "total", "per_fault_ns")
+	x.Claim("cheaperthanhandler", "its fault is cheaper than a userfaultfd fault served by a handler thread", fault1 < handler,
+		fmt.Sprintf("odp-fa1 %s per fault against the C handler's %s (medians)", dur(fault1), dur(handler)))
 	h := stats.Summarize(results.Floats(t.Rows(sel("variant", floorHandler)), "per_page_ns"))
 	x.HeadlineCI("floors: a page by UFFDIO_COPY; a fault served by a minimal C handler sleeping in poll, and spinning",
 		fmt.Sprintf("%s; %s, %s", dur(med(floorCopy, "total", "per_page_ns")), dur(h.Median), dur(med(floorSpin, "total", "per_page_ns"))),

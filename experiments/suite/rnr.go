@@ -4,6 +4,7 @@ import (
 	"errors"
 	"fmt"
 	"runtime"
+	"strings"
 	"time"
 
 	"github.com/odpemu/odpemu/experiments/perf"
@@ -106,6 +107,7 @@ func rnrReport(x *X, t *results.Table, losses []float64) error {
 		return err
 	}
 	def := uint8(12)
+	small, smallEv := true, []string{}
 	for _, l := range losses[1:] {
 		r := perRep(t, "elapsed_ns", sel("status", "ok", "rnr_retry", 7, "loss", l, "min_rnr_timer", def, "fault_model", "emulator"),
 			sel("status", "ok", "rnr_retry", 7, "loss", 0, "min_rnr_timer", def, "fault_model", "emulator"))
@@ -113,7 +115,12 @@ func rnrReport(x *X, t *results.Table, losses []float64) error {
 		x1 := func(v float64) string { return fmt.Sprintf("%.1fx", v) }
 		x.HeadlineCI(fmt.Sprintf("cold ODP pass with %.1f%% loss / without (RNR timer 0.64 ms)", 100*l), x1(s.Median), ci(r, x1),
 			fmt.Sprintf("median of %d per-repetition ratios of pass time", s.N))
+		small = small && s.N > 0 && s.Median < 10
+		smallEv = append(smallEv, fmt.Sprintf("%.1f%% loss %.2fx", 100*l, s.Median))
 	}
+	x.Claim("smallmultiple", "a small multiple (under 10x)", small,
+		"cold ODP pass with loss / without, RNR timer 0.64 ms, medians of per-repetition ratios: "+strings.Join(smallEv, ", "))
+	failures := map[odp.FaultModel]float64{} // the share of rnr_retry 1 passes that failed
 	for _, m := range faultModels {
 		failed := t.Rows(func(r results.Row) bool {
 			return r.Get("rnr_retry") == "1" && r.Get("fault_model") == m.String() && r.Get("status") != "ok"
@@ -121,6 +128,12 @@ func rnrReport(x *X, t *results.Table, losses []float64) error {
 		all := t.Rows(sel("rnr_retry", 1, "fault_model", m.String()))
 		x.Headline(fmt.Sprintf("cold passes failed with rnr_retry 1, %s faults", m), fmt.Sprintf("%d of %d", len(failed), len(all)),
 			"RNR_RETRY_EXC_ERR: the responder NAKs the retransmissions while the fault is pending, as mlx5 does; rnr_retry 1 is exhausted when two RNR timers are shorter than the fault")
+		if len(all) > 0 {
+			failures[m] = float64(len(failed)) / float64(len(all))
+		}
 	}
+	emu, cx := failures[odp.FaultModelEmulator], failures[odp.FaultModelConnectX4]
+	x.Claim("longerfails", "a longer fault does so more often", cx > emu,
+		fmt.Sprintf("rnr_retry 1 passes failed: %.0f%% with the emulator's faults, %.0f%% with ConnectX-4's", 100*emu, 100*cx))
 	return nil
 }
