@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"runtime"
 	"sync/atomic"
+	"time"
 	"unsafe"
 
 	"golang.org/x/sys/unix"
@@ -24,6 +25,11 @@ import (
 // returns only after the zap. Wait probes the first, then does the second, on two
 // scratch pages of its own. It leaves one gap: a thread that has woken but not yet
 // taken the mmap lock (a few instructions, unless its CPU is preempted right there).
+// Wait narrows it: after the mprotect it sleeps for gapSleep, so that such a thread
+// runs, and takes the lock again; only a thread kept off the CPUs for longer than
+// that slips through. On memory registered in missing mode the torn-copy check
+// catches the rest (a fault on the zapped page reaches the server); on memory
+// registered for events alone nothing does, and the DMA audit counts a stale DMA.
 type ZapBarrier struct {
 	u      *FD
 	probe  unsafe.Pointer // one page registered on u, kept present
@@ -76,8 +82,20 @@ func (b *ZapBarrier) Wait() error {
 		runtime.Gosched()
 	}
 	// Takes the mmap lock for writing: after the zaps that hold it for reading.
-	return unix.Mprotect(unsafe.Slice((*byte)(b.lock), PageSize), unix.PROT_NONE)
+	lock := unsafe.Slice((*byte)(b.lock), PageSize)
+	if err := unix.Mprotect(lock, unix.PROT_NONE); err != nil {
+		return err
+	}
+	// The gap: a thread the probe saw woken may not hold the mmap lock yet. Let it
+	// run, then take the lock again, after its zap.
+	ts := unix.NsecToTimespec(gapSleep.Nanoseconds())
+	_ = unix.Nanosleep(&ts, nil) // EINTR: the second mprotect comes sooner, that is all
+	return unix.Mprotect(lock, unix.PROT_NONE)
 }
+
+// gapSleep is how long Wait lets a woken thread run before it takes the mmap lock a
+// second time: a wake-up on a loaded 2-vCPU VM takes tens of microseconds.
+const gapSleep = 200 * time.Microsecond
 
 // Close unregisters and unmaps the scratch pages (unregistered first, so that the
 // unmap raises no event).
