@@ -289,6 +289,22 @@ func (e *engine) run() {
 	}
 }
 
+// armAlarm has wake called at deadline, precisely (internal/clock), unless quit
+// closes first. One sleeper at a time per engine, whose deadline *alarm keeps: a new
+// one only when none sleeps until before this deadline (the last one may have fired
+// while the engine ran). Called by the engine's goroutine, which owns *alarm.
+func armAlarm(alarm *time.Time, deadline time.Time, quit <-chan struct{}, wake func()) {
+	if alarm.After(time.Now()) && !deadline.Before(*alarm) {
+		return
+	}
+	*alarm = deadline
+	go func() {
+		if clock.SleepUntil(deadline, quit) {
+			wake()
+		}
+	}()
+}
+
 // spinFor is the longest wait an engine yields through instead of sleeping: waking
 // a sleeping goroutine takes tens of microseconds on a busy machine.
 const spinFor = 100 * time.Microsecond
@@ -350,16 +366,7 @@ func (e *engine) park() {
 		}
 	case precise:
 		// Go's timers wake a millisecond late here: clock sleeps precisely.
-		// One precise sleeper at a time: a new one when none sleeps until before
-		// this deadline (the last one may have fired while the engine ran).
-		if !e.alarm.After(time.Now()) || deadline.Before(e.alarm) {
-			e.alarm = deadline
-			go func() {
-				if clock.SleepUntil(deadline, e.quit) {
-					e.wake()
-				}
-			}()
-		}
+		armAlarm(&e.alarm, deadline, e.quit, e.wake)
 		select {
 		case <-e.kick:
 		case <-e.quit:

@@ -18,7 +18,6 @@ import (
 	"sync/atomic"
 	"time"
 
-	"github.com/odpemu/odpemu/internal/clock"
 	"github.com/odpemu/odpemu/transport/roce"
 )
 
@@ -36,6 +35,7 @@ type udEngine struct {
 	stopOnce sync.Once
 	exited   chan struct{}
 
+	alarm   time.Time // a precise wake-up is armed for then (armAlarm)
 	psn     uint32
 	sqNext  uint64 // the next send queue slot to send
 	errored bool   // the QP is in ERR and the engine flushed it
@@ -120,11 +120,7 @@ func (e *udEngine) waitUntil(next time.Time) {
 		}
 		return
 	}
-	go func() {
-		if clock.SleepUntil(next, e.quit) {
-			e.wake()
-		}
-	}()
+	armAlarm(&e.alarm, next, e.quit, e.wake)
 	select {
 	case <-e.kick:
 	case <-e.quit:
