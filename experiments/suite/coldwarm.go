@@ -141,24 +141,27 @@ func coldWarmReport(x *X, t *results.Table, sizes []int) error {
 		"cold pass over pinned, connectx4 fault cost vs the emulator's (little: within a factor of 2): "+strings.Join(ce, ", "))
 	// One headline per comparison, each listing every size: the same headlines at
 	// every scale, whatever its sizes.
-	bySize := func(what, detail string, ratios func(n int) []float64) {
+	// It returns the medians, by size.
+	bySize := func(what, detail string, ratios func(n int) []float64) []float64 {
 		var parts, intervals []string
+		var meds []float64
 		for _, n := range sizes {
-			v, i := medianCI(ratios(n), fixed2)
-			parts = append(parts, v+" at "+human(n))
-			intervals = append(intervals, i+" at "+human(n))
+			rs := ratios(n)
+			meds = append(meds, stats.Median(rs))
+			parts = append(parts, fixed2(meds[len(meds)-1])+" at "+human(n))
+			intervals = append(intervals, ci(rs, fixed2)+" at "+human(n))
 		}
 		x.HeadlineCI(what, strings.Join(parts, ", "), strings.Join(intervals, ", "), detail)
+		return meds
 	}
 	bySize("ODP / pinned bandwidth, cold pass, by message size", "medians of per-repetition ratios; the pass alone is timed",
 		func(n int) []float64 { return vsPinned(t, "bw_mib_s", n, "odp", "pass", "cold") })
-	bySize("ODP / pinned bandwidth, warm pass, by message size", "medians of per-repetition ratios",
+	warm := bySize("ODP / pinned bandwidth, warm pass, by message size", "medians of per-repetition ratios",
 		func(n int) []float64 { return vsPinned(t, "bw_mib_s", n, "odp", "pass", "warm") })
 	below, ev := true, []string{}
-	for _, n := range sizes {
-		m := stats.Median(vsPinned(t, "bw_mib_s", n, "odp", "pass", "warm"))
+	for i, m := range warm {
 		below = below && m < 1
-		ev = append(ev, fmt.Sprintf("%.2f at %s", m, human(n)))
+		ev = append(ev, fmt.Sprintf("%.2f at %s", m, human(sizes[i])))
 	}
 	x.Claim("warmbelow", "warm ODP stays below pinned at every size", below,
 		"odp / pinned, warm pass, medians of per-repetition ratios: "+strings.Join(ev, ", "))
