@@ -1,6 +1,7 @@
 package odp
 
 import (
+	"time"
 	"unsafe"
 
 	"github.com/odpemu/odpemu/internal/interval"
@@ -40,6 +41,9 @@ func (b *buffer) unmap(u *pagefault.FD) {
 func (s *space) noteEvent(m pagefault.Msg) {
 	var gone interval.Range
 	switch m.Event {
+	case pagefault.EventRemove:
+		s.zaps.add(interval.Range{Start: uintptr(m.Start), End: uintptr(m.End)}, time.Now())
+		return
 	case pagefault.EventUnmap:
 		gone = interval.Range{Start: uintptr(m.Start), End: uintptr(m.End)}
 	case pagefault.EventRemap:

@@ -93,7 +93,7 @@ func (d *Device) Stats() Stats {
 		Events:               ps.Events, EventsIgnored: ps.Ignored, InvalidationLatency: ps.Latency, InvalidationMax: ps.MaxLat,
 		Forks: ps.Forks, DMAWaits: c.dmaWaits.Load(),
 		AuditedDMAs: c.audited.Load(), StaleDMAs: c.stale.Load(), OvertakenDMAs: c.overtaken.Load(), DMAFaults: c.dmaFaults.Load(),
-		TornDMAs:   c.tornDMAs.Load(),
+		TornDMAs: c.tornDMAs.Load(), LateZaps: c.lateZaps.Load(),
 		GateDrains: s.Drains, GateDrainTime: s.DrainTime, GateDrainMax: s.MaxDrainTime, GateFaultReads: s.FaultReads,
 		GateUndrained: s.Undrained,
 	}

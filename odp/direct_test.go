@@ -347,8 +347,8 @@ func TestDirectChangesUnderTraffic(t *testing.T) {
 				m, memory, _ := strings.Cut(mode, "/")
 				r := runDirect(t, m, seed, 600, Config{FaultAround: 4}, memory)
 				st := r.st
-				t.Logf("seed %d: %d ops (%d refused), %d pages gone; events %d, audited DMAs %d, stale %d, faulted %d, torn and redone %d; gate: %d drains (mean %v, max %v), %d fault reads, %d events read with DMA in flight",
-					seed, r.ops, r.errors, r.gone, st.Events, st.AuditedDMAs, st.StaleDMAs, st.DMAFaults, st.TornDMAs,
+				t.Logf("seed %d: %d ops (%d refused), %d pages gone; events %d, audited DMAs %d, stale %d (overtaken %d), faulted %d, torn and redone %d, late zaps %d; gate: %d drains (mean %v, max %v), %d fault reads, %d events read with DMA in flight",
+					seed, r.ops, r.errors, r.gone, st.Events, st.AuditedDMAs, st.StaleDMAs, st.OvertakenDMAs, st.DMAFaults, st.TornDMAs, st.LateZaps,
 					st.GateDrains, st.GateDrainTime/timeDiv(st.GateDrains), st.GateDrainMax, st.GateFaultReads, st.GateUndrained)
 				assert.NotZero(t, st.Events)
 				assert.NotZero(t, st.AuditedDMAs)

@@ -69,6 +69,13 @@ func (mr *MR) beginDMA(off, n uint64, write bool) (mmu.DMA, error) {
 		t0 := time.Now()
 		dma, miss := mr.table.BeginDMA(first, count, write)
 		if miss < 0 {
+			if zapped, _ := mr.lateZap(first, count); zapped {
+				mr.endDMA(dma, true)
+				mr.dropLate(first, count, true)
+				continue
+			}
+		}
+		if miss < 0 {
 			if round > 0 {
 				mr.dev.stats.resumeNanos.Add(uint64(time.Since(resumed)))
 			}
@@ -133,7 +140,13 @@ func (mr *MR) tryAcquire(off, n uint64, write, covered bool) (dmaRef, int, error
 		}
 		return dmaRef{}, miss, nil
 	}
-	return mr.started(off, n, dm, gated), -1, nil
+	zapped, frames := mr.lateZap(first, count)
+	if zapped {
+		mr.endDMA(dm, gated)
+		mr.dropLate(first, count, false)
+		return dmaRef{}, -1, errGateBusy
+	}
+	return mr.startedWith(off, n, dm, gated, frames), -1, nil
 }
 
 // dmaChunk bounds one DMA, as a NIC moves a message in segments: the fault server,
@@ -240,6 +253,12 @@ func (mr *MR) acquire(off, n uint64, write bool) (dmaRef, error) {
 // started is the DMA begun on MR bytes [off, off+n): the NIC's access bits for the
 // pager, the fault sequence a torn copy is told by, and the audit's first half.
 func (mr *MR) started(off, n uint64, d mmu.DMA, gated bool) dmaRef {
+	return mr.startedWith(off, n, d, gated, nil)
+}
+
+// startedWith is started, with the pages' page-table entries if the caller read them
+// after the DMA began (lateZap), for the audit.
+func (mr *MR) startedWith(off, n uint64, d mmu.DMA, gated bool, frames []pagefault.PagemapEntry) dmaRef {
 	r := dmaRef{mr: mr, off: off, n: n, d: d, audit: mr.dev.cfg.Audit, gated: gated}
 	if p := mr.dev.as.pager; p != nil && mr.odp {
 		first, count := mr.pageSpan(off, n)
@@ -248,7 +267,7 @@ func (mr *MR) started(off, n uint64, d mmu.DMA, gated bool) dmaRef {
 	r.mark = mr.dev.as.gate.FaultSeq()
 	if r.audit {
 		// A detached page is one the file let go of: the NIC's frame is not the file's.
-		r.stale = r.framesStale() || mr.anyDetached(mr.pageSpan(off, n))
+		r.stale = r.framesStale(frames) || mr.anyDetached(mr.pageSpan(off, n))
 	}
 	return r
 }
@@ -382,6 +401,10 @@ func (h *dmaHold) check(off, n uint64, write bool) (int, error) {
 		}
 		return miss, nil
 	}
+	if zapped, _ := mr.lateZap(first, count); zapped {
+		mr.dropLate(first, count, false) // after the hold ends
+		return -1, errGateBusy
+	}
 	if p := mr.dev.as.pager; p != nil && mr.odp {
 		p.Touch(mr.base+uintptr(first)*pagefault.PageSize, count) // the NIC's access bits
 	}
@@ -439,16 +462,19 @@ func (h *dmaHold) put(n int32) {
 // is no evidence by itself: munmap clears its page table entries before its event
 // exists and before it flushes the TLB, so a copy then still reaches the old page or
 // faults (an access error); a copy that finds a page missing in a range registered
-// for faults is caught by check instead.
-func (r dmaRef) framesStale() bool {
+// for faults is caught by check instead. entries are the pages' page-table entries
+// if the caller read them once the DMA began, else framesStale reads them.
+func (r dmaRef) framesStale(entries []pagefault.PagemapEntry) bool {
 	mr, d := r.mr, r.mr.dev
 	first, count := mr.pageSpan(r.off, r.n)
 	if count == 0 || !d.as.pagemap.PFNsReadable() {
 		return false
 	}
-	entries := make([]pagefault.PagemapEntry, count)
-	if d.as.pagemap.Read(mr.base+uintptr(first)*pagefault.PageSize, entries) != nil {
-		return false // unmapped under us: the copy will fault and report it
+	if len(entries) != count {
+		entries = make([]pagefault.PagemapEntry, count)
+		if d.as.pagemap.Read(mr.base+uintptr(first)*pagefault.PageSize, entries) != nil {
+			return false // unmapped under us: the copy will fault and report it
+		}
 	}
 	mr.table.Lock()
 	defer mr.table.Unlock()

@@ -94,6 +94,8 @@ type MR struct {
 	// foreign: an ODP MR over memory the application mapped itself, not Alloc's
 	// (registerRangeLocked): registered for events only, faulted in with MADV_POPULATE.
 	foreign bool
+	// dropping: an invalidation that a zap after a REMOVE asked for runs (dropLate).
+	dropping atomic.Bool
 	// reached: an implicit MR's ranges of the application's own memory, registered
 	// for events only as its faults reached them (reach), merged, in address order.
 	// Protected by space.mu.

@@ -38,6 +38,7 @@ type space struct {
 	pager    *paging.Pager // nil unless paging
 	store    *paging.Store
 	barrier  *pagefault.ZapBarrier
+	zaps     zapWindow  // REMOVE ranges whose zap may be late (latezap.go)
 	regMu    sync.Mutex // serialises ODP userfaultfd registration changes
 
 	mu      sync.RWMutex     // protects the fields below; read-locked for lookups

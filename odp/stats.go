@@ -12,7 +12,7 @@ type deviceCounters struct {
 	prefetches, pagesPrefetched                    atomic.Uint64
 	mrsPinned, mrsODP                              atomic.Uint64
 	audited, stale, dmaFaults, dmaWaits            atomic.Uint64
-	overtaken, tornDMAs                            atomic.Uint64
+	overtaken, tornDMAs, lateZaps                  atomic.Uint64
 	asyncPrefetches, prefetchErrors                atomic.Uint64
 	// FaultPhases, in nanoseconds.
 	detectNanos, resolveNanos, updateNanos, modelNanos, resumeNanos atomic.Uint64
@@ -48,6 +48,10 @@ type Stats struct {
 	OvertakenDMAs       uint64 // of which: DMAs an invalidation of their range completed under
 	DMAFaults           uint64 // copies that hit unmapped memory (reported as access errors)
 	TornDMAs            uint64 // copies a page fault tore, invalidated and made again
+	// LateZaps counts translations a DMA found zapped after a REMOVE event, when it
+	// began on memory registered for events alone: dropped and faulted again (see
+	// latezap.go).
+	LateZaps uint64
 
 	// The DMA gate between the application's mapping changes and the NIC's DMA:
 	// userfaultfd reads that first waited for DMA in flight, and how long (the cost

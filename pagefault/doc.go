@@ -173,7 +173,8 @@
 // Three details make it hold.
 //   - MADV_DONTNEED zaps after its event was read and the kernel says nothing when it
 //     is done, so a NIC fault right after step 6 could map a page just before it is
-//     zapped. ZapBarrier closes that: the pump runs it inside the invalidation of each
+//     zapped. ZapBarrier narrows that to a gap (its doc; package odp's latezap.go
+//     handles what comes through it): the pump runs it inside the invalidation of each
 //     batch's REMOVE ranges, while NIC faults on them are held off. It waits until
 //     UFFDIO_ZEROPAGE stops failing with EAGAIN (the woken thread has run) and then
 //     takes the mmap lock for writing (mprotect of a page of its own), which the

@@ -1,0 +1,171 @@
+package odp
+
+import (
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/odpemu/odpemu/internal/interval"
+	"github.com/odpemu/odpemu/pagefault"
+)
+
+// The late half of a REMOVE's notifier, for memory registered for events alone.
+//
+// The kernel runs an MMU notifier's invalidation around a zap: it starts before the
+// page table changes and ends after. userfaultfd sends REMOVE before MADV_DONTNEED
+// zaps and nothing after, and pagefault.ZapBarrier waits for the zap but for one gap
+// (a thread the event's read woke that has not yet taken the mmap lock), which a
+// loaded machine keeps open for as long as the thread waits for a CPU. A network page
+// fault in that gap maps the old page, which is then zapped. On memory registered in
+// missing mode the next access to the zapped page is a fault the CPU server sees, and
+// the DMA under it is torn and made again. On memory registered for events alone (the
+// application's own memory, an implicit MR's reach) nothing would tell the NIC: its
+// translation keeps the freed frame. (The emulated NIC copies through virtual
+// addresses, so no freed frame is written; its translation table is what would be
+// wrong, and the DMA audit counts every DMA through such a translation as stale.)
+//
+// So a DMA that starts on such memory within zapWatch of a REMOVE over its pages
+// compares the MR's translations of them with the page table (pagemap): a page that
+// is no longer present, or is present in another frame (where frames are readable),
+// was zapped after the NIC mapped it. The DMA does not begin; the MR's translations
+// of its pages are invalidated, as the notifier's end would have had them, and the DMA
+// faults them again. Stats.LateZaps counts such pages.
+//
+// What stays out of reach: a zap more than zapWatch after its event was applied, and
+// a zap (followed by the application touching the page anew) between this check's
+// read of the page table and the audit's, a microsecond later.
+
+// zapWatch is how long after a REMOVE event DMAs on its range check for its zap: a
+// woken thread waits for a CPU for milliseconds at most on a loaded machine.
+const zapWatch = 100 * time.Millisecond
+
+// zapWindow holds the ranges of REMOVE events of the last zapWatch.
+type zapWindow struct {
+	pending atomic.Int32 // len(ranges): zero, the common case, needs no lock
+	mu      sync.Mutex
+	ranges  []zapRange // protected by mu, oldest first
+}
+
+type zapRange struct {
+	interval.Range
+	until time.Time
+}
+
+// maxZapRanges bounds the ranges a zapWindow watches, and so the work of a DMA that
+// looks through them: beyond it (REMOVE events faster than about 10,000 a second
+// for zapWatch) the oldest range's watch ends early.
+const maxZapRanges = 1024
+
+// add notes a REMOVE of r at now.
+func (z *zapWindow) add(r interval.Range, now time.Time) {
+	z.mu.Lock()
+	defer z.mu.Unlock()
+	z.expireLocked(now)
+	if len(z.ranges) == maxZapRanges {
+		k := copy(z.ranges, z.ranges[1:])
+		z.ranges = z.ranges[:k]
+	}
+	z.ranges = append(z.ranges, zapRange{Range: r, until: now.Add(zapWatch)})
+	z.pending.Store(int32(len(z.ranges)))
+}
+
+// within returns the parts of r that REMOVE events of the zapWatch before now
+// covered (nil: none, the common case, which takes no lock).
+func (z *zapWindow) within(r interval.Range, now time.Time) []interval.Range {
+	if z.pending.Load() == 0 {
+		return nil
+	}
+	z.mu.Lock()
+	defer z.mu.Unlock()
+	z.expireLocked(now)
+	var in []interval.Range
+	for _, zr := range z.ranges {
+		if h := zr.Intersect(r); !h.Empty() {
+			in = append(in, h)
+		}
+	}
+	return in
+}
+
+// expireLocked drops the ranges whose watch ended by now. Called with z.mu held.
+func (z *zapWindow) expireLocked(now time.Time) {
+	n := 0
+	for n < len(z.ranges) && !z.ranges[n].until.After(now) {
+		n++
+	}
+	if n > 0 {
+		k := copy(z.ranges, z.ranges[n:])
+		clear(z.ranges[k:])
+		z.ranges = z.ranges[:k]
+		z.pending.Store(int32(k))
+	}
+}
+
+// lateZap reports whether a translation of MR pages [first, first+count), valid in
+// the MR's table, lost its page to a zap that came after a REMOVE event (see the
+// comment above): the DMA that asked must not begin, and its pages' translations
+// must be invalidated (dropLate) before it tries again. frames are the pages'
+// page-table entries if it read them (nil if no REMOVE's watch covers the pages),
+// which the DMA audit takes as they are: read again, a page could be zapped and
+// touched anew in between, and the audit would count a DMA this check let begin.
+func (mr *MR) lateZap(first, count int) (zapped bool, frames []pagefault.PagemapEntry) {
+	d := mr.dev
+	if count == 0 || (!mr.foreign && !mr.implicit) || d.cfg.NoInvalidate {
+		return false, nil
+	}
+	s := d.as
+	lo := mr.base + uintptr(first)*pagefault.PageSize
+	watched := s.zaps.within(interval.Range{Start: lo, End: lo + uintptr(count)*pagefault.PageSize}, time.Now())
+	if watched == nil {
+		return false, nil
+	}
+	if mr.dropping.Load() {
+		return true, nil // being invalidated: try again after
+	}
+	entries := make([]pagefault.PagemapEntry, count)
+	if s.pagemap.Read(lo, entries) != nil {
+		return false, nil // unmapped under us: the copy faults and reports it
+	}
+	pfns := s.pagemap.PFNsReadable()
+	n := 0
+	mr.table.Lock()
+	for i, e := range entries {
+		te := mr.table.EntryLocked(first + i)
+		if !te.Valid || (e.Present() && (!pfns || e.PFN() == te.PFN)) {
+			continue
+		}
+		at := lo + uintptr(i)*pagefault.PageSize
+		for _, w := range watched {
+			if w.Overlaps(interval.Range{Start: at, End: at + pagefault.PageSize}) { // a REMOVE covered the page: its zap came late
+				n++
+				break
+			}
+		}
+	}
+	mr.table.Unlock()
+	if n > 0 {
+		d.stats.lateZaps.Add(uint64(n))
+		return true, nil
+	}
+	return false, entries
+}
+
+// dropLate invalidates MR pages [first, first+count) after lateZap found one of them
+// zapped, on a goroutine of its own unless wait is set (an invalidation waits for
+// every DMA of the table, the engine's own holds included), one at a time per MR.
+func (mr *MR) dropLate(first, count int, wait bool) {
+	if wait {
+		mr.invalidate(first, count)
+		return
+	}
+	if !mr.dropping.CompareAndSwap(false, true) {
+		return
+	}
+	d := mr.dev
+	d.faulting.Add(1)
+	go func() {
+		defer d.faulting.Done()
+		mr.invalidate(first, count)
+		mr.dropping.Store(false)
+	}()
+}
