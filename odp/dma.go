@@ -68,7 +68,7 @@ func (mr *MR) beginDMA(off, n uint64, write bool) (mmu.DMA, error) {
 		}
 		t0 := time.Now()
 		dma, miss := mr.table.BeginDMA(first, count, write)
-		if miss < 0 {
+		if miss < 0 && mr.zapsWatched() {
 			if zapped, _ := mr.lateZap(first, count); zapped {
 				mr.endDMA(dma, true)
 				mr.dropLate(first, count, true)
@@ -140,11 +140,14 @@ func (mr *MR) tryAcquire(off, n uint64, write, covered bool) (dmaRef, int, error
 		}
 		return dmaRef{}, miss, nil
 	}
-	zapped, frames := mr.lateZap(first, count)
-	if zapped {
-		mr.endDMA(dm, gated)
-		mr.dropLate(first, count, false)
-		return dmaRef{}, -1, errGateBusy
+	var frames []pagefault.PagemapEntry
+	if mr.zapsWatched() {
+		var zapped bool
+		if zapped, frames = mr.lateZap(first, count); zapped {
+			mr.endDMA(dm, gated)
+			mr.dropLate(first, count, false)
+			return dmaRef{}, -1, errGateBusy
+		}
 	}
 	return mr.startedWith(off, n, dm, gated, frames), -1, nil
 }
@@ -401,9 +404,11 @@ func (h *dmaHold) check(off, n uint64, write bool) (int, error) {
 		}
 		return miss, nil
 	}
-	if zapped, _ := mr.lateZap(first, count); zapped {
-		mr.dropLate(first, count, false) // after the hold ends
-		return -1, errGateBusy
+	if mr.zapsWatched() {
+		if zapped, _ := mr.lateZap(first, count); zapped {
+			mr.dropLate(first, count, false) // after the hold ends
+			return -1, errGateBusy
+		}
 	}
 	if p := mr.dev.as.pager; p != nil && mr.odp {
 		p.Touch(mr.base+uintptr(first)*pagefault.PageSize, count) // the NIC's access bits

@@ -101,6 +101,10 @@ func (z *zapWindow) expireLocked(now time.Time) {
 	}
 }
 
+// zapsWatched reports whether REMOVE ranges are watched: the common case, false,
+// costs the DMA paths one atomic load.
+func (mr *MR) zapsWatched() bool { return mr.dev.as.zaps.pending.Load() != 0 }
+
 // lateZap reports whether a translation of MR pages [first, first+count), valid in
 // the MR's table, lost its page to a zap that came after a REMOVE event (see the
 // comment above): the DMA that asked must not begin, and its pages' translations
@@ -108,6 +112,7 @@ func (z *zapWindow) expireLocked(now time.Time) {
 // page-table entries if it read them (nil if no REMOVE's watch covers the pages),
 // which the DMA audit takes as they are: read again, a page could be zapped and
 // touched anew in between, and the audit would count a DMA this check let begin.
+// The DMA paths call it only while REMOVE ranges are watched (zapsWatched).
 func (mr *MR) lateZap(first, count int) (zapped bool, frames []pagefault.PagemapEntry) {
 	d := mr.dev
 	if count == 0 || (!mr.foreign && !mr.implicit) || d.cfg.NoInvalidate {
