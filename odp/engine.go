@@ -31,7 +31,11 @@ package odp
 //     memcpy floor copies each 1 MiB message in one memmove, which takes memmove's
 //     non-temporal path (1 MiB and up); a DMA stays at most 256 KiB (the fault
 //     server's waits for DMA in flight are built on it), so the NIC's copy is the
-//     cached one; the WRITE reaches about 0.85-0.9 of the floor.
+//     cached one; the WRITE reaches about 0.85-0.9 of the floor. With the link
+//     model at 100 Gb/s that floor can be below the line: over the default
+//     regions (128 x 1 MiB) a 2-core VM copied at about 6.5 GB/s, 0.55 of the
+//     line, and the WRITE reached 0.47 of the line (0.9 of the floor); over 16
+//     MiB (tx depth 16) it reached 0.93 of the line.
 //   - 64 KiB WRITE (about 21 GB/s, 0.47 of a memcpy of the same slots, which stay in
 //     cache): the responder's engine is busy about three quarters of the time, 0.7
 //     of its CPU in the copy (dmaCopy); the requester's engine uses a few percent.
@@ -48,7 +52,17 @@ package odp
 //   - READ: a READ is two packets (request, response) where a WRITE is one and a
 //     coalesced ACK, its copy runs on the requester's engine, and at most
 //     max_rd_atomic (16) are outstanding: at 4 KiB it reaches about two thirds of
-//     WRITE's message rate, at 64 B a little over half.
+//     WRITE's message rate, at 64 B a little over half. An execution trace of
+//     100,000 READs of 64 B (odp-perf read_bw --trace) shows why it is not more:
+//     the two engines and the application together run as long as the run lasts,
+//     one core's worth on two cores. Per READ the requester's engine runs about
+//     340 ns, the responder's 220, the application 90 (per WRITE: 180, 120, 90,
+//     also one core's worth). An engine wakes its peer with a channel send, and
+//     Go's scheduler runs the woken goroutine on the sender's P (runnext) once the
+//     sender parks rather than on the idle P, so the engines take turns. Neither
+//     more READs outstanding (128) nor yielding instead of parking while READs
+//     are outstanding helped: the first changed nothing, the second made 64 B
+//     READs 28% slower (the yielding engine takes the P its peer needs).
 //   - SEND: a WRITE's work and a receive, which the responder takes from the
 //     receive ring with a compare-and-swap (no lock: see recvQueue) and completes
 //     into the receive CQ with the pass's other receives, under one lock; the
