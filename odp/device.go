@@ -28,13 +28,14 @@
 //	                           engine requester responder ud      an SRQ's receives, the engine goroutine (a
 //	                           mwbind                             UD QP's: ud), the CQ ring it fills, memory
 //	                                                              window binds and invalidations
-//	3 DMA                      dma                                copies under the table check and the gate,
-//	                                                              the audit
+//	3 DMA                      dma latezap                        copies under the table check and the gate,
+//	                                                              the audit, zaps that came late
 //	2 registration and faults  mr register notifier fault        nic (a device as its MRs see it), MRs,
 //	                           implicit file advise mw            memory windows, keys, the notifier,
 //	                                                              network page faults, prefetch
-//	1 the address space        space buffer filemap               the process's userfaultfd, fault server,
-//	                                                              pump, pager, buffers and file mappings
+//	1 the address space        space buffer filemap zapwindow     the process's userfaultfd, fault server,
+//	                                                              pump, pager, buffers and file mappings,
+//	                                                              REMOVEs whose zap may be late
 //	0 vocabulary               errors access config faultmodel    types every floor names: work requests,
 //	                           profile link qpstate wr wc caps    completions, settings (a NIC's profile
 //	                           stats keys procmem                 among them), counters, the key table,
@@ -82,7 +83,8 @@
 // by Open and Close holding no other lock; a space's release takes space.mu under it.
 // Device.mu and QP.mu are never held together, nor is Device.mu or space.mu held
 // while a table lock is taken. Leaf locks, under which nothing else is taken: pagefault.CPUServer's,
-// invalidate.Pump's, the work queues' (internal/fifo). No lock is held across a DMA
+// invalidate.Pump's, the work queues' (internal/fifo), zapWindow.mu (the REMOVEs a DMA
+// looks through for a late zap, holding the DMA gate and nothing else). No lock is held across a DMA
 // copy, and no goroutine holds a lock while it waits for the C fault server except
 // through ioctls that return EAGAIN, and through the server's own mutexes (region
 // slots, evictable flags, the store), which only C code holds, for a bounded time.
@@ -102,8 +104,8 @@
 // The DMA gate (pagefault.Gate) is held like a shared lock from a DMA's table check
 // to its end (enterDMA, endDMA): the fault server's reader waits for it before it
 // reads an event. A goroutine takes it holding no lock and, while it holds it, takes
-// only a table lock, the pager's region lock (access bits) and the CPUServer's lock
-// (the fault ring), and never waits for the pump, a network page fault or an
+// only a table lock, the pager's region lock (access bits), the CPUServer's lock
+// (the fault ring) and zapWindow.mu, and never waits for the pump, a network page fault or an
 // install: those happen outside it (beginDMA leaves the gate before it faults).
 package odp
 

@@ -26,10 +26,10 @@ var floors = []struct {
 }{
 	{"vocabulary", []string{"errors.go", "access.go", "config.go", "faultmodel.go", "profile.go", "link.go", "qpstate.go",
 		"wr.go", "wc.go", "caps.go", "stats.go", "keys.go", "procmem.go"}},
-	{"the address space", []string{"space.go", "buffer.go", "filemap.go"}},
+	{"the address space", []string{"space.go", "buffer.go", "filemap.go", "zapwindow.go"}},
 	{"registration and faults", []string{"mr.go", "register.go", "notifier.go", "fault.go", "implicit.go",
 		"file.go", "advise.go", "mw.go"}},
-	{"DMA", []string{"dma.go"}},
+	{"DMA", []string{"dma.go", "latezap.go"}},
 	{"the engine", []string{"cqring.go", "qpcontext.go", "srqcontext.go", "checks.go", "engine.go", "requester.go", "responder.go", "ud.go",
 		"mwbind.go"}},
 	{"verbs", []string{"device.go", "pd.go", "memory.go", "cq.go", "qp.go", "cm.go", "counters.go"}},
