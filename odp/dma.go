@@ -58,18 +58,21 @@ func (mr *MR) missErr(first, count int) error {
 // beginDMA starts a DMA over MR bytes [off, off+n) (already bounds-checked), taking
 // network page faults for ODP pages that are not mapped. The DMA holds the device's
 // gate from the moment its translations are found valid; the caller must endDMA.
-// A DMA that faults is timed in the phases FaultPhases names.
-func (mr *MR) beginDMA(off, n uint64, write bool) (mmu.DMA, error) {
+// A DMA that faults is timed in the phases FaultPhases names. frames are the pages'
+// page-table entries if it read them (lateZap), for the audit.
+func (mr *MR) beginDMA(off, n uint64, write bool) (mmu.DMA, []pagefault.PagemapEntry, error) {
 	first, count := mr.pageSpan(off, n)
 	var resumed time.Time // when the last fault of this DMA ended
 	for round := 0; round < maxFaultRounds; round++ {
 		if err := mr.dev.enterDMA(); err != nil {
-			return mmu.DMA{}, err
+			return mmu.DMA{}, nil, err
 		}
 		t0 := time.Now()
 		dma, miss := mr.table.BeginDMA(first, count, write)
+		var frames []pagefault.PagemapEntry
 		if miss < 0 && mr.zapsWatched() {
-			if zapped, _ := mr.lateZap(first, count); zapped {
+			var zapped bool
+			if zapped, frames = mr.lateZap(first, count); zapped {
 				mr.endDMA(dma, true)
 				mr.dropLate(first, count, true)
 				continue
@@ -79,19 +82,19 @@ func (mr *MR) beginDMA(off, n uint64, write bool) (mmu.DMA, error) {
 			if round > 0 {
 				mr.dev.stats.resumeNanos.Add(uint64(time.Since(resumed)))
 			}
-			return dma, nil
+			return dma, frames, nil
 		}
 		mr.dev.exitDMA() // faults wait for the fault server: never inside the gate
 		if !mr.odp {
-			return dma, mr.missErr(first, count) // a pinned table is only cleared by Dereg and munmap
+			return dma, nil, mr.missErr(first, count) // a pinned table is only cleared by Dereg and munmap
 		}
 		mr.dev.stats.detectNanos.Add(uint64(time.Since(t0)))
 		if _, err := mr.networkFault(miss, first+count, write); err != nil {
-			return dma, err
+			return dma, nil, err
 		}
 		resumed = time.Now()
 	}
-	return mmu.DMA{}, wrap(ErrBusy, "MR %#x: range kept being invalidated", mr.key)
+	return mmu.DMA{}, nil, wrap(ErrBusy, "MR %#x: range kept being invalidated", mr.key)
 }
 
 // endDMA ends a DMA, leaves the gate if the DMA entered it, and reports whether an
@@ -246,11 +249,11 @@ type dmaRef struct {
 
 // acquire starts a DMA, taking network page faults as needed.
 func (mr *MR) acquire(off, n uint64, write bool) (dmaRef, error) {
-	d, err := mr.beginDMA(off, n, write)
+	d, frames, err := mr.beginDMA(off, n, write)
 	if err != nil {
 		return dmaRef{}, err
 	}
-	return mr.started(off, n, d, true), nil
+	return mr.startedWith(off, n, d, true, frames), nil
 }
 
 // started is the DMA begun on MR bytes [off, off+n): the NIC's access bits for the
@@ -394,26 +397,28 @@ func (h *dmaHold) torn(b []byte) bool {
 
 // check checks MR bytes [off, off+n) (already bounds-checked) for a copy under the
 // hold, into the MR if write: it returns -1, or the first page that needs a
-// network page fault, or why the MR cannot be accessed.
-func (h *dmaHold) check(off, n uint64, write bool) (int, error) {
+// network page fault, or why the MR cannot be accessed. frames are the pages'
+// page-table entries if it read them (lateZap), for a run the audit checks.
+func (h *dmaHold) check(off, n uint64, write bool) (miss int, frames []pagefault.PagemapEntry, err error) {
 	mr := h.mr
 	first, count := mr.pageSpan(off, n)
 	if miss := mr.table.Missing(first, count, write); miss >= 0 {
 		if !mr.odp {
-			return -1, mr.missErr(first, count)
+			return -1, nil, mr.missErr(first, count)
 		}
-		return miss, nil
+		return miss, nil, nil
 	}
 	if mr.zapsWatched() {
-		if zapped, _ := mr.lateZap(first, count); zapped {
+		var zapped bool
+		if zapped, frames = mr.lateZap(first, count); zapped {
 			mr.dropLate(first, count, false) // after the hold ends
-			return -1, errGateBusy
+			return -1, nil, errGateBusy
 		}
 	}
 	if p := mr.dev.as.pager; p != nil && mr.odp {
 		p.Touch(mr.base+uintptr(first)*pagefault.PageSize, count) // the NIC's access bits
 	}
-	return -1, nil
+	return -1, frames, nil
 }
 
 // openHold starts a hold on mr without waiting (errGateBusy: try again later).

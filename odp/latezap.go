@@ -29,9 +29,9 @@ import (
 // of its pages are invalidated, as the notifier's end would have had them, and the DMA
 // faults them again. Stats.LateZaps counts such pages.
 //
-// What stays out of reach: a zap more than zapWatch after its event was applied, and
-// a zap (followed by the application touching the page anew) between this check's
-// read of the page table and the audit's, a microsecond later.
+// The audit takes the page-table entries this check read, so a page zapped and
+// touched anew after the check cannot be counted against a DMA the check let begin.
+// What stays out of reach: a zap more than zapWatch after its event was applied.
 
 // zapsWatched reports whether REMOVE ranges are watched: the common case, false,
 // costs the DMA paths one atomic load.

@@ -12,6 +12,7 @@ import (
 	"sync/atomic"
 
 	"github.com/odpemu/odpemu/internal/bufpool"
+	"github.com/odpemu/odpemu/pagefault"
 	"github.com/odpemu/odpemu/transport/roce"
 )
 
@@ -211,8 +212,9 @@ func (e *engine) payload(w *wqe, t *roce.Transmit) bool {
 		off := w.wr.SGL[i].Addr - uint64(mr.start) + in
 		h, err := holdOn(&e.holds, mr, false)
 		miss := -1
+		var frames []pagefault.PagemapEntry
 		if err == nil {
-			miss, err = h.check(off, uint64(t.Len), false)
+			miss, frames, err = h.check(off, uint64(t.Len), false)
 		}
 		if ok := e.readable(t.ID, mr, off, w.wr.SGL[i].Length, in, miss, err); !ok {
 			return false
@@ -224,7 +226,7 @@ func (e *engine) payload(w *wqe, t *roce.Transmit) bool {
 			return true
 		}
 		sr := srcRefs.Get().(*srcRef)
-		sr.r = mr.started(off, uint64(t.Len), h.d, h.gated)
+		sr.r = mr.startedWith(off, uint64(t.Len), h.d, h.gated, frames)
 		sr.r.hold = h
 		t.Seg.Ref = sr
 		return true

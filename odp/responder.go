@@ -412,7 +412,7 @@ func (e *engine) place(mr *MR, off uint64, data []byte) (miss int, torn bool, er
 		h, err := holdOn(&e.placing, mr, e.covering > 0)
 		miss := -1
 		if err == nil {
-			miss, err = h.check(off, uint64(len(data)), true)
+			miss, _, err = h.check(off, uint64(len(data)), true)
 		}
 		if miss >= 0 || err != nil {
 			return miss, false, err, nil
@@ -610,7 +610,7 @@ func (e *engine) respond() bool {
 				h, err := e.readHold(r.mr)
 				miss := -1
 				if err == nil {
-					miss, err = h.check(off, uint64(n), false)
+					miss, _, err = h.check(off, uint64(n), false)
 				}
 				if !e.readOK(r, miss, err) {
 					break
