@@ -152,7 +152,7 @@ func (mr *MR) tryAcquire(off, n uint64, write, covered bool) (dmaRef, int, error
 			return dmaRef{}, -1, errGateBusy
 		}
 	}
-	return mr.startedWith(off, n, dm, gated, frames), -1, nil
+	return mr.started(off, n, dm, gated, frames), -1, nil
 }
 
 // dmaChunk bounds one DMA, as a NIC moves a message in segments: the fault server,
@@ -253,18 +253,14 @@ func (mr *MR) acquire(off, n uint64, write bool) (dmaRef, error) {
 	if err != nil {
 		return dmaRef{}, err
 	}
-	return mr.startedWith(off, n, d, true, frames), nil
+	return mr.started(off, n, d, true, frames), nil
 }
 
 // started is the DMA begun on MR bytes [off, off+n): the NIC's access bits for the
-// pager, the fault sequence a torn copy is told by, and the audit's first half.
-func (mr *MR) started(off, n uint64, d mmu.DMA, gated bool) dmaRef {
-	return mr.startedWith(off, n, d, gated, nil)
-}
-
-// startedWith is started, with the pages' page-table entries if the caller read them
-// after the DMA began (lateZap), for the audit.
-func (mr *MR) startedWith(off, n uint64, d mmu.DMA, gated bool, frames []pagefault.PagemapEntry) dmaRef {
+// pager, the fault sequence a torn copy is told by, and the audit's first half, which
+// takes frames, the pages' page-table entries, if the caller read them after the DMA
+// began (lateZap; nil: the audit reads them).
+func (mr *MR) started(off, n uint64, d mmu.DMA, gated bool, frames []pagefault.PagemapEntry) dmaRef {
 	r := dmaRef{mr: mr, off: off, n: n, d: d, audit: mr.dev.cfg.Audit, gated: gated}
 	if p := mr.dev.as.pager; p != nil && mr.odp {
 		first, count := mr.pageSpan(off, n)

@@ -226,7 +226,7 @@ func (e *engine) payload(w *wqe, t *roce.Transmit) bool {
 			return true
 		}
 		sr := srcRefs.Get().(*srcRef)
-		sr.r = mr.startedWith(off, uint64(t.Len), h.d, h.gated, frames)
+		sr.r = mr.started(off, uint64(t.Len), h.d, h.gated, frames)
 		sr.r.hold = h
 		t.Seg.Ref = sr
 		return true
