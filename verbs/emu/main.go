@@ -16,7 +16,6 @@ import (
 	"fmt"
 	"net/netip"
 	"os"
-	"runtime"
 	"runtime/cgo"
 	"syscall"
 	"unsafe"
@@ -26,19 +25,19 @@ import (
 
 func main() {} // a c-shared library's main is never run
 
-// The emulated NIC runs on the cores the application leaves it. A verbs program's
-// data path is a thread of its own that posts and polls (perftest's is one), outside
-// the Go runtime; with as many Ps as CPUs the engines' goroutines spread over threads
-// that the kernel then switches with the application's, on every message. One P
-// fewer than the CPUs (at least one) leaves the application its core: on this
-// project's 2-CPU machines perftest between two processes moved 1.0x to 1.6x as much
-// in long runs (64 B to 1 MiB, WRITE, READ, SEND; 1.3x typical), about the same in
-// runs of 5,000 iterations. GOMAXPROCS in the environment still decides.
-func init() {
-	if os.Getenv("GOMAXPROCS") == "" {
-		runtime.GOMAXPROCS(max(1, runtime.NumCPU()-1))
-	}
-}
+// The Go runtime keeps its default GOMAXPROCS, one P per CPU, in a verbs program too.
+// A program's data path is a thread of its own that posts and polls (perftest's is
+// one): it enters Go on each post and keeps the P it entered with while it runs C
+// again (the runtime counts it in a system call) until the runtime's monitor takes the
+// P back, 20 us to milliseconds later, so the engines have one P fewer than the
+// runtime. With one P fewer than the CPUs (the setting before), on this project's
+// 2-CPU machines they had none while perftest ran C: an engine that a post woke
+// waited about 250 us for a P, and perftest's typical 64 B latency between two
+// processes was 196-242 us where one P per CPU gives 55-103 us (ib_write_lat,
+// ib_send_lat, ib_read_lat). Together with qp.c's wait in Go for a thread with many
+// sends in flight, perftest's WRITE and SEND moved 20-27% more at 64 B and 4 KiB, its
+// READ 12-21% less there and everything 6-21% less from 64 KiB (README).
+// GOMAXPROCS in the environment still decides.
 
 // device is an opened device: one ibv_open_device.
 type device struct {

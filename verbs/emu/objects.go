@@ -15,6 +15,7 @@ import (
 	"sync"
 	"sync/atomic"
 	"syscall"
+	"time"
 	"unsafe"
 
 	"golang.org/x/sys/unix"
@@ -156,21 +157,27 @@ type completionQueue struct {
 	cq   *odp.CQ
 	bell *uint32 // the doorbell: C memory (backend.h)
 
-	mu      sync.Mutex // protects the two fields below; taken under odp's CQ lock (in ring)
+	mu      sync.Mutex // protects the fields below; taken under odp's CQ lock (in ring)
 	channel func()     // a completion channel's event, armed by ibv_req_notify_cq
 	ringing bool       // the doorbell is armed
+	// rung is closed when the armed doorbell rings, for the threads waiting in
+	// odpemu_wait_cq; nil while none waits.
+	rung chan struct{}
 }
 
 // ring is what the CQ's next completion calls: it sets the doorbell and writes the
 // channel's event if either is armed, and disarms them.
 func (c *completionQueue) ring() {
 	c.mu.Lock()
-	channel, ringing := c.channel, c.ringing
-	c.channel, c.ringing = nil, false
+	channel, ringing, rung := c.channel, c.ringing, c.rung
+	c.channel, c.ringing, c.rung = nil, false, nil
 	c.mu.Unlock()
 	// 2: a poller sleeps on the word (the C library's emu_poll_cq), to be woken.
 	if ringing && atomic.SwapUint32(c.bell, 1) == 2 {
 		_, _, _ = unix.Syscall6(C.SYS_futex, uintptr(unsafe.Pointer(c.bell)), C.FUTEX_WAKE_PRIVATE, 1, 0, 0, 0)
+	}
+	if rung != nil {
+		close(rung)
 	}
 	if channel != nil {
 		channel()
@@ -188,6 +195,43 @@ func (c *completionQueue) arm(channel func()) error {
 	}
 	c.mu.Unlock()
 	return c.cq.RequestNotify(c.ring)
+}
+
+// wait waits until the armed doorbell rings or d has passed, and reports whether it
+// rang. A doorbell that is not armed has rung since it was (or is armed for the
+// channel alone): wait returns true at once.
+func (c *completionQueue) wait(d time.Duration) bool {
+	c.mu.Lock()
+	if !c.ringing {
+		c.mu.Unlock()
+		return true
+	}
+	if c.rung == nil {
+		c.rung = make(chan struct{})
+	}
+	rung := c.rung
+	c.mu.Unlock()
+	t := time.NewTimer(d)
+	defer t.Stop()
+	select {
+	case <-rung:
+		return true
+	case <-t.C:
+		return false
+	}
+}
+
+// odpemu_wait_cq blocks the calling thread in Go until the CQ's armed doorbell rings
+// or ns nanoseconds have passed (backend.h).
+//
+//export odpemu_wait_cq
+func odpemu_wait_cq(h C.odpemu_handle, ns C.int64_t) C.int {
+	c, ok := lookup[*completionQueue](h)
+	if !ok || ns < 0 {
+		return C.int(syscall.EINVAL)
+	}
+	c.wait(time.Duration(ns))
+	return 0
 }
 
 //export odpemu_create_cq

@@ -107,6 +107,15 @@ struct odpemu_connect {
  * that polls an empty CQ in a busy loop, as perftest does, reads memory as it would on
  * hardware instead of holding one of the Go runtime's Ps that the emulated NIC's engines
  * need. The C library clears the word before it polls the Go half.
+ *
+ * odpemu_wait_cq blocks the calling thread in Go until the CQ's armed doorbell rings or
+ * ns nanoseconds have passed (0, or EINVAL for a bad handle or a negative ns). The C
+ * library calls it when a thread with many sends in flight, one signaled, finds that
+ * send's CQ empty (qp.c). A C thread keeps the runtime's P it last entered Go with
+ * while it runs C (to the scheduler, it is in a system call) until the runtime's
+ * monitor takes the P back, 20 us to milliseconds later; the engine that its post
+ * woke waits for a P meanwhile if none is free. A thread blocked in Go gives its P up
+ * at once.
  */
 
 /* The Go half's entry points, looked up by name with dlsym. */
@@ -127,6 +136,7 @@ struct odpemu_connect {
 	X(int, odpemu_destroy_cq, (odpemu_handle cq))                                            \
 	X(int, odpemu_resize_cq, (odpemu_handle cq, int depth))                                   \
 	X(int, odpemu_poll_cq, (odpemu_handle cq, int n, struct odpemu_wc *wcs))                  \
+	X(int, odpemu_wait_cq, (odpemu_handle cq, int64_t ns))                                    \
 	X(int, odpemu_req_notify_cq, (odpemu_handle cq, int fd, uint64_t event))                  \
 	X(int, odpemu_create_qp, (odpemu_handle pd, odpemu_handle send_cq, odpemu_handle recv_cq, \
 				  odpemu_handle srq, uint32_t type, struct odpemu_qp_caps *caps,      \

@@ -77,6 +77,10 @@ struct emu_cq {
 	struct ibv_wc cur; /* the completion start_poll or next_poll found */
 };
 
+/* emu_posted notes that the calling thread posted n send WRs to qp (qp.c: a thread that
+ * then finds the send CQ empty waits in Go). */
+void emu_posted(struct ibv_qp *qp, const struct odpemu_send_wr *wrs, uint32_t n);
+
 /* emu_poll_cq is ibv_poll_cq (qp.c); emu_create_cq_ex is ibv_create_cq_ex (cqex.c). */
 int emu_poll_cq(struct ibv_cq *cq, int num_entries, struct ibv_wc *wc);
 struct ibv_cq_ex *emu_create_cq_ex(struct ibv_context *context, struct ibv_cq_init_attr_ex *attr);

@@ -210,13 +210,42 @@ EXPORT int ibv_dereg_mr(struct ibv_mr *mr)
  * SPIN_NS, sleeps on the doorbell, at most SLEEP_NS a poll, until a completion rings
  * it. A loop counts as one while the same thread polls the same CQ again within
  * LOOP_NS; a program that polls now and then, or polls two CQs in turn, never sleeps.
+ *
+ * A thread that has WAIT_IN_FLIGHT or more sends in flight (posted since one of its
+ * polls last found a completion), a signaled one among them, and finds that send's
+ * CQ empty waits in Go instead, once, until the CQ's doorbell rings or SLEEP_NS
+ * passes (odpemu_wait_cq): while a C thread runs C it keeps the Go runtime's P it
+ * last entered Go with, which the engines and the port then lack until the runtime's
+ * monitor takes it back (backend.h); a thread blocked in Go gives it up at once. With
+ * that many in flight the completion is the NIC's work away, and the thread has
+ * nothing else to do; with a few (a latency test's one) it comes soon, and a wait in
+ * Go, whose wake-up takes a thread switch, would add to it. Between two processes on
+ * 2 CPUs the wait took perftest's WRITE and SEND at 64 B from 0.6 to about 0.8 of
+ * odp-perf; waiting with any send in flight made ib_write_lat's mean 4x longer.
  */
-enum { SPIN_NS = 50000, SLEEP_NS = 1000000, LOOP_NS = 10000 };
+enum { SPIN_NS = 50000, SLEEP_NS = 1000000, LOOP_NS = 10000, WAIT_IN_FLIGHT = 16 };
 
 static __thread struct {
 	struct emu_cq *cq;
 	uint64_t start, last; /* the loop's first and last empty poll */
 } empty_loop;
+
+/* The send CQ of a QP this thread posted a signaled send to since it last waited, and
+ * the sends it posted since a poll last found a completion. */
+static __thread struct emu_cq *expected;
+static __thread uint32_t in_flight;
+
+void emu_posted(struct ibv_qp *qp, const struct odpemu_send_wr *wrs, uint32_t n)
+{
+	struct emu_qp *q = container_of(qp, struct emu_qp, qp);
+	in_flight += n;
+	for (uint32_t i = 0; i < n; i++) {
+		if (q->sq_sig_all || (wrs[i].flags & IBV_SEND_SIGNALED)) {
+			expected = container_of(qp->send_cq, struct emu_cq, cq);
+			return;
+		}
+	}
+}
 
 static uint64_t now_ns(void)
 {
@@ -228,6 +257,13 @@ static uint64_t now_ns(void)
 /* wait_empty is called when c was empty: it yields or sleeps, as above. */
 static void wait_empty(struct emu_cq *c)
 {
+	if (expected == c && in_flight >= WAIT_IN_FLIGHT) {
+		expected = NULL;
+		if (be.odpemu_wait_cq(c->h, SLEEP_NS) == 0) {
+			empty_loop.cq = NULL; /* a loop starts afresh */
+			return;
+		}
+	}
 	uint64_t now = now_ns();
 	if (empty_loop.cq != c || now - empty_loop.last > LOOP_NS) {
 		empty_loop.cq = c;
@@ -295,6 +331,8 @@ int emu_poll_cq(struct ibv_cq *cq, int num_entries, struct ibv_wc *wc)
 	}
 	__atomic_store_n(&c->idle, (uint32_t)drained, __ATOMIC_RELEASE);
 	pthread_mutex_unlock(&c->lock);
+	if (done)
+		in_flight = 0;
 	return done;
 }
 
@@ -437,6 +475,7 @@ static int emu_post_send(struct ibv_qp *qp, struct ibv_send_wr *wr, struct ibv_s
 		uint32_t posted = 0;
 		if (n) {
 			int pe = be.odpemu_post_send(q->h, batch, n, &posted);
+			emu_posted(qp, batch, posted);
 			if (pe) {
 				*bad_wr = first[posted];
 				return pe;

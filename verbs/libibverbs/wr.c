@@ -234,8 +234,9 @@ static int wr_complete(struct ibv_qp_ex *qx)
 	struct emu_wr_batch *b = q->batch;
 	int e = b->err;
 	if (!e && b->n) {
-		uint32_t posted;
+		uint32_t posted = 0;
 		e = be.odpemu_post_send(q->h, b->wrs, b->n, &posted);
+		emu_posted(&q->qp, b->wrs, posted);
 	}
 	reset(b);
 	pthread_mutex_unlock(&b->lock);

@@ -6,7 +6,9 @@
  *   - a poller that finds its CQ empty long enough to sleep gets every completion, in
  *     order, when messages come with pauses between them;
  *   - several threads polling one CQ at once get each completion exactly once;
- *   - a CQ armed for a completion channel and polled at the same time reports both.
+ *   - a CQ armed for a completion channel and polled at the same time reports both;
+ *   - a thread with many sends in flight, which waits in the emulator for its send
+ *     CQ's doorbell (qp.c), gets every completion, in order.
  * Prints "ok" and exits 0, or says what is wrong and exits 1.
  */
 #include <errno.h>
@@ -194,6 +196,37 @@ static void channel_and_poll(void)
 		DIE("channel send: n %d", n);
 }
 
+enum { BURSTS = 50, BURST = 64, SIGNAL_EVERY = 16 };
+
+/* Bursts of WRITEs, every SIGNAL_EVERY-th signaled, each burst polled to its end: the
+ * thread has BURST sends in flight when it first finds its send CQ empty. */
+static void bursts(void)
+{
+	uint64_t id = 0;
+	for (int b = 0; b < BURSTS; b++) {
+		for (int i = 0; i < BURST; i++, id++) {
+			struct ibv_sge sge = {(uintptr_t)(buf + (id % SLOTS) * MSG), MSG, mr->lkey};
+			struct ibv_send_wr wr = {.wr_id = id, .sg_list = &sge, .num_sge = 1, .opcode = IBV_WR_RDMA_WRITE},
+					   *bad;
+			if ((id + 1) % SIGNAL_EVERY == 0)
+				wr.send_flags = IBV_SEND_SIGNALED;
+			wr.wr.rdma.remote_addr = (uintptr_t)(buf + SLOTS * MSG + (id % SLOTS) * MSG);
+			wr.wr.rdma.rkey = mr->rkey;
+			if (ibv_post_send(a, &wr, &bad))
+				DIE("burst %d: post_send", b);
+		}
+		for (uint64_t want = id - BURST + SIGNAL_EVERY - 1; want < id; want += SIGNAL_EVERY) {
+			struct ibv_wc wc;
+			int n;
+			while ((n = ibv_poll_cq(scq, 1, &wc)) == 0)
+				;
+			if (n != 1 || wc.status != IBV_WC_SUCCESS || wc.wr_id != want)
+				DIE("burst %d: n %d status %d wr_id %lu, want %lu", b, n, wc.status, (unsigned long)wc.wr_id,
+				    (unsigned long)want);
+		}
+	}
+}
+
 int main(void)
 {
 	ctx = open_first();
@@ -212,6 +245,7 @@ int main(void)
 	sleeper();
 	pollers();
 	channel_and_poll();
+	bursts();
 	if (ibv_destroy_qp(a) || ibv_destroy_qp(b) || ibv_destroy_cq(scq) || ibv_destroy_cq(rcq) ||
 	    ibv_destroy_comp_channel(channel) || ibv_dereg_mr(mr) || ibv_dealloc_pd(pd) || ibv_close_device(ctx))
 		DIE("teardown");
