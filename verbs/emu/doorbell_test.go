@@ -1,6 +1,7 @@
 package main
 
 import (
+	"os"
 	"runtime"
 	"sync/atomic"
 	"testing"
@@ -72,4 +73,20 @@ func TestDoorbellWait(t *testing.T) {
 		require.True(t, <-done)
 		require.Equal(t, 1, events, "the channel's event is written too")
 	})
+}
+
+// TestDataPathProcs: the runtime has one P fewer than the CPUs until a thread posts or
+// polls through the library, and one per CPU from then on (main.go).
+func TestDataPathProcs(t *testing.T) {
+	if os.Getenv("GOMAXPROCS") != "" {
+		t.Skip("GOMAXPROCS is set: it decides")
+	}
+	if raised.Load() {
+		t.Skip("dataPath ran in this process already")
+	}
+	require.Equal(t, max(1, runtime.NumCPU()-1), runtime.GOMAXPROCS(0), "before the data path")
+	dataPath()
+	require.Equal(t, runtime.NumCPU(), runtime.GOMAXPROCS(0), "once a thread posts or polls")
+	dataPath()
+	require.Equal(t, runtime.NumCPU(), runtime.GOMAXPROCS(0))
 }

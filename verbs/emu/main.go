@@ -16,7 +16,10 @@ import (
 	"fmt"
 	"net/netip"
 	"os"
+	"runtime"
 	"runtime/cgo"
+	"sync"
+	"sync/atomic"
 	"syscall"
 	"unsafe"
 
@@ -25,19 +28,36 @@ import (
 
 func main() {} // a c-shared library's main is never run
 
-// The Go runtime keeps its default GOMAXPROCS, one P per CPU, in a verbs program too.
-// A program's data path is a thread of its own that posts and polls (perftest's is
-// one): it enters Go on each post and keeps the P it entered with while it runs C
-// again (the runtime counts it in a system call) until the runtime's monitor takes the
-// P back, 20 us to milliseconds later, so the engines have one P fewer than the
-// runtime. With one P fewer than the CPUs (the setting before), on this project's
-// 2-CPU machines they had none while perftest ran C: an engine that a post woke
-// waited about 250 us for a P, and perftest's typical 64 B latency between two
-// processes was 196-242 us where one P per CPU gives 55-103 us (ib_write_lat,
-// ib_send_lat, ib_read_lat). Together with qp.c's wait in Go for a thread with many
-// sends in flight, perftest's WRITE and SEND moved 20-27% more at 64 B and 4 KiB, its
-// READ 12-21% less there and everything 6-21% less from 64 KiB (README).
-// GOMAXPROCS in the environment still decides.
+// The emulated NIC runs on the CPUs the program leaves it. A program's data path is a
+// thread of its own that posts and polls (perftest's is one): it enters Go on each
+// post, and while it runs C again it keeps the P it entered with (the runtime counts
+// it in a system call) until the runtime's monitor takes the P back, 20 us to
+// milliseconds later. Until a thread first posts or polls through the library, the
+// runtime has one P fewer than the CPUs, leaving the program its CPU; from then on
+// one per CPU (dataPath), since that thread holds one. A process that only answers,
+// as perftest's server of READ and WRITE tests does, keeps one P fewer: on this
+// project's 2-CPU machines it moved 10-25% more at 64 B than with two. With one P
+// fewer while a thread posted, the engines had none while it ran C: an engine that
+// a post woke waited about 250 us for a P, and perftest's typical 64 B latency
+// between two processes was about 200-240 us, now 52-114 us (README). GOMAXPROCS in
+// the environment still decides.
+func init() {
+	if os.Getenv("GOMAXPROCS") == "" {
+		runtime.GOMAXPROCS(max(1, runtime.NumCPU()-1))
+	}
+}
+
+// dataPath gives the runtime one P per CPU once a thread posts or polls through the
+// library (see init).
+var dataPath = sync.OnceFunc(func() {
+	raised.Store(true)
+	if os.Getenv("GOMAXPROCS") == "" {
+		runtime.GOMAXPROCS(runtime.NumCPU())
+	}
+})
+
+// raised says dataPath has run.
+var raised atomic.Bool
 
 // device is an opened device: one ibv_open_device.
 type device struct {

@@ -280,6 +280,7 @@ func odpemu_resize_cq(h C.odpemu_handle, depth C.int) C.int {
 //
 //export odpemu_poll_cq
 func odpemu_poll_cq(h C.odpemu_handle, n C.int, out *C.struct_odpemu_wc) C.int {
+	dataPath()
 	c, ok := lookup[*completionQueue](h)
 	if !ok || n < 0 {
 		return -C.int(syscall.EINVAL)
@@ -497,6 +498,7 @@ func sgl(sg *C.struct_odpemu_sge, n C.uint32_t) []odp.SGE {
 
 //export odpemu_post_send
 func odpemu_post_send(h C.odpemu_handle, wrs *C.struct_odpemu_send_wr, n C.uint32_t, posted *C.uint32_t) C.int {
+	dataPath()
 	*posted = 0
 	q, ok := lookup[*queuePair](h)
 	if !ok {
@@ -582,6 +584,7 @@ func odpemu_dealloc_mw(h C.odpemu_handle) C.int {
 
 //export odpemu_post_recv
 func odpemu_post_recv(h C.odpemu_handle, wrID C.uint64_t, sg *C.struct_odpemu_sge, n C.uint32_t) C.int {
+	dataPath()
 	q, ok := lookup[*queuePair](h)
 	if !ok {
 		return C.int(syscall.EINVAL)
@@ -654,6 +657,7 @@ func odpemu_destroy_srq(h C.odpemu_handle) C.int {
 
 //export odpemu_post_srq_recv
 func odpemu_post_srq_recv(h C.odpemu_handle, wrID C.uint64_t, sg *C.struct_odpemu_sge, n C.uint32_t) C.int {
+	dataPath()
 	s, ok := lookup[*sharedReceiveQueue](h)
 	if !ok {
 		return C.int(syscall.EINVAL)
