@@ -20,7 +20,12 @@ const (
 	WriteBW = "write_bw"
 	ReadBW  = "read_bw"
 	SendBW  = "send_bw"
+	// AtomicBW is ib_atomic_bw's test: 8-byte fetch-and-adds (its default type).
+	AtomicBW = "atomic_bw"
 )
+
+// AtomicSize is the bytes an atomic moves.
+const AtomicSize = 8
 
 // RxDepth is how many receives a send_bw server keeps posted (ib_send_bw's default
 // rx-depth).
@@ -28,7 +33,7 @@ const RxDepth = 512
 
 // Params configure one run. Zero values take perftest's defaults.
 type Params struct {
-	Test        string // WriteBW, ReadBW or SendBW
+	Test        string // WriteBW, ReadBW, SendBW or AtomicBW
 	ODP         bool   // register with AccessOnDemand (perftest --odp)
 	Size        int    // message size, default 65536
 	Iters       int    // iterations, default 5000
@@ -109,8 +114,14 @@ func (p *Params) defaults() error {
 	if p.Test == "" {
 		p.Test = WriteBW
 	}
-	if p.Test != WriteBW && p.Test != ReadBW && p.Test != SendBW {
-		return fmt.Errorf("perf: unknown test %q (want %s, %s or %s)", p.Test, WriteBW, ReadBW, SendBW)
+	if p.Test != WriteBW && p.Test != ReadBW && p.Test != SendBW && p.Test != AtomicBW {
+		return fmt.Errorf("perf: unknown test %q (want %s, %s, %s or %s)", p.Test, WriteBW, ReadBW, SendBW, AtomicBW)
+	}
+	if p.Test == AtomicBW {
+		if p.Size != 0 && p.Size != AtomicSize {
+			return fmt.Errorf("perf: %s moves %d bytes, not %d", AtomicBW, AtomicSize, p.Size)
+		}
+		p.Size = AtomicSize
 	}
 	if p.Size == 0 {
 		p.Size = 65536
@@ -433,6 +444,9 @@ func newBareSide(cfg odp.Config, p Params) (*side, error) {
 // register registers the side's buffer as p says.
 func (s *side) register(p Params) (err error) {
 	access := odp.AccessLocalWrite | odp.AccessRemoteWrite | odp.AccessRemoteRead
+	if p.Test == AtomicBW {
+		access |= odp.AccessRemoteAtomic
+	}
 	if p.ODP {
 		access |= odp.AccessOnDemand
 	}
@@ -580,6 +594,8 @@ func (s *side) loop(p Params, remote target) (Result, error) {
 		op = odp.OpRDMARead
 	case SendBW:
 		op = odp.OpSend
+	case AtomicBW:
+		op = odp.OpAtomicFetchAdd
 	}
 	slots := max(len(s.buf)/p.Size, 1) // local slots; the remote side may be larger
 	rslots := max(remote.size/p.Size, 1)
@@ -605,8 +621,11 @@ func (s *side) loop(p Params, remote target) (Result, error) {
 			wr := odp.SendWR{WRID: uint64(posted), Opcode: op,
 				SGL:        []odp.SGE{s.sge(int(off), p.Size)},
 				RemoteAddr: remote.addr + roff, RKey: remote.rkey}
-			if op == odp.OpSend {
+			switch op {
+			case odp.OpSend:
 				wr.RemoteAddr, wr.RKey = 0, 0 // the receiver's posted buffers choose
+			case odp.OpAtomicFetchAdd:
+				wr.CompareAdd = 1
 			}
 			if (posted+1)%p.CQMod == 0 || posted == limit-1 {
 				wr.Flags = odp.SendSignaled

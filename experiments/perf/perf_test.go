@@ -35,7 +35,7 @@ func TestRunReportsFaultsOnlyForODP(t *testing.T) {
 	r, err := Run(Params{ODP: true, Warm: true, Size: 16 << 10, Iters: 100, Depth: 16})
 	require.NoError(t, err)
 	assert.Zero(t, r.PageFaults, "the warm-up pass faulted everything in")
-	_, err = Run(Params{Test: "atomic_bw"})
+	_, err = Run(Params{Test: "cas_bw"})
 	assert.Error(t, err)
 }
 
@@ -208,8 +208,29 @@ func TestSendBW(t *testing.T) {
 	assert.Positive(t, r.PageFaults, "the receive buffers faulted")
 	_, _, err = WarmPair(Params{Test: SendBW, Size: 4096, Iters: 100}, 1)
 	assert.ErrorContains(t, err, "send_bw")
-	_, err = Run(Params{Test: "atomic_bw"})
+	_, err = Run(Params{Test: "cas_bw"})
 	assert.ErrorContains(t, err, "unknown test")
+}
+
+// atomic_bw: 8-byte fetch-and-adds on the server's region, which its MR allows (an
+// MR without REMOTE_ATOMIC would fail the first with a remote access error); on ODP
+// they fault the server's pages in as a WRITE does. No other size.
+func TestAtomicBW(t *testing.T) {
+	for _, odpReg := range []bool{false, true} {
+		r, err := Run(Params{Test: AtomicBW, ODP: odpReg, Iters: 2000, Depth: 32, CQMod: 16})
+		require.NoError(t, err, "odp %v", odpReg)
+		assert.Equal(t, AtomicBW, r.Test)
+		assert.Equal(t, AtomicSize, r.Bytes)
+		assert.Equal(t, 2000, r.Iters)
+		assert.Positive(t, r.MsgRateMpps)
+		if odpReg {
+			assert.Positive(t, r.PageFaults, "the server's region faulted")
+		} else {
+			assert.Zero(t, r.PageFaults)
+		}
+	}
+	_, err := Run(Params{Test: AtomicBW, Size: 64})
+	assert.ErrorContains(t, err, "8 bytes")
 }
 
 // Under a budget the server region's resident bytes, read from pagemap over the

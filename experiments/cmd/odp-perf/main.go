@@ -1,7 +1,7 @@
 // Command odp-perf measures RDMA bandwidth between two emulated NICs in one process,
 // with perftest's columns, and compares pinned against on-demand registration.
 //
-//	odp-perf write_bw|read_bw|send_bw [--odp] [-s|--size N | -a|--all] [-n|--iters N] [-t|--tx-depth N]
+//	odp-perf write_bw|read_bw|send_bw|atomic_bw [--odp] [-s|--size N | -a|--all] [-n|--iters N] [-t|--tx-depth N]
 //	                          [-Q|--cq-mod N] [--warm] [--json] ...
 //	odp-perf compare [--test write_bw|read_bw] [-n|--iters N] [--reps N] [--csv FILE] [--quiet]
 //	odp-perf wire [-s|--size N] [-n|--iters N] [-t|--tx-depth N] [--reps N]
@@ -37,7 +37,7 @@ import (
 )
 
 const usage = `usage:
-  odp-perf write_bw|read_bw|send_bw [flags]
+  odp-perf write_bw|read_bw|send_bw|atomic_bw [flags]
                                       one perftest-style measurement
   odp-perf compare [flags]            pinned vs ODP, cold and warm, side by side
   odp-perf wire [flags]               the RoCEv2 wire between two processes against a plain UDP stream
@@ -63,7 +63,7 @@ func run(args []string, stdout, stderr io.Writer) error {
 		return errors.New("no command")
 	}
 	switch args[0] {
-	case perf.WriteBW, perf.ReadBW, perf.SendBW:
+	case perf.WriteBW, perf.ReadBW, perf.SendBW, perf.AtomicBW:
 		return bw(args[0], args[1:], stdout, stderr)
 	case "compare":
 		return compare(args[1:], stdout, stderr)
@@ -210,6 +210,12 @@ func bw(test string, args []string, stdout, stderr io.Writer) error {
 		}
 		v := uint8(*minRNR)
 		timer = &v
+	}
+	if test == perf.AtomicBW {
+		if *all || (fs.Changed("size") && msg != perf.AtomicSize) {
+			return fmt.Errorf("%s moves %d bytes (--size, --all)", test, perf.AtomicSize)
+		}
+		msg = perf.AtomicSize
 	}
 	sizes := []int{int(msg)}
 	if *all {

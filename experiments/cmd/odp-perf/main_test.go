@@ -89,14 +89,14 @@ func TestCompareWritesCSV(t *testing.T) {
 
 func TestBadArguments(t *testing.T) {
 	for _, args := range [][]string{
-		{}, {"atomic_bw"}, {"write_bw", "--size", "12Q"}, {"write_bw", "extra"}, {"compare", "--min-size", "8K", "--max-size", "4K"},
+		{}, {"cas_bw"}, {"atomic_bw", "--size", "64"}, {"atomic_bw", "--all"}, {"write_bw", "--size", "12Q"}, {"write_bw", "extra"}, {"compare", "--min-size", "8K", "--max-size", "4K"},
 		{"compare", "--reg-sizes", "abc"}, {"write_bw", "--iters", "0"}, {"write_bw", "--budget", "1M", "--mr-size", "8M"},
 		{"write_bw", "--server", ":0", "--connect", "127.0.0.1:1"}, {"write_bw", "--bind", "127.0.0.1"},
 		{"write_bw", "--reps", "0"}, {"write_bw", "--reps", "2", "--server", ":0"}, {"write_bw", "--link-rate", "-1"},
 		{"write_bw", "--server", "127.0.0.1:0", "--loss", "1.5"}, {"write_bw", "--connect", "x", "--bind", "0.0.0.0"},
 		{"write_bw", "--server", "127.0.0.1:0", "--timeout", "40"}, {"wire", "--reps", "0"},
 		{"write_bw", "--min-memcpy-ratio", "0.4", "--server", ":0"}, {"write_bw", "--roce-port", "70000"},
-		{"perftest", "--sizes", "4Q"}, {"perftest", "--modes", "implicit"}, {"perftest", "--tests", "atomic"},
+		{"perftest", "--sizes", "4Q"}, {"perftest", "--modes", "implicit"}, {"perftest", "--tests", "cas"},
 		{"perftest", "--reps", "0"},
 	} {
 		_, _, err := runArgs(args...)
@@ -115,6 +115,9 @@ func TestPerftestFlagsAndHelp(t *testing.T) {
 	require.NoError(t, err)
 	assert.Contains(t, out, " 65536 ")
 	assert.Contains(t, out, "ODP registration")
+	out, _, err = runArgs("atomic_bw", "-n", "200", "-t", "16", "-Q", "8")
+	require.NoError(t, err)
+	assert.Regexp(t, `(?m)^ 8 +200 `, out, "8-byte fetch-and-adds")
 
 	_, stderr, err := runArgs("write_bw", "--help")
 	assert.ErrorIs(t, err, pflag.ErrHelp, "main exits 0 on ErrHelp")

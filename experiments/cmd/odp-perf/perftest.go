@@ -14,6 +14,7 @@ import (
 	"time"
 
 	"github.com/odpemu/odpemu/experiments/cmdflag"
+	"github.com/odpemu/odpemu/experiments/perf"
 	"github.com/odpemu/odpemu/experiments/stats"
 	"github.com/odpemu/odpemu/verbs"
 )
@@ -25,7 +26,7 @@ import (
 // the emulator.
 func perftest(args []string, stdout, stderr io.Writer) error {
 	fs := newFlagSet("perftest", stderr)
-	tests := fs.StringSlice("tests", []string{"write", "read", "send"}, "perftest's tests to run (ib_<test>_bw)")
+	tests := fs.StringSlice("tests", []string{"write", "read", "send", "atomic"}, "perftest's tests to run (ib_<test>_bw; atomic: 8-byte fetch-and-adds, pinned, whatever --sizes and --modes say)")
 	sizeList := fs.StringSlice("sizes", []string{"64", "4K", "64K", "1M"}, "message sizes (K, M suffixes)")
 	modes := fs.StringSlice("modes", []string{"pinned", "odp"}, "registrations: pinned, odp (--odp) or both")
 	iters := fs.IntP("iters", "n", 5000, "iterations per run")
@@ -48,8 +49,8 @@ func perftest(args []string, stdout, stderr io.Writer) error {
 		}
 	}
 	for _, t := range *tests {
-		if t != "write" && t != "read" && t != "send" {
-			return fmt.Errorf("--tests: %q: want write, read or send", t)
+		if t != "write" && t != "read" && t != "send" && t != "atomic" {
+			return fmt.Errorf("--tests: %q: want write, read, send or atomic", t)
 		}
 		if _, err := exec.LookPath("ib_" + t + "_bw"); err != nil {
 			return fmt.Errorf("needs perftest (Debian: perftest): %w", err)
@@ -80,8 +81,12 @@ func perftest(args []string, stdout, stderr io.Writer) error {
 	fmt.Fprintf(stdout, "# perftest on odpemu's libibverbs.so.1 against odp-perf, two processes each (127.0.0.1, 127.0.0.2), %d iterations, tx depth 128, a completion every 100, buffers written before the run; MiB/s, medians of %d rounds (ratio: of the rounds' ratios)\n", *iters, *reps)
 	fmt.Fprintf(stdout, "%-6s %8s %-7s %12s %12s %8s\n", "test", "bytes", "reg", "perftest", "odp-perf", "ratio")
 	for _, t := range *tests {
-		for _, size := range sizes {
-			for _, mode := range *modes {
+		tsizes, tmodes := sizes, *modes
+		if t == "atomic" { // perftest refuses atomics on ODP memory
+			tsizes, tmodes = []int{perf.AtomicSize}, []string{"pinned"}
+		}
+		for _, size := range tsizes {
+			for _, mode := range tmodes {
 				var pt, op []float64
 				for r := 0; r < *reps; r++ {
 					a, err := perftestRun(*lib, t, size, *iters, mode == "odp")
@@ -95,7 +100,7 @@ func perftest(args []string, stdout, stderr io.Writer) error {
 					pt, op = append(pt, a), append(op, b)
 					fmt.Fprintf(stderr, "odp-perf perftest: %s %d %s round %d: perftest %.1f, odp-perf %.1f MiB/s\n", t, size, mode, r+1, a, b)
 				}
-				fmt.Fprintf(stdout, "%-6s %8d %-7s %12.1f %12.1f %8.2f\n", t, size, mode, stats.Median(pt), stats.Median(op),
+				fmt.Fprintf(stdout, "%-6s %8d %-7s %12.2f %12.2f %8.2f\n", t, size, mode, stats.Median(pt), stats.Median(op),
 					stats.Median(stats.Ratios(pt, op)))
 			}
 		}
