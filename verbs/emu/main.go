@@ -18,7 +18,6 @@ import (
 	"os"
 	"runtime"
 	"runtime/cgo"
-	"sync"
 	"sync/atomic"
 	"syscall"
 	"unsafe"
@@ -48,13 +47,15 @@ func init() {
 }
 
 // dataPath gives the runtime one P per CPU once a thread posts or polls through the
-// library (see init).
-var dataPath = sync.OnceFunc(func() {
-	raised.Store(true)
+// library (see init). The first call raises it; the rest cost an atomic load.
+func dataPath() {
+	if raised.Load() || !raised.CompareAndSwap(false, true) {
+		return
+	}
 	if os.Getenv("GOMAXPROCS") == "" {
 		runtime.GOMAXPROCS(runtime.NumCPU())
 	}
-})
+}
 
 // raised says dataPath has run.
 var raised atomic.Bool
