@@ -279,7 +279,7 @@ func bw(test string, args []string, stdout, stderr io.Writer) error {
 			cancel()
 		default:
 			var rounds rounds
-			if rounds, err = runRounds(p, *reps, max(int(mrSize)/s, *depth)); err == nil {
+			if rounds, err = runRounds(p, *reps, regionSlots(int(mrSize), s, *depth)); err == nil {
 				r = rounds.median()
 				if !*asJSON {
 					printRounds(stdout, rounds, link)
@@ -322,7 +322,7 @@ func bw(test string, args []string, stdout, stderr io.Writer) error {
 		}
 		if budget > 0 {
 			fmt.Fprintf(stdout, "# budget %s: max resident %s of %s registered, %d evictions, %d restores\n",
-				perf.HumanBytes(int(budget)), perf.HumanBytes(int(r.MaxResident)), perf.HumanBytes(r.Bytes*max(int(mrSize)/r.Bytes, *depth)),
+				perf.HumanBytes(int(budget)), perf.HumanBytes(int(r.MaxResident)), perf.HumanBytes(r.Bytes*regionSlots(int(mrSize), r.Bytes, *depth)),
 				r.Evictions, r.Restores)
 		}
 	}
@@ -394,6 +394,16 @@ func compare(args []string, stdout, stderr io.Writer) error {
 		return writeCSV(*csvPath, *test, rows)
 	}
 	return nil
+}
+
+// regionSlots is how many size-byte slots the work requests stride across: those
+// of the region --mr-size gives (both sides register that much), else one per
+// work request in flight.
+func regionSlots(mrSize, size, depth int) int {
+	if mrSize > 0 {
+		return max(mrSize/size, 1)
+	}
+	return depth
 }
 
 // round is one run of a size and the memcpy floor measured right after it.

@@ -145,7 +145,19 @@ func TestProgressWithoutTerminal(t *testing.T) {
 
 	out, _, err = runArgs("write_bw", "--odp", "-s", "4K", "-n", "500", "-t", "32", "--mr-size", "64K", "--budget", "1M")
 	require.NoError(t, err)
+	assert.Contains(t, out, "of 64 KiB registered", "the region --mr-size gives, not 4 KiB x depth 32")
+	out, _, err = runArgs("write_bw", "--odp", "-s", "4K", "-n", "500", "-t", "32", "--budget", "1M")
+	require.NoError(t, err)
 	assert.Contains(t, out, "of 128 KiB registered", "4 KiB x depth 32, not x 128")
+}
+
+// The memcpy floor strides across the slots the NIC's work requests do: the
+// region's, else one per work request in flight.
+func TestRegionSlots(t *testing.T) {
+	assert.Equal(t, 128, regionSlots(0, 4096, 128))
+	assert.Equal(t, 4, regionSlots(4<<20, 1<<20, 128), "a region smaller than size x depth")
+	assert.Equal(t, 2048, regionSlots(8<<20, 4096, 16), "a region larger than size x depth")
+	assert.Equal(t, 1, regionSlots(1000, 4096, 16), "never no slot")
 }
 
 // The speed guard CI runs: a run below --min-memcpy-ratio fails, naming the ratio.
