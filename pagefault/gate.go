@@ -55,6 +55,17 @@ func newGate() *Gate {
 	return gt
 }
 
+// NewGate returns a gate that no fault server closes: that of an address space
+// without a userfaultfd, where no event is ever read and so no DMA ever waits. It
+// stays open and counts no event.
+func NewGate() *Gate {
+	g := newGate()
+	if g != nil {
+		g.owner.stopped.Store(true) // no server thread uses it: freed once unreachable
+	}
+	return g
+}
+
 type gateRef struct {
 	g     *C.odp_gate
 	owner *gateOwner

@@ -39,15 +39,28 @@ const (
 	// ModeUserOnly (UFFD_USER_MODE_ONLY) reports only user-mode faults; kernel-mode
 	// accesses to missing pages of a registered range fail with EFAULT.
 	ModeUserOnly
+	// ModeNone: no userfaultfd at all (see ErrRefused); nothing is faulted on demand.
+	ModeNone
 )
 
 // String names the mode.
 func (m Mode) String() string {
-	if m == ModeUserOnly {
+	switch m {
+	case ModeUserOnly:
 		return "user-mode-only"
+	case ModeNone:
+		return "none"
 	}
 	return "kernel+user"
 }
+
+// ErrRefused is wrapped by Open's error when this process may not create a
+// userfaultfd at all: the system call is refused (EPERM or EACCES from a seccomp
+// filter, such as the default profiles of Docker and Podman, or from
+// vm.unprivileged_userfaultfd where UFFD_USER_MODE_ONLY is missing too) or absent
+// (ENOSYS, a kernel built without CONFIG_USERFAULTFD). A handshake that fails is not
+// a refusal.
+var ErrRefused = errors.New("pagefault: this process may not create a userfaultfd")
 
 // FD is an open userfaultfd after the API handshake. Its ioctl methods are safe for
 // concurrent use; Close must not race with them.
@@ -92,14 +105,20 @@ func Open(opts Options) (*FD, error) {
 
 func create(forceUser bool) (fd int, mode Mode, src string, err error) {
 	flags := uintptr(unix.O_CLOEXEC | unix.O_NONBLOCK)
+	refused := func(call string, e unix.Errno) error { return fmt.Errorf("%w: %s: %w", ErrRefused, call, e) }
+	first := unix.Errno(0) // why the full userfaultfd was refused
 	if !forceUser {
 		r, _, e := unix.Syscall(unix.SYS_USERFAULTFD, flags, 0, 0)
-		if e == 0 {
+		switch e {
+		case 0:
 			return int(r), ModeKernel, "syscall", nil
-		}
-		if e != unix.EPERM {
+		case unix.ENOSYS:
+			return -1, 0, "", refused("userfaultfd", e)
+		case unix.EPERM, unix.EACCES:
+		default:
 			return -1, 0, "", fmt.Errorf("userfaultfd: %w", e)
 		}
+		first = e
 		if dev, derr := unix.Open("/dev/userfaultfd", unix.O_RDWR|unix.O_CLOEXEC, 0); derr == nil {
 			r, _, e := unix.Syscall(unix.SYS_IOCTL, uintptr(dev), ioctlNew, flags)
 			_ = unix.Close(dev) // only the new userfaultfd is kept
@@ -109,10 +128,16 @@ func create(forceUser bool) (fd int, mode Mode, src string, err error) {
 		}
 	}
 	r, _, e := unix.Syscall(unix.SYS_USERFAULTFD, flags|userModeOnly, 0, 0)
-	if e != 0 {
-		return -1, 0, "", fmt.Errorf("userfaultfd(UFFD_USER_MODE_ONLY): %w", e)
+	switch {
+	case e == 0:
+		return int(r), ModeUserOnly, "syscall", nil
+	case e == unix.EPERM || e == unix.EACCES || e == unix.ENOSYS:
+		return -1, 0, "", refused("userfaultfd(UFFD_USER_MODE_ONLY)", e)
+	case e == unix.EINVAL && first != 0:
+		// A kernel before 5.11 does not know the flag: the first refusal stands.
+		return -1, 0, "", refused("userfaultfd", first)
 	}
-	return int(r), ModeUserOnly, "syscall", nil
+	return -1, 0, "", fmt.Errorf("userfaultfd(UFFD_USER_MODE_ONLY): %w", e)
 }
 
 // Fd returns the file descriptor. It stays owned by the FD.
