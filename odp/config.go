@@ -3,6 +3,7 @@ package odp
 // A device's settings and what they need of the running kernel.
 
 import (
+	"errors"
 	"fmt"
 
 	"github.com/odpemu/odpemu/pagefault"
@@ -82,8 +83,14 @@ type Config struct {
 // registration of anonymous memory (every buffer is registered for events, faults or
 // not, so that Free knows what the application unmapped), MADV_POPULATE_WRITE
 // for write faults on shared pages and for pinning, and UFFDIO_MOVE for paging (the
-// pager moves pages out atomically).
-func requirements(cfg Config) []pagefault.Requirement {
+// pager moves pages out atomically). A process that may not create a userfaultfd at
+// all (pagefault.ErrRefused: a container's seccomp profile, a kernel without it) gets
+// a device without on-demand paging, whose memory is pinned (pinnedOnly); paging
+// still needs one.
+func requirements(cfg Config, k pagefault.Kernel) []pagefault.Requirement {
+	if pinnedOnly(cfg, k) {
+		return []pagefault.Requirement{pagefault.ReqPopulateWrite}
+	}
 	reqs := []pagefault.Requirement{pagefault.ReqUserfaultfd, pagefault.ReqEvents, pagefault.ReqWriteProtect,
 		pagefault.ReqPopulateWrite}
 	if cfg.Paging || cfg.ResidentBudget > 0 {
@@ -92,10 +99,16 @@ func requirements(cfg Config) []pagefault.Requirement {
 	return reqs
 }
 
+// pinnedOnly reports whether a device of cfg opens without on-demand paging: k says
+// this process may not create a userfaultfd, and cfg does not page.
+func pinnedOnly(cfg Config, k pagefault.Kernel) bool {
+	return errors.Is(k.Userfaultfd.Err, pagefault.ErrRefused) && !cfg.Paging && cfg.ResidentBudget == 0
+}
+
 // checkKernel fails with an error matching ErrNotSupported, naming the feature and the
 // kernel release that has it, when k lacks something cfg needs.
 func checkKernel(cfg Config, k pagefault.Kernel) error {
-	if err := k.Check(requirements(cfg)...); err != nil {
+	if err := k.Check(requirements(cfg, k)...); err != nil {
 		return fmt.Errorf("%w: %w", ErrNotSupported, err)
 	}
 	return nil

@@ -1,6 +1,10 @@
 package odp
 
-import "time"
+import (
+	"time"
+
+	"github.com/odpemu/odpemu/pagefault"
+)
 
 // A device shows its counters the way Linux shows an RDMA device's (package
 // hwcounters mounts them: hwcounters.Mount(dir, dev) gives
@@ -74,7 +78,10 @@ func (d *Device) MRCounters() map[uint32]map[string]uint64 {
 
 // Stats returns the device's counters.
 func (d *Device) Stats() Stats {
-	s, _ := d.as.server.Stats() // after Close the fault server's counters read as zero
+	var s pagefault.CPUServerStats
+	if d.as.server != nil { // a space without a userfaultfd has no fault server
+		s, _ = d.as.server.Stats() // after Close the fault server's counters read as zero
+	}
 	ps := d.as.pump.Stats()
 	d.mu.Lock()
 	pinned := d.pinned

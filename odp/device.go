@@ -136,6 +136,12 @@ type Device struct {
 // (UserModeOnly, NoInvalidate, Paging, ResidentBudget, StorePath, CPUFaultAround)
 // share the process's address space: memory from one's Alloc can be registered on the
 // others.
+//
+// Where the process may not create a userfaultfd (pagefault.ErrRefused: a container's
+// default seccomp profile, a kernel without it), the device opens without on-demand
+// paging: QueryDevice reports no ODP caps, AccessOnDemand and implicit MRs fail with
+// ErrNotSupported, FaultMode is pagefault.ModeNone, and pinned memory works as
+// everywhere; a Config that pages fails with ErrNotSupported.
 func Open(cfg Config) (*Device, error) {
 	if cfg.Name == "" {
 		cfg.Name = "odpemu0"
@@ -189,7 +195,12 @@ func (d *Device) Name() string { return d.cfg.Name }
 // FaultMode reports which userfaultfd mode serves CPU faults: kernel+user, or
 // user-mode-only (then kernel-mode accesses such as read(2) into a missing page of an
 // ODP region fail with EFAULT).
-func (d *Device) FaultMode() pagefault.Mode { return d.as.uffd.Mode() }
+func (d *Device) FaultMode() pagefault.Mode {
+	if d.as.uffd == nil {
+		return pagefault.ModeNone
+	}
+	return d.as.uffd.Mode()
+}
 
 // PFNsReadable reports whether translations record real page frame numbers.
 func (d *Device) PFNsReadable() bool { return d.as.pagemap.PFNsReadable() }
@@ -264,12 +275,7 @@ func (d *Device) QueryDevice() DeviceAttr {
 		Name: d.cfg.Name, PageSize: PageSize, MaxMRSize: maxMRSize, MaxMsgSize: maxMsg, MaxQPWR: maxQPWR,
 		MaxSGE: maxSGE, MaxInlineData: maxInline, MaxCQE: maxCQE, AtomicCap: AtomicGlob,
 		MaxQPRdAtom: maxRdAtomic, MaxQPInitRdAtom: maxRdAtomic, MaxSRQWR: maxQPWR, MaxSRQSGE: maxSGE,
-		ODP: ODPCaps{
-			General: ODPSupport | ODPSupportImplicit,
-			RC:      ODPSend | ODPRecv | ODPWrite | ODPRead | ODPAtomic | ODPSRQRecv,
-			UC:      ODPSend | ODPRecv | ODPWrite | ODPSRQRecv,
-			UD:      ODPSend | ODPRecv | ODPSRQRecv,
-		},
+		ODP:             d.odpCaps(),
 		ResponderFaults: d.cfg.ResponderFaults,
 	}
 }

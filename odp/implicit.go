@@ -22,6 +22,9 @@ func (pd *domain) regImplicitMR(access Access) (*MR, error) {
 		return nil, err
 	}
 	d := pd.dev
+	if err := d.onDemand(access); err != nil {
+		return nil, err
+	}
 	s := d.as
 	mr := &MR{dev: d, length: maxMRSize, odp: true, implicit: true}
 	mr.pd.Store(pd)

@@ -113,6 +113,30 @@ type MR struct {
 	children sync.Map
 }
 
+// odpCaps are the device's ODP capabilities: none in an address space without a
+// userfaultfd (space.noODP), where nothing can be faulted on demand.
+func (n *nic) odpCaps() ODPCaps {
+	if n.as.noODP != nil {
+		return ODPCaps{}
+	}
+	return ODPCaps{
+		General: ODPSupport | ODPSupportImplicit,
+		RC:      ODPSend | ODPRecv | ODPWrite | ODPRead | ODPAtomic | ODPSRQRecv,
+		UC:      ODPSend | ODPRecv | ODPWrite | ODPSRQRecv,
+		UD:      ODPSend | ODPRecv | ODPSRQRecv,
+	}
+}
+
+// onDemand refuses AccessOnDemand on a device without ODP (odpCaps zero) with
+// ErrNotSupported, as the kernel's ib_check_mr_access refuses IB_ACCESS_ON_DEMAND
+// on a device without IBK_ON_DEMAND_PAGING (EOPNOTSUPP).
+func (n *nic) onDemand(access Access) error {
+	if access&AccessOnDemand != 0 && n.as.noODP != nil {
+		return wrap(ErrNotSupported, "on-demand paging needs a userfaultfd, which this process may not create (%v)", n.as.noODP)
+	}
+	return nil
+}
+
 // regMR is RegMR.
 func (pd *domain) regMR(buf []byte, access Access) (*MR, error) {
 	t0 := time.Now()
@@ -124,6 +148,9 @@ func (pd *domain) regMR(buf []byte, access Access) (*MR, error) {
 		return nil, wrap(ErrInvalidArgument, "zero-length MR")
 	}
 	if err := access.check(); err != nil {
+		return nil, err
+	}
+	if err := d.onDemand(access); err != nil {
 		return nil, err
 	}
 	ps := pagefault.PageSize

@@ -11,6 +11,7 @@ import (
 	"github.com/odpemu/odpemu/invalidate"
 	"github.com/odpemu/odpemu/pagefault"
 	"github.com/odpemu/odpemu/paging"
+	"golang.org/x/sys/unix"
 )
 
 // space is the process's address space as the NICs see it, the kernel's mm: one
@@ -38,8 +39,12 @@ type space struct {
 	pager    *paging.Pager // nil unless paging
 	store    *paging.Store
 	barrier  *pagefault.ZapBarrier
-	zaps     zapWindow  // REMOVE ranges whose zap may be late (latezap.go)
-	regMu    sync.Mutex // serialises ODP userfaultfd registration changes
+	// noODP is why the space has no userfaultfd (uffd, server, resolver and barrier
+	// are nil; wraps pagefault.ErrRefused), nil in a space that has one.
+	noODP  error
+	silent *noEvents  // the pump's source in a space without a userfaultfd
+	zaps   zapWindow  // REMOVE ranges whose zap may be late (latezap.go)
+	regMu  sync.Mutex // serialises ODP userfaultfd registration changes
 
 	mu      sync.RWMutex     // protects the fields below; read-locked for lookups
 	buffers []buffer         // sorted by start
@@ -113,6 +118,9 @@ func startSpace(cfg spaceConfig) (*space, error) {
 		s.uffd, err = pagefault.Open(pagefault.Options{Features: feats, UserModeOnly: cfg.UserModeOnly})
 	}
 	if err != nil {
+		if errors.Is(err, pagefault.ErrRefused) && !cfg.Paging {
+			return s.startPinnedOnly(err)
+		}
 		return nil, err
 	}
 	if s.pagemap, err = pagefault.OpenPagemap(); err == nil {
@@ -150,6 +158,49 @@ func startSpace(cfg spaceConfig) (*space, error) {
 	return s, nil
 }
 
+// startPinnedOnly starts the address space of a process that may not create a
+// userfaultfd (why): no fault server, resolver or zap barrier. The DMA gate is one
+// that nothing closes and the pump reads a source with no events, so that DMAs take
+// the paths they take in every space; ODP registrations are refused (noODP).
+func (s *space) startPinnedOnly(why error) (*space, error) {
+	s.noODP = why
+	var err error
+	if s.pagemap, err = pagefault.OpenPagemap(); err == nil {
+		if s.gate = pagefault.NewGate(); s.gate == nil {
+			err = wrap(ErrNoMemory, "a DMA gate")
+		}
+	}
+	if err == nil {
+		s.registry = invalidate.NewRegistry()
+		s.registry.SetDisabled(s.cfg.NoInvalidate)
+		if s.silent, err = newNoEvents(); err == nil {
+			s.pump, err = invalidate.StartPump(s.silent, s.registry, s.cfg.NoInvalidate)
+		}
+	}
+	if err != nil {
+		_ = s.stop() // the error that made the start fail is the one to report
+		return nil, err
+	}
+	return s, nil
+}
+
+// noEvents is the event source of a space without a userfaultfd: nothing is
+// registered, so nothing is reported, and its eventfd never becomes readable.
+type noEvents struct{ fd int }
+
+func newNoEvents() (*noEvents, error) {
+	fd, err := unix.Eventfd(0, unix.EFD_CLOEXEC|unix.EFD_NONBLOCK)
+	if err != nil {
+		return nil, fmt.Errorf("odp: eventfd: %w", err)
+	}
+	return &noEvents{fd: fd}, nil
+}
+
+func (n *noEvents) EventFd() (int, error)               { return n.fd, nil }
+func (n *noEvents) Events([]pagefault.Msg) (int, error) { return 0, nil }
+func (n *noEvents) SettledEvents() (uint64, error)      { return 0, nil }
+func (n *noEvents) Close() error                        { return unix.Close(n.fd) }
+
 // stop stops and closes what startSpace started, in reverse order, and returns what
 // failed. Parts that were never started are skipped.
 func (s *space) stop() error {
@@ -159,6 +210,9 @@ func (s *space) stop() error {
 	}
 	if s.pump != nil {
 		s.pump.Stop()
+	}
+	if s.silent != nil {
+		errs = append(errs, s.silent.Close())
 	}
 	if s.server != nil {
 		errs = append(errs, s.server.Stop())

@@ -13,9 +13,11 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"syscall"
 	"testing"
 	"time"
 
+	"github.com/odpemu/odpemu/internal/seccomp"
 	"github.com/odpemu/odpemu/odp"
 	"github.com/stretchr/testify/require"
 )
@@ -27,7 +29,15 @@ var built struct {
 	err  error
 }
 
+// execDeniedEnv makes the test binary a wrapper: it installs a seccomp filter that
+// refuses userfaultfd, as a container's default profile does, and execs its
+// arguments (deniedCmd).
+const execDeniedEnv = "ODPEMU_TEST_EXEC_WITHOUT_USERFAULTFD"
+
 func TestMain(m *testing.M) {
+	if os.Getenv(execDeniedEnv) != "" {
+		os.Exit(execDenied(os.Args[1:]))
+	}
 	code := m.Run()
 	if built.dir != "" {
 		_ = os.RemoveAll(built.dir) // a temporary directory
@@ -64,6 +74,26 @@ func verbsCmd(dir string, env []string, name string, args ...string) *exec.Cmd {
 	}
 	cmd.Env = append(append(cmd.Env, "LD_LIBRARY_PATH="+dir), env...)
 	return cmd
+}
+
+// execDenied installs the filter and execs argv; it returns only if that fails.
+func execDenied(argv []string) int {
+	path, err := exec.LookPath(argv[0])
+	if err == nil {
+		err = seccomp.DenyUserfaultfd()
+	}
+	if err == nil {
+		err = syscall.Exec(path, argv, os.Environ())
+	}
+	fmt.Fprintln(os.Stderr, "exec without userfaultfd:", err)
+	return 127
+}
+
+// deniedCmd is cmd run where the process may not create a userfaultfd (execDenied).
+func deniedCmd(cmd *exec.Cmd) *exec.Cmd {
+	w := exec.Command(os.Args[0], cmd.Args...)
+	w.Env = append(cmd.Env, execDeniedEnv+"=1")
+	return w
 }
 
 // output runs cmd and returns its output.
@@ -303,12 +333,19 @@ func freePort(t *testing.T) string {
 // 4791 each, as on two hosts). It skips the test when the program is missing.
 func serverClient(t *testing.T, dir, prog string, args ...string) (server, client string, serverErr, clientErr error) {
 	t.Helper()
+	return serverClientWrapped(t, dir, func(c *exec.Cmd) *exec.Cmd { return c }, prog, args...)
+}
+
+// serverClientWrapped is serverClient with each process's command wrapped.
+func serverClientWrapped(t *testing.T, dir string, wrap func(*exec.Cmd) *exec.Cmd, prog string, args ...string) (server, client string,
+	serverErr, clientErr error) {
+	t.Helper()
 	if _, err := exec.LookPath(prog); err != nil {
 		t.Skipf("needs %s: %v", prog, err)
 	}
 	port := freePort(t)
 	common := append([]string{"-d", "odpemu0", "-p", port}, args...)
-	srv := verbsCmd(dir, []string{"ODPEMU_ADDR=127.0.0.8"}, prog, common...)
+	srv := wrap(verbsCmd(dir, []string{"ODPEMU_ADDR=127.0.0.8"}, prog, common...))
 	var srvOut bytes.Buffer
 	srv.Stdout, srv.Stderr = &srvOut, &srvOut
 	require.NoError(t, srv.Start())
@@ -317,7 +354,7 @@ func serverClient(t *testing.T, dir, prog string, args ...string) (server, clien
 	// The client tries again until the server listens.
 	var cliOut string
 	for i := 0; ; i++ {
-		cli := verbsCmd(dir, []string{"ODPEMU_ADDR=127.0.0.9"}, prog, append(common, "127.0.0.1")...)
+		cli := wrap(verbsCmd(dir, []string{"ODPEMU_ADDR=127.0.0.9"}, prog, append(common, "127.0.0.1")...))
 		cliOut, clientErr = output(cli)
 		if !strings.Contains(cliOut, "Couldn't connect to") && !strings.Contains(cliOut, "Unable to open file descriptor") || i == 50 {
 			break
@@ -372,6 +409,35 @@ func TestRCPingpong(t *testing.T) {
 	require.Error(t, serr, server)
 	require.Contains(t, server, "Failed to modify QP to RTR")
 	require.Error(t, cerr, client)
+}
+
+// TestNoUserfaultfd: where a process may not create a userfaultfd (a container's
+// default seccomp profile), the device still opens, without ODP: ibv_devinfo shows
+// no ODP caps, ibv_rc_pingpong runs pinned, and with -o says the device is not ODP
+// capable.
+func TestNoUserfaultfd(t *testing.T) {
+	dir := library(t)
+	if _, err := exec.LookPath("ibv_devinfo"); err != nil {
+		t.Skip("needs ibv_devinfo (Debian: ibverbs-utils):", err)
+	}
+	out, err := output(deniedCmd(verbsCmd(dir, nil, "ibv_devinfo", "-v")))
+	if strings.Contains(out, "seccomp: no filter for GOARCH") {
+		t.Skip(out)
+	}
+	require.NoError(t, err, out)
+	require.Regexp(t, `hca_id:\s+odpemu0`, out)
+	require.Regexp(t, `state:\s+PORT_ACTIVE`, out)
+	require.NotContains(t, out, "ODP_SUPPORT")
+	require.NotContains(t, out, "SUPPORT_SEND")
+
+	server, client, serr, cerr := serverClientWrapped(t, dir, deniedCmd, "ibv_rc_pingpong", "-g", "0", "-c", "-n", "100")
+	require.NoError(t, cerr, "client:\n%s\nserver:\n%s", client, server)
+	require.NoError(t, serr, "server:\n%s\nclient:\n%s", server, client)
+	require.Regexp(t, `\d+ iters in [\d.]+ seconds`, client)
+
+	out, err = output(deniedCmd(verbsCmd(dir, nil, "ibv_rc_pingpong", "-d", "odpemu0", "-g", "0", "-o", "-p", freePort(t))))
+	require.Error(t, err, out)
+	require.Contains(t, out, "ODP")
 }
 
 // TestUDPingpong: rdma-core's ibv_ud_pingpong, unmodified, between two processes:
