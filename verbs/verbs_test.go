@@ -468,6 +468,10 @@ func TestPerftest(t *testing.T) {
 		{"ib_read_bw", []string{"-n", "200"}}, {"ib_read_bw", []string{"-n", "200", "--odp", "-s", "4096"}},
 		{"ib_send_bw", []string{"-n", "200"}}, {"ib_send_bw", []string{"-n", "200", "--odp"}},
 		{"ib_atomic_bw", []string{"-n", "200"}},
+		// UC between two processes: the server waits for every message, which only
+		// the UC credits deliver when the client outruns its engine (credit.go).
+		{"ib_send_bw", []string{"-c", "UC", "-n", "50000", "-s", "64"}}, {"ib_send_bw", []string{"-c", "UC", "-n", "5000"}},
+		{"ib_write_bw", []string{"-c", "UC", "-n", "200"}},
 	}
 	row := regexp.MustCompile(`(?m)^\s*(\d+)\s+(\d+)\s+([\d.]+)\s+([\d.]+)\s+([\d.]+)\s*$`)
 	for _, r := range runs {

@@ -3,6 +3,7 @@ package roce
 import (
 	"errors"
 	"fmt"
+	"golang.org/x/sys/cpu"
 	"net/netip"
 	"runtime"
 	"sync"
@@ -98,7 +99,7 @@ type EndpointStats struct {
 }
 
 // Stats returns the endpoint's counters: its socket's, and the packets it dropped
-// for unknown QPNs, foreign senders and full inboxes.
+// for unknown QPNs, foreign senders and the inboxes of QPs that closed while full.
 func (e *Endpoint) Stats() EndpointStats {
 	s := EndpointStats{LinkStats: e.link.Stats(), QPs: len(*e.qps.Load())}
 	s.UnknownQP, s.Foreign, s.Overflow = e.unknown.Load(), e.foreign.Load(), e.overflow.Load()
@@ -231,13 +232,18 @@ func (e *Endpoint) receive() {
 			case p.from == nil && froms[i].Addr() != p.peer.Addr(): // a UD QP takes any sender
 				e.foreign.Add(1)
 				continue
+			case p.lim.UC:
+				p.credit.noteSender(froms[i])
 			}
 			pkt, ok := p.rx.decode(bufs[i], lens[i], Endpoints{Src: froms[i], Dst: e.addr}, p.lim)
 			if !ok {
+				if p.lim.UC {
+					p.credit.taken.Add(1) // the peer's, and gone: grant it back
+				}
 				continue
 			}
-			if p.in.full() {
-				e.overflow.Add(1)
+			if p.in.full() && !e.waitRoom(p) {
+				e.overflow.Add(1) // closed meanwhile
 				continue
 			}
 			seg := One(pkt)
@@ -261,6 +267,21 @@ func (e *Endpoint) receive() {
 	}
 }
 
+// waitRoom holds the receive loop while p's inbox is full, as a lossless port holds
+// what arrives, instead of dropping: a UC QP's credits keep its peer within the
+// inbox, an RC QP's peer keeps its send queue at most outstanding, but an engine that
+// falls behind, or READ responses, can fill it. It reports false if p closed
+// instead.
+func (e *Endpoint) waitRoom(p *udpPort) bool {
+	for p.in.full() {
+		if p.closed.Load() {
+			return false
+		}
+		runtime.Gosched() // the QP's engine takes runs meanwhile
+	}
+	return true
+}
+
 // udpPort is a QP's port on an endpoint.
 type udpPort struct {
 	ep   *Endpoint
@@ -279,6 +300,13 @@ type udpPort struct {
 	// at its ring index; nil for a connected QP's.
 	from *[ringSize]netip.AddrPort
 
+	// credit is a UC QP's flow control (credit.go), mostly its engine's:
+	// on cache lines of its own, away from rx, which the receive loop writes for
+	// every datagram.
+	_      cpu.CacheLinePad
+	credit credits
+	_      cpu.CacheLinePad
+
 	rx     rxCounters
 	wake   atomic.Pointer[func()]
 	mu     sync.Mutex // held while a closed port's inbox is dropped
@@ -287,12 +315,24 @@ type udpPort struct {
 	pkts   []Packet // Send's scratch
 }
 
-func (p *udpPort) Limits() Limits                       { return p.lim }
-func (p *udpPort) MaxRun() int                          { return 1 }
-func (p *udpPort) Room(time.Time) (int, int, time.Time) { return maxBatch, -1, time.Time{} } // Send paces itself
-func (p *udpPort) WaitRoom()                            {}
-func (p *udpPort) SetWake(f func())                     { p.wake.Store(&f) }
-func (p *udpPort) Hold(bool)                            {} // what arrives over UDP is a datagram of its own
+func (p *udpPort) Limits() Limits { return p.lim }
+func (p *udpPort) MaxRun() int    { return 1 }
+
+// Room implements Port: Send paces itself to the rate; a UC QP sends as many
+// datagrams as its peer's credits allow, and with none says when to look again.
+func (p *udpPort) Room(now time.Time) (int, int, time.Time) {
+	if !p.lim.UC {
+		return maxBatch, -1, time.Time{}
+	}
+	runs, next := p.window(mono(now))
+	if runs == 0 {
+		return 0, 0, fromMono(next)
+	}
+	return runs, -1, time.Time{}
+}
+func (p *udpPort) WaitRoom()        {}
+func (p *udpPort) SetWake(f func()) { p.wake.Store(&f) }
+func (p *udpPort) Hold(bool)        {} // what arrives over UDP is a datagram of its own
 
 // Send implements Port: each run's packets go out with sendmmsg, their payloads
 // straight from the QP's memory into the kernel, and its Ref is released once the
@@ -312,10 +352,10 @@ func (p *udpPort) Send(segs []Segment, now time.Time) (int, error) {
 		p.pkts = segs[i].Packets(p.pkts, p.lim.MTU)
 		bytes += WireBytes(&segs[i])
 	}
-	if err := p.sendTo(p.pkts, bytes, p.peer, now); err != nil {
-		return len(segs), err
-	}
-	return len(segs), nil
+	before := p.send.sent.Load()
+	err := p.sendTo(p.pkts, bytes, p.peer, now)
+	p.credit.sent += p.send.sent.Load() - before // what left, whatever was injected (UC's credits)
+	return len(segs), err
 }
 
 // sendTo sends pkts, bytes on the wire, to dst; with a rate, it first waits until
@@ -351,6 +391,9 @@ func (p *udpPort) Recv(segs []Segment, now time.Time) (int, time.Time, error) {
 		segs[n] = sl.seg
 		p.in.pop()
 		n++
+	}
+	if n > 0 && p.lim.UC {
+		p.tookRuns(n)
 	}
 	return n, time.Time{}, nil
 }
@@ -396,6 +439,7 @@ func (p *udpPort) Close() error {
 func (p *udpPort) Stats() LinkStats {
 	s := p.send.Stats()
 	s.Received, s.Malformed, s.BadICRC = p.rx.received.Load(), p.rx.malformed.Load(), p.rx.badICRC.Load()
+	s.GrantsSent, s.GrantsReceived, s.CreditResets = p.credit.grants.Load(), p.credit.grantsReceived.Load(), p.credit.resets.Load()
 	return s
 }
 

@@ -103,12 +103,7 @@ func recvUD(t *testing.T, p *DatagramPort, woken chan struct{}, n int) []Datagra
 // carries its DETH and its sender's address; an RC packet to a UD QP and a UD packet
 // to an RC QP are malformed and counted; what SendTo refuses sends nothing.
 func TestEndpointUD(t *testing.T) {
-	ep1, err := OpenEndpoint(netip.MustParseAddrPort("127.0.0.1:0"))
-	require.NoError(t, err)
-	defer func() { require.NoError(t, ep1.Close()) }()
-	ep2, err := OpenEndpoint(netip.MustParseAddrPort("127.0.0.2:0"))
-	require.NoError(t, err)
-	defer func() { require.NoError(t, ep2.Close()) }()
+	ep1, ep2 := twoEndpoints(t)
 	attach := func(ep *Endpoint, qpn uint32) (*DatagramPort, chan struct{}) {
 		p, err := ep.AttachUD(UDConfig{QPN: qpn, MTU: 1024})
 		require.NoError(t, err)
@@ -125,7 +120,7 @@ func TestEndpointUD(t *testing.T) {
 	a, _ := attach(ep1, 0x100)
 	c, _ := attach(ep1, 0x300)
 	b, bWoken := attach(ep2, 0x200)
-	_, err = ep2.AttachUD(UDConfig{QPN: 0x200, MTU: 1024})
+	_, err := ep2.AttachUD(UDConfig{QPN: 0x200, MTU: 1024})
 	require.Error(t, err, "a QPN is attached once")
 	_, err = ep2.AttachUD(UDConfig{QPN: 0x201, MTU: 1000})
 	require.Error(t, err, "not a path MTU")

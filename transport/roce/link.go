@@ -35,8 +35,12 @@ type LinkStats struct {
 	Foreign          uint64 // packets from another address than the QP's peer, dropped
 	// UnknownQP counts packets for a QPN that no QP of the endpoint has, dropped
 	// (an endpoint's count); Overflow packets dropped because the QP's inbox was
-	// full.
+	// full and the QP closed while the endpoint waited for room.
 	UnknownQP, Overflow uint64
+	// GrantsSent and GrantsReceived count the credit datagrams a connected QP's
+	// port sent its peer and took from it over UDP; CreditResets the times its
+	// window stayed shut with no grant until it took it back (credit.go).
+	GrantsSent, GrantsReceived, CreditResets uint64
 	// MaxInFlight is the most bytes the link held at once, sent and not taken by
 	// the receiver (LinkModel.Limit bounds it); MaxQueued the most its transmit
 	// queue held (LinkModel.Queue bounds it).
