@@ -3,7 +3,6 @@ package roce
 import (
 	"errors"
 	"fmt"
-	"golang.org/x/sys/cpu"
 	"net/netip"
 	"runtime"
 	"sync"
@@ -300,12 +299,7 @@ type udpPort struct {
 	// at its ring index; nil for a connected QP's.
 	from *[ringSize]netip.AddrPort
 
-	// credit is a UC QP's flow control (credit.go), mostly its engine's:
-	// on cache lines of its own, away from rx, which the receive loop writes for
-	// every datagram.
-	_      cpu.CacheLinePad
-	credit credits
-	_      cpu.CacheLinePad
+	credit credits // a UC QP's flow control (credit.go)
 
 	rx     rxCounters
 	wake   atomic.Pointer[func()]
@@ -352,9 +346,12 @@ func (p *udpPort) Send(segs []Segment, now time.Time) (int, error) {
 		p.pkts = segs[i].Packets(p.pkts, p.lim.MTU)
 		bytes += WireBytes(&segs[i])
 	}
+	if !p.lim.UC {
+		return len(segs), p.sendTo(p.pkts, bytes, p.peer, now)
+	}
 	before := p.send.sent.Load()
 	err := p.sendTo(p.pkts, bytes, p.peer, now)
-	p.credit.sent += p.send.sent.Load() - before // what left, whatever was injected (UC's credits)
+	p.credit.sent += p.send.sent.Load() - before // what left, whatever was injected
 	return len(segs), err
 }
 

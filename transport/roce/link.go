@@ -37,8 +37,8 @@ type LinkStats struct {
 	// (an endpoint's count); Overflow packets dropped because the QP's inbox was
 	// full and the QP closed while the endpoint waited for room.
 	UnknownQP, Overflow uint64
-	// GrantsSent and GrantsReceived count the credit datagrams a connected QP's
-	// port sent its peer and took from it over UDP; CreditResets the times its
+	// GrantsSent and GrantsReceived count the credit datagrams a UC QP's port
+	// sent its peer and took from it over UDP; CreditResets the times its
 	// window stayed shut with no grant until it took it back (credit.go).
 	GrantsSent, GrantsReceived, CreditResets uint64
 	// MaxInFlight is the most bytes the link held at once, sent and not taken by
