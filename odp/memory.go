@@ -70,11 +70,12 @@ func (d *Device) addBuffer(mem []byte) ([]remapper, error) {
 	// Registered for events from the start (write-protect mode, nothing protected:
 	// faults are the kernel's as usual), so that what the application unmaps or
 	// moves away is known, registered as an MR or not, and Free never unmaps it.
-	if s.uffd == nil {
-		// No userfaultfd (space.noODP): the buffer is memory like any other, and
-		// what the application unmaps of it is not known.
-	} else if _, err := s.uffd.Register(b.Start, b.End-b.Start, s.bufferModeLocked()); err != nil {
-		return nil, fmt.Errorf("odp: register buffer for events: %w", err)
+	// Without a userfaultfd (space.noODP) the buffer is memory like any other, and
+	// what the application unmaps of it is not known.
+	if s.uffd != nil {
+		if _, err := s.uffd.Register(b.Start, b.End-b.Start, s.bufferModeLocked()); err != nil {
+			return nil, fmt.Errorf("odp: register buffer for events: %w", err)
+		}
 	}
 	if s.pager != nil {
 		r, err := s.pager.AddRegion(mem)
