@@ -118,25 +118,33 @@ func coldWarmReport(x *X, t *results.Table, sizes []int) error {
 	}
 	// The claims the paper makes of the cold pass (medians of per-repetition ratios
 	// to pinned, at every size): a synchronous prefetch brings it within a factor of 2
-	// of pinned; an asynchronous one, racing the pass, recovers less, though
-	// more than no prefetch; the ConnectX-4 model changes it little (within a factor
-	// of 2 of the emulator's fault cost).
-	near, less, little := true, true, true
-	var ne, le, ce []string
+	// of pinned; an asynchronous one, racing the pass, recovers most of what the
+	// synchronous one does, and much more than no prefetch; the ConnectX-4 model
+	// changes it little (within a factor of 2 of the emulator's fault cost).
+	//
+	// Whether the asynchronous prefetch recovers less than the synchronous one is
+	// not a claim: over ten repetitions it does at every size (async / sync, paired
+	// by repetition, medians 0.81-0.91 in a full run), but the two differ by less
+	// than the spread of three repetitions, and quick runs found it either way. The
+	// paired ratio is a headline, with its interval, instead.
+	near, most, little := true, true, true
+	var ne, me, ce []string
 	for _, n := range sizes {
 		cold := func(v string) float64 { return stats.Median(vsPinned(t, "bw_mib_s", n, v, "pass", "cold")) }
 		sync, async, plain, cx := cold("odp-prefetch-sync"), cold("odp-prefetch-async"), cold("odp"), cold("odp-connectx4")
+		ofSync := stats.Median(coldPaired(t, n, "odp-prefetch-async", "odp-prefetch-sync"))
 		near = near && sync >= 0.5
-		less = less && plain < async && async < sync
+		most = most && ofSync >= 0.5 && async >= 2*plain
 		little = little && cx/plain >= 0.5 && cx/plain <= 2
 		ne = append(ne, fmt.Sprintf("%s %.2f", human(n), sync))
-		le = append(le, fmt.Sprintf("%s %.3f < %.2f < %.2f", human(n), plain, async, sync))
+		me = append(me, fmt.Sprintf("%s %.2f of sync, %.2f vs %.3f", human(n), ofSync, async, plain))
 		ce = append(ce, fmt.Sprintf("%s %.3f vs %.3f", human(n), cx, plain))
 	}
 	x.Claim("syncnear", "a synchronous prefetch brings the cold pass within a factor of 2 of pinned", near,
 		"odp-prefetch-sync cold / pinned cold (at least 0.5 at every size): "+strings.Join(ne, ", "))
-	x.Claim("asyncless", "an asynchronous one, which races the pass, recovers less", less,
-		"cold / pinned cold, odp < odp-prefetch-async < odp-prefetch-sync at every size: "+strings.Join(le, ", "))
+	x.Claim("asyncmost", "an asynchronous one, which races the pass, recovers most of that, far more than no prefetch", most,
+		"at every size, odp-prefetch-async / odp-prefetch-sync cold (paired by repetition) at least 0.5, and "+
+			"odp-prefetch-async / pinned at least twice odp / pinned: "+strings.Join(me, ", "))
 	x.Claim("cxlittle", "The ConnectX-4 model changes little here", little,
 		"cold pass over pinned, connectx4 fault cost vs the emulator's (little: within a factor of 2): "+strings.Join(ce, ", "))
 	// One headline per comparison, each listing every size: the same headlines at
@@ -190,7 +198,17 @@ func coldWarmReport(x *X, t *results.Table, sizes []int) error {
 		x.HeadlineCI(fmt.Sprintf("cold pass with registration and prefetch timed, %s / pinned bandwidth", v), strings.Join(parts, ", "),
 			strings.Join(intervals, ", "), "medians of per-repetition ratios; the pass alone leaves both out (bw_mib_s)")
 	}
+	bySize("asynchronous / synchronous prefetch, cold pass bandwidth, by message size",
+		"medians of ratios paired by repetition; the pass alone is timed",
+		func(n int) []float64 { return coldPaired(t, n, "odp-prefetch-async", "odp-prefetch-sync") })
 	return nil
+}
+
+// coldPaired returns variant a's cold-pass bandwidth over variant b's at size n,
+// per repetition.
+func coldPaired(t *results.Table, n int, a, b string) []float64 {
+	return perRep(t, "bw_mib_s", sel("size_bytes", n, "variant", a, "pass", "cold"),
+		sel("size_bytes", n, "variant", b, "pass", "cold"))
 }
 
 // prepared is r's bandwidth with its registration and prefetch in the timing, for a
