@@ -160,6 +160,16 @@ func TestRegionSlots(t *testing.T) {
 	assert.Equal(t, 1, regionSlots(1000, 4096, 16), "never no slot")
 }
 
+// odp-perf's side of the perftest comparison strides over the bytes perftest does:
+// a page for messages up to a page, one message above.
+func TestPerftestFootprint(t *testing.T) {
+	page := os.Getpagesize()
+	assert.Equal(t, page, perftestFootprint(64))
+	assert.Equal(t, page, perftestFootprint(page))
+	assert.Equal(t, 1<<20, perftestFootprint(1<<20))
+	assert.Equal(t, 1, regionSlots(perftestFootprint(1<<20), 1<<20, 128), "every 1 MiB message in one slot, as perftest's")
+}
+
 // The speed guard CI runs: a run below --min-memcpy-ratio fails, naming the ratio.
 func TestMinMemcpyRatio(t *testing.T) {
 	args := []string{"write_bw", "-s", "64K", "-n", "200", "--link-rate", "0"}

@@ -161,7 +161,13 @@ func odpPerfRun(self, test string, size, iters int, odp bool) (float64, error) {
 	}
 	// --warm: perftest writes its buffers before it registers them, so that no page
 	// faults in the timed run.
-	args := []string{test + "_bw", "-s", strconv.Itoa(size), "-n", strconv.Itoa(iters), "-Q", "100", "--warm"}
+	//
+	// --mr-size: perftest's work requests stride, a message (at least a cache line)
+	// apart, over one page or one message, whichever is larger (its cycle buffer),
+	// so that its messages stay in cache at every size; odp-perf's by default over a
+	// slot per request in flight (128 MiB at 1 MiB), bound by memory instead.
+	args := []string{test + "_bw", "-s", strconv.Itoa(size), "-n", strconv.Itoa(iters), "-Q", "100", "--warm",
+		"--mr-size", strconv.Itoa(perftestFootprint(size))}
 	if odp {
 		args = append(args, "--odp")
 	}
@@ -182,6 +188,11 @@ func odpPerfRun(self, test string, size, iters int, odp bool) (float64, error) {
 		return parseRow(odpPerfRow, out, "odp-perf")
 	}
 }
+
+// perftestFootprint is the bytes perftest's bandwidth tests stride over on each
+// side for messages of size bytes: its cycle buffer, a page, or one message when
+// that is larger (perftest_resources.c, BUFF_SIZE).
+func perftestFootprint(size int) int { return max(size, os.Getpagesize()) }
 
 // startServer starts the server side of a two-process test. Its output collects in
 // the buffer returned; stop waits for it to exit, and kills it after 30 s.
