@@ -35,6 +35,13 @@ type LinkModel struct {
 	// yet: 0 is the queue's size. A larger buffer hides more of the emulator's
 	// scheduling from the line rate, and lets more be in flight behind a NAK.
 	BufferBytes int
+	// GSO sends each QP's runs of equal-size packets over UDP with the kernel's
+	// segmentation offload: one datagram through the sending stack per run of up
+	// to 64 packets instead of one per packet. A capture on the sending host then
+	// shows the unsegmented datagrams, and segments carry IPv4 identifications a
+	// hardware RoCE peer's ICRC check refuses: for odpemu peers only
+	// (roce.Link.SetGSO). The in-process wire ignores it.
+	GSO bool
 }
 
 // The default link: a 100 Gb/s port with 2 us of delay each way.
@@ -49,7 +56,8 @@ var NoLink = LinkModel{RateGbps: -1, Delay: -1}
 
 // wire is the model as the transport takes it.
 func (m LinkModel) wire() roce.LinkModel {
-	w := roce.LinkModel{Rate: m.RateGbps * 1e9, Delay: m.Delay, Queue: max(m.QueueBytes, 0), Buffer: max(m.BufferBytes, 0)}
+	w := roce.LinkModel{Rate: m.RateGbps * 1e9, Delay: m.Delay, Queue: max(m.QueueBytes, 0), Buffer: max(m.BufferBytes, 0),
+		GSO: m.GSO}
 	if m.RateGbps == 0 {
 		w.Rate = DefaultLinkRate * 1e9
 	}

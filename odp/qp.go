@@ -511,7 +511,9 @@ func (qp *QP) Stats() QPStats {
 	port := qp.port
 	qp.mu.Unlock()
 	if port != nil {
-		st.LinkMaxInFlight = port.Stats().MaxInFlight
+		ls := port.Stats()
+		st.LinkMaxInFlight = ls.MaxInFlight
+		st.LinkSegmented, st.LinkSegmentedPackets, st.LinkGSORefused = ls.Segmented, ls.SegmentedPackets, ls.GSORefused
 	}
 	return st
 }

@@ -115,6 +115,11 @@ type QPStats struct {
 	// taken by the peer (LinkModel bounds it; 0 over UDP, whose sender paces
 	// itself instead).
 	LinkMaxInFlight int
+	// LinkSegmented counts the datagrams the QP's port sent with UDP segmentation
+	// offload (LinkModel.GSO) and LinkSegmentedPackets the packets they held;
+	// LinkGSORefused is 1 once the kernel refused it (the port then sent a
+	// datagram per packet).
+	LinkSegmented, LinkSegmentedPackets, LinkGSORefused uint64
 	// A UD QP's drops: datagrams with another Q_Key, and datagrams that found no
 	// receive posted.
 	QKeyViolations, NoReceive uint64

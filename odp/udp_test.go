@@ -4,7 +4,6 @@ import (
 	"bytes"
 	"context"
 	"encoding/binary"
-	"fmt"
 	"math/rand/v2"
 	"net"
 	"net/netip"
@@ -47,12 +46,19 @@ var (
 
 // WRITE, READ, SEND with immediate and atomics between ODP MRs over UDP, without
 // and with 1% of the packets lost (and some duplicated and reordered) on both
-// sides: the data arrives whole, completions are right, and with loss the
-// retransmissions are counted.
+// sides, and without loss with UDP segmentation offload: the data arrives whole,
+// completions are right, with loss the retransmissions are counted, and with GSO
+// the runs left in segmented datagrams.
 func TestUDPDataWithLoss(t *testing.T) {
-	for _, loss := range []float64{0, 0.01} {
-		t.Run(fmt.Sprint(loss), func(t *testing.T) {
-			a, b := newNode(t, Config{}), newNode(t, Config{})
+	for _, c := range []struct {
+		name string
+		loss float64
+		gso  bool
+	}{{"0", 0, false}, {"0.01", 0.01, false}, {"gso", 0, true}} {
+		loss := c.loss
+		t.Run(c.name, func(t *testing.T) {
+			cfg := Config{Link: LinkModel{GSO: c.gso}}
+			a, b := newNode(t, cfg), newNode(t, cfg)
 			inj := roce.Loss{Seed: 11, Drop: loss, Duplicate: loss / 2, Reorder: loss}
 			connectUDP(t, a.qp, b.qp, UDPConfig{Addr: addrA, Loss: inj}, UDPConfig{Addr: addrB, Loss: inj})
 			// With loss, a lost tail packet costs one timeout: 16.8 ms. Without, the
@@ -106,6 +112,17 @@ func TestUDPDataWithLoss(t *testing.T) {
 				assert.Positive(t, st.SeqNaksReceived+st.Timeouts, "losses were noticed")
 			} else { // only RNR NAKs (b's ODP faults) cause retransmissions
 				assert.Zero(t, st.SeqNaksReceived+st.Timeouts+st.Duplicates)
+			}
+			bst := b.qp.Stats()
+			switch {
+			case !c.gso:
+				assert.Zero(t, st.LinkSegmented+bst.LinkSegmented)
+			case st.LinkGSORefused+bst.LinkGSORefused > 0:
+				t.Log("this kernel refused UDP_SEGMENT: the packets went one by one")
+			default:
+				assert.Positive(t, st.LinkSegmented, "the WRITEs' packets")
+				assert.Positive(t, bst.LinkSegmented, "the READ responses")
+				assert.Greater(t, st.LinkSegmentedPackets, st.LinkSegmented)
 			}
 		})
 	}

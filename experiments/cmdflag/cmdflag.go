@@ -49,6 +49,7 @@ type NIC struct {
 	delay         *time.Duration
 	queue, buffer Size
 	faults        *string
+	gso           *bool
 }
 
 // AddNIC adds the profile's flag and the link model's and fault policy's flags to
@@ -66,6 +67,7 @@ func AddNIC(fs *pflag.FlagSet) *NIC {
 		rate:    fs.Float64("link-rate", odp.DefaultLinkRate, "line rate of each NIC's link in Gb/s (0: unlimited)"),
 		delay:   fs.Duration("link-delay", odp.DefaultLinkDelay, "one-way delay of each link (0: none)"),
 		faults:  fs.String("responder-faults", "rnr", "what a responder does on a network page fault: rnr (answer RNR NAK, mlx5) or stall (wait, rxe)"),
+		gso:     fs.Bool("link-gso", false, "between two processes, send runs of equal-size packets as one UDP datagram the kernel segments (faster; a capture on the sending host shows the unsegmented datagrams, and a hardware RoCE peer refuses the segments' ICRC)"),
 	}
 	fs.Var(&l.queue, "link-queue", "bytes a sender's transmit queue holds at most (K, M suffixes; default one bandwidth-delay product plus an MTU)")
 	fs.Var(&l.buffer, "link-buffer", "bytes the receiving NIC holds that arrived and it has not taken (K, M suffixes; default the queue's size)")
@@ -100,6 +102,9 @@ func (l *NIC) Profile() (odp.Profile, error) {
 	}
 	if set("link-buffer") {
 		p.Link.BufferBytes = int(l.buffer)
+	}
+	if set("link-gso") {
+		p.Link.GSO = *l.gso
 	}
 	if set("responder-faults") {
 		switch *l.faults {

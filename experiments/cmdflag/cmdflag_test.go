@@ -44,6 +44,10 @@ func TestNIC(t *testing.T) {
 	require.NoError(t, err)
 	assert.Equal(t, odp.LinkModel{RateGbps: 25, Delay: 5000, QueueBytes: 64 << 10, BufferBytes: 1 << 20}, p.Link)
 	assert.Contains(t, p.Link.String(), "25 Gb/s")
+	p, err = parse(t, "--link-gso")
+	require.NoError(t, err)
+	assert.Equal(t, odp.LinkModel{GSO: true}, p.Link)
+	assert.Contains(t, p.Link.String(), "UDP segmentation offload")
 
 	// A profile, and a flag that replaces one of its settings.
 	p, err = parse(t, "--profile", "rxe")

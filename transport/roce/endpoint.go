@@ -138,6 +138,7 @@ func (e *Endpoint) attach(cfg AttachConfig) (*udpPort, error) {
 	if err != nil {
 		return nil, err
 	}
+	send.SetGSO(cfg.Link.GSO)
 	p := &udpPort{ep: e, qpn: cfg.QPN, peer: netip.AddrPortFrom(cfg.Peer.Addr().Unmap(), cfg.Peer.Port()), send: send,
 		lim: cfg.Limits, in: new(ring), delay: int64(cfg.Link.Delay), rate: cfg.Link.Rate / 8 / 1e9,
 		ahead: int64(cfg.Link.queue(cfg.Limits.MTU))}
@@ -328,9 +329,9 @@ func (p *udpPort) WaitRoom()        {}
 func (p *udpPort) SetWake(f func()) { p.wake.Store(&f) }
 func (p *udpPort) Hold(bool)        {} // what arrives over UDP is a datagram of its own
 
-// Send implements Port: each run's packets go out with sendmmsg, their payloads
-// straight from the QP's memory into the kernel, and its Ref is released once the
-// call returns. With a rate, it first waits until the link has room.
+// Send implements Port: each run's packets go out with sendmmsg (with the link
+// model's GSO, segmented: Link.SetGSO), their payloads straight from the QP's
+// memory into the kernel, and its Ref is released once the call returns. With a rate, it first waits until the link has room.
 func (p *udpPort) Send(segs []Segment, now time.Time) (int, error) {
 	defer func() {
 		for i := range segs {

@@ -2,6 +2,7 @@ package roce
 
 import (
 	"context"
+	"encoding/binary"
 	"errors"
 	"fmt"
 	"io"
@@ -10,6 +11,7 @@ import (
 	"sync"
 	"sync/atomic"
 	"syscall"
+	"unsafe"
 
 	"golang.org/x/sys/unix"
 )
@@ -41,6 +43,10 @@ type LinkStats struct {
 	// sent its peer and took from it over UDP; CreditResets the times its
 	// window stayed shut with no grant until it took it back (credit.go).
 	GrantsSent, GrantsReceived, CreditResets uint64
+	// Segmented counts the datagrams sent with UDP segmentation offload
+	// (Link.SetGSO), SegmentedPackets the packets they held; GSORefused is 1 once
+	// the kernel refused one and the link went back to a datagram per packet.
+	Segmented, SegmentedPackets, GSORefused uint64
 	// MaxInFlight is the most bytes the link held at once, sent and not taken by
 	// the receiver (LinkModel.Limit bounds it); MaxQueued the most its transmit
 	// queue held (LinkModel.Queue bounds it).
@@ -60,6 +66,12 @@ type Link struct {
 
 	rx            rxCounters
 	sent, foreign atomic.Uint64
+	// gso: SendBatch sends runs of equal-size packets as one datagram the kernel
+	// segments (SetGSO); cleared for good when the kernel refuses one.
+	gso atomic.Bool
+	// gsoSends counts the datagrams SendBatch sent segmented, gsoSegments the
+	// packets they held, gsoRefused the kernel's refusals (at most one).
+	gsoSends, gsoSegments, gsoRefused atomic.Uint64
 }
 
 // sendBufs holds packet buffers for Send.
@@ -147,18 +159,48 @@ func (l *Link) Send(p *Packet, dst netip.AddrPort) error {
 // maxBatch bounds the packets of one sendmmsg or recvmmsg.
 const maxBatch = 64
 
+// UDP segmentation offload (UDP_SEGMENT, Linux 4.18): the bounds of one segmented
+// datagram. The kernel takes at most 64 segments (UDP_MAX_SEGMENTS before 6.x;
+// more since) and a datagram's payload is at most 65,507 bytes over IPv4.
+const (
+	maxSegments  = 64
+	maxGSOBytes  = 65507
+	udpSegmentOp = 103 // UDP_SEGMENT, SOL_UDP
+)
+
+// SetGSO turns UDP segmentation offload on or off for SendBatch: consecutive
+// packets of one size (the last of a run may be shorter) go to the kernel as one
+// datagram, up to 64 packets or 64 KiB, which it segments into the packets, once
+// through its stack instead of once per packet. The packets on the wire are those
+// sent without it, but for two things, which is why it is off unless asked for: a
+// capture on the sending host (loopback included) sees the unsegmented datagram,
+// and the kernel numbers the segments' IPv4 identification 0, 1, 2..., where the
+// ICRC assumes 0, so a RoCE NIC that checks it drops every segment but the first.
+// Between odpemu processes neither matters: they do not see the IP header. If the
+// kernel refuses a segmented send, the Link sends packet by packet from then on.
+func (l *Link) SetGSO(on bool) { l.gso.Store(on) }
+
 // sendScratch is a SendBatch's working memory: the headers and trailers of up to
-// maxBatch packets (at most 64 bytes each) and the kernel's view of them.
+// maxBatch packets (at most 64 bytes each), the kernel's view of them, and a
+// UDP_SEGMENT control message per datagram.
 type sendScratch struct {
-	buf []byte
+	buf   []byte
+	first [maxBatch]int // the first packet of each datagram
+	ctrl  [maxBatch][cmsgSpace]byte
 	mmsgBatch
 }
+
+// cmsgSpace is the room of a control message holding a uint16 (UDP_SEGMENT's) on
+// a 64-bit Linux: CMSG_SPACE(2), 16 bytes of header and the value padded to 8
+// (TestCmsgSpace checks it against unix.CmsgSpace).
+const cmsgSpace = 24
 
 var sendScratches = sync.Pool{New: func() any { return &sendScratch{buf: make([]byte, 0, maxBatch*64)} }}
 
 // SendBatch sends pkts to dst in order, with one sendmmsg per maxBatch packets and
 // without copying their payloads (each packet goes out as headers, payload and
-// trailer). With faults injected it sends packet by packet through the injector.
+// trailer); with GSO on (SetGSO), runs of equal-size packets as one datagram each.
+// With faults injected it sends packet by packet through the injector.
 func (l *Link) SendBatch(pkts []Packet, dst netip.AddrPort) error {
 	dst = netip.AddrPortFrom(dst.Addr().Unmap(), dst.Port())
 	if l.inj.loss.active() {
@@ -173,7 +215,6 @@ func (l *Link) SendBatch(pkts []Packet, dst netip.AddrPort) error {
 	defer sendScratches.Put(sc)
 	for len(pkts) > 0 {
 		chunk := pkts[:min(len(pkts), maxBatch)]
-		pkts = pkts[len(chunk):]
 		buf := sc.buf[:0]
 		for i := range chunk {
 			var h, tr []byte
@@ -184,21 +225,104 @@ func (l *Link) SendBatch(pkts []Packet, dst netip.AddrPort) error {
 			sc.setIov(3*i, h)
 			sc.setIov(3*i+1, chunk[i].Payload)
 			sc.setIov(3*i+2, tr)
-			sc.setMsg(i, sc.setName(i, dst, l.mm.v6), 3*i, 3)
 		}
-		for sent := 0; sent < len(chunk); {
-			n, err := l.mm.sendmmsg(&sc.mmsgBatch, sent, len(chunk))
+		msgs := sc.group(len(chunk), dst, l.mm.v6, l.gso.Load())
+		for sent := 0; sent < msgs; {
+			n, err := l.mm.sendmmsg(&sc.mmsgBatch, sent, msgs)
 			if err == nil && n <= 0 {
 				err = io.ErrNoProgress // sendmmsg returns at least one or an error: never seen
+			}
+			if err != nil && sc.segmented(sent) && gsoRefusal(err) {
+				// The kernel refused a segmented datagram (a device without
+				// checksum offload, a path MTU below a packet): send the rest of
+				// the chunk packet by packet, and everything after it.
+				if l.gso.Swap(false) {
+					l.gsoRefused.Add(1)
+				}
+				chunk = chunk[:sc.first[sent]]
+				break
 			}
 			if err != nil {
 				return fmt.Errorf("roce: send to %v: %w", dst, err)
 			}
+			for i := sent; i < sent+n; i++ {
+				segs := sc.packets(i, msgs, len(chunk))
+				l.sent.Add(uint64(segs))
+				if segs > 1 {
+					l.gsoSends.Add(1)
+					l.gsoSegments.Add(uint64(segs))
+				}
+			}
 			sent += n
-			l.sent.Add(uint64(n))
 		}
+		pkts = pkts[len(chunk):]
 	}
 	return nil
+}
+
+// gsoRefusal reports whether err is how the kernel refuses a segmented send it
+// would take unsegmented (udp_send_skb's EINVAL and EIO; EOPNOTSUPP and
+// ENOPROTOOPT before UDP_SEGMENT; EMSGSIZE).
+func gsoRefusal(err error) bool {
+	for _, e := range []error{unix.EINVAL, unix.EIO, unix.EOPNOTSUPP, unix.ENOPROTOOPT, unix.EMSGSIZE} {
+		if errors.Is(err, e) {
+			return true
+		}
+	}
+	return false
+}
+
+// group makes the datagrams of n packets whose vectors are set (three each), and
+// returns how many: one per packet, or with gso one per run of up to maxSegments
+// packets of one size (the run's last may be shorter) and at most maxGSOBytes,
+// with a UDP_SEGMENT control message giving the size.
+func (sc *sendScratch) group(n int, dst netip.AddrPort, v6, gso bool) int {
+	msgs := 0
+	for i := 0; i < n; {
+		size := sc.wireLen(i)
+		k, total := 1, size
+		for gso && i+k < n && k < maxSegments {
+			next := sc.wireLen(i + k)
+			if next > size || total+next > maxGSOBytes {
+				break
+			}
+			k, total = k+1, total+next
+			if next < size {
+				break // a shorter packet ends the run
+			}
+		}
+		sc.first[msgs] = i
+		sc.setMsg(msgs, sc.setName(msgs, dst, v6), 3*i, 3*k)
+		if k > 1 {
+			c := sc.ctrl[msgs][:]
+			h := (*unix.Cmsghdr)(unsafe.Pointer(&c[0]))
+			h.Level, h.Type = unix.SOL_UDP, udpSegmentOp
+			h.SetLen(unix.CmsgLen(2))
+			binary.NativeEndian.PutUint16(c[unix.CmsgLen(0):], uint16(size))
+			m := &sc.hdrs[msgs].Hdr
+			m.Control = &c[0]
+			m.SetControllen(cmsgSpace)
+		}
+		msgs++
+		i += k
+	}
+	return msgs
+}
+
+// wireLen is packet i's datagram size: its three vectors.
+func (sc *sendScratch) wireLen(i int) int {
+	return int(sc.iovs[3*i].Len + sc.iovs[3*i+1].Len + sc.iovs[3*i+2].Len)
+}
+
+// segmented reports whether datagram m carries more than one packet.
+func (sc *sendScratch) segmented(m int) bool { return sc.hdrs[m].Hdr.Control != nil }
+
+// packets is how many packets datagram m of msgs (over n packets) carries.
+func (sc *sendScratch) packets(m, msgs, n int) int {
+	if m+1 < msgs {
+		return sc.first[m+1] - sc.first[m]
+	}
+	return n - sc.first[m]
 }
 
 // recvBatches hold RecvBatch's kernel views, one call's each.
@@ -316,7 +440,8 @@ func BufferSize(lim Limits) int { return BTHSize + RETHSize + ImmDtSize + lim.MT
 
 // Stats returns the counters.
 func (l *Link) Stats() LinkStats {
-	s := LinkStats{Sent: l.sent.Load(), Foreign: l.foreign.Load()}
+	s := LinkStats{Sent: l.sent.Load(), Foreign: l.foreign.Load(), Segmented: l.gsoSends.Load(),
+		SegmentedPackets: l.gsoSegments.Load(), GSORefused: l.gsoRefused.Load()}
 	l.rx.stats(&s)
 	l.inj.stats(&s)
 	return s

@@ -85,6 +85,10 @@ type LinkModel struct {
 	// Buffer bounds, in bytes, what arrived at the receiving NIC and it has not
 	// taken yet. 0: the queue's size.
 	Buffer int
+	// GSO sends a QP's runs of equal-size packets over UDP as one datagram the
+	// kernel segments (Link.SetGSO says what that changes on the wire); the
+	// in-process wire ignores it.
+	GSO bool
 }
 
 // BDP is the link's bandwidth-delay product in bytes, over its round trip (twice
@@ -104,6 +108,10 @@ func (m LinkModel) DefaultQueue(mtu int) int {
 // Describe says what the model is at a path MTU: its rate, delay, queue and
 // receive buffer, as the link has them.
 func (m LinkModel) Describe(mtu int) string {
+	if m.GSO {
+		m.GSO = false
+		return m.Describe(mtu) + ", UDP segmentation offload"
+	}
 	if m.Rate <= 0 && m.Queue <= 0 {
 		if m.Delay <= 0 {
 			return "no link model (unlimited rate, no delay)"

@@ -88,11 +88,13 @@ func odpemu_open(name, addrStr *C.char, out *C.odpemu_handle, attr *C.struct_odp
 	}
 	// ODPEMU_PROFILE names the device's profile (odp.Profiles; default the emulator's
 	// own). ODPEMU_NO_SNAPSHOT=1: an ODP MR maps no page at registration, so that the
-	// first DMA to each page takes a network page fault.
+	// first DMA to each page takes a network page fault. ODPEMU_GSO=1: the QPs send
+	// runs of packets with UDP segmentation offload (odp.LinkModel.GSO).
 	profile, err := odp.LookupProfile(os.Getenv("ODPEMU_PROFILE"))
 	if err != nil {
 		return fail(fmt.Errorf("ODPEMU_PROFILE: %w", err), errBuf, errLen)
 	}
+	profile.Link.GSO = os.Getenv("ODPEMU_GSO") == "1"
 	dev, err := odp.Open(profile.Apply(odp.Config{Name: C.GoString(name), NoSnapshot: os.Getenv("ODPEMU_NO_SNAPSHOT") == "1"}))
 	if err != nil {
 		return fail(err, errBuf, errLen)
