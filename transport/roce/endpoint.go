@@ -36,6 +36,13 @@ type Endpoint struct {
 	done chan struct{}                       // closed when the receive loop ends
 
 	unknown, foreign, overflow atomic.Uint64
+
+	// wantGRO: a QP attached with GSO, whose peer presumably sends segmented
+	// datagrams too; the receive loop then turns UDP_GRO on (receiveGRO).
+	wantGRO atomic.Bool
+	// coalesced counts the datagrams that arrived coalesced (UDP_GRO), packets
+	// the packets they held.
+	coalesced, coalescedPackets atomic.Uint64
 }
 
 var endpoints = struct {
@@ -95,6 +102,9 @@ func (e *Endpoint) Close() error {
 type EndpointStats struct {
 	LinkStats
 	QPs int // attached
+	// Coalesced counts the datagrams that arrived holding several packets (UDP_GRO,
+	// on once a QP attached with GSO), CoalescedPackets the packets they held.
+	Coalesced, CoalescedPackets uint64
 }
 
 // Stats returns the endpoint's counters: its socket's, and the packets it dropped
@@ -102,6 +112,7 @@ type EndpointStats struct {
 func (e *Endpoint) Stats() EndpointStats {
 	s := EndpointStats{LinkStats: e.link.Stats(), QPs: len(*e.qps.Load())}
 	s.UnknownQP, s.Foreign, s.Overflow = e.unknown.Load(), e.foreign.Load(), e.overflow.Load()
+	s.Coalesced, s.CoalescedPackets = e.coalesced.Load(), e.coalescedPackets.Load()
 	return s
 }
 
@@ -139,6 +150,9 @@ func (e *Endpoint) attach(cfg AttachConfig) (*udpPort, error) {
 		return nil, err
 	}
 	send.SetGSO(cfg.Link.GSO)
+	if cfg.Link.GSO {
+		e.wantGRO.Store(true) // the receive loop turns UDP_GRO on before its next receive
+	}
 	p := &udpPort{ep: e, qpn: cfg.QPN, peer: netip.AddrPortFrom(cfg.Peer.Addr().Unmap(), cfg.Peer.Port()), send: send,
 		lim: cfg.Limits, in: new(ring), delay: int64(cfg.Link.Delay), rate: cfg.Link.Rate / 8 / 1e9,
 		ahead: int64(cfg.Link.queue(cfg.Limits.MTU))}
@@ -189,7 +203,9 @@ var rxBufs = sync.Pool{New: func() any { return &rxBuf{b: make([]byte, BufferSiz
 func (r *rxBuf) Release() { rxBufs.Put(r) }
 
 // receive takes the socket's datagrams and hands each to its QP until the socket
-// closes.
+// closes. Each datagram is received into a buffer of its own, which the packet's
+// run holds until its QP is done with it; once a QP attached with GSO asks for it
+// (wantGRO), the loop turns to receiveGRO.
 func (e *Endpoint) receive() {
 	defer close(e.done)
 	var (
@@ -203,12 +219,18 @@ func (e *Endpoint) receive() {
 		owner[i] = rxBufs.Get().(*rxBuf)
 		bufs[i] = owner[i].b
 	}
+	defer func() {
+		for _, o := range owner {
+			o.Release()
+		}
+	}()
 	for {
-		n, err := e.link.recvRaw(bufs, lens, froms)
+		if e.wantGRO.Load() && e.link.enableGRO() == nil {
+			e.receiveGRO()
+			return
+		}
+		n, err := e.link.recvRaw(bufs, lens, froms, nil)
 		if err != nil {
-			for _, o := range owner {
-				o.Release()
-			}
 			return
 		}
 		now := mono(time.Now())
@@ -218,53 +240,124 @@ func (e *Endpoint) receive() {
 			if lens[i] < 0 {
 				continue
 			}
-			b := bufs[i][:lens[i]]
-			if len(b) < BTHSize {
-				e.link.rx.malformed.Add(1)
-				continue
-			}
-			qpn := uint32(b[5])<<16 | uint32(b[6])<<8 | uint32(b[7])
-			p := qps[qpn]
-			switch {
-			case p == nil:
-				e.unknown.Add(1)
-				continue
-			case p.from == nil && froms[i].Addr() != p.peer.Addr(): // a UD QP takes any sender
-				e.foreign.Add(1)
-				continue
-			case p.lim.UC:
-				p.credit.noteSender(froms[i])
-			}
-			pkt, ok := p.rx.decode(bufs[i], lens[i], Endpoints{Src: froms[i], Dst: e.addr}, p.lim)
-			if !ok {
-				if p.lim.UC {
-					p.credit.taken.Add(1) // the peer's, and gone: grant it back
+			if p := e.deliver(qps, owner[i], lens[i], froms[i], now); p != nil {
+				owner[i] = rxBufs.Get().(*rxBuf) // the QP holds the old one
+				bufs[i] = owner[i].b
+				if len(woken) == 0 || woken[len(woken)-1] != p {
+					woken = append(woken, p)
 				}
-				continue
-			}
-			if p.in.full() && !e.waitRoom(p) {
-				e.overflow.Add(1) // closed meanwhile
-				continue
-			}
-			seg := One(pkt)
-			seg.Ref = owner[i]
-			if p.from != nil { // before push publishes the slot
-				p.from[p.in.tail.Load()%ringSize] = froms[i]
-			}
-			p.in.push(seg, now+p.delay, 0)
-			if p.closed.Load() {
-				p.drop() // closed meanwhile: its engine will not take it
-			}
-			owner[i] = rxBufs.Get().(*rxBuf) // the QP holds the old one
-			bufs[i] = owner[i].b
-			if len(woken) == 0 || woken[len(woken)-1] != p {
-				woken = append(woken, p)
 			}
 		}
 		for _, p := range woken {
 			wake(&p.wake)
 		}
 	}
+}
+
+// groBatch is how many datagrams of up to 64 KiB receiveGRO takes per recvmmsg.
+const groBatch = 16
+
+// receiveGRO is the receive loop with UDP_GRO on: a datagram may hold several
+// packets of one size (the last may be shorter), as a peer's segmentation offload
+// sent them, and arrives whole into one of a few 64 KiB buffers, from which each
+// packet is copied into a buffer of its own for its QP to hold.
+func (e *Endpoint) receiveGRO() {
+	var (
+		big   = make([][]byte, groBatch)
+		lens  = make([]int, groBatch)
+		segs  = make([]int, groBatch)
+		froms = make([]netip.AddrPort, groBatch)
+		woken = make([]*udpPort, 0, maxBatch)
+	)
+	for i := range big {
+		big[i] = make([]byte, 1<<16)
+	}
+	spare := rxBufs.Get().(*rxBuf)
+	defer func() { spare.Release() }()
+	for {
+		n, err := e.link.recvRaw(big, lens, froms, segs)
+		if err != nil {
+			return
+		}
+		now := mono(time.Now())
+		qps := *e.qps.Load()
+		woken = woken[:0]
+		for i := 0; i < n; i++ {
+			if lens[i] < 0 {
+				continue
+			}
+			d := big[i][:lens[i]]
+			size := segs[i]
+			if size <= 0 || size > len(d) {
+				size = len(d)
+			}
+			if size < len(d) {
+				e.coalesced.Add(1)
+				e.coalescedPackets.Add(uint64((len(d) + size - 1) / size))
+			}
+			for off := 0; off < len(d); off += size {
+				pkt := d[off:min(off+size, len(d))]
+				if len(pkt) >= len(spare.b) {
+					e.link.rx.malformed.Add(1) // larger than any packet: cut short
+					continue
+				}
+				copy(spare.b, pkt)
+				if p := e.deliver(qps, spare, len(pkt), froms[i], now); p != nil {
+					spare = rxBufs.Get().(*rxBuf) // the QP holds the old one
+					if len(woken) == 0 || woken[len(woken)-1] != p {
+						woken = append(woken, p)
+					}
+				}
+			}
+		}
+		for _, p := range woken {
+			wake(&p.wake)
+		}
+	}
+}
+
+// deliver hands the n-byte packet at the start of buf, from from, to the QP its BTH
+// names and returns that QP's port, which holds buf from then on; it returns nil
+// when the packet was dropped (and counted), and buf is still the caller's.
+func (e *Endpoint) deliver(qps map[uint32]*udpPort, buf *rxBuf, n int, from netip.AddrPort, now int64) *udpPort {
+	b := buf.b[:n]
+	if len(b) < BTHSize {
+		e.link.rx.malformed.Add(1)
+		return nil
+	}
+	qpn := uint32(b[5])<<16 | uint32(b[6])<<8 | uint32(b[7])
+	p := qps[qpn]
+	switch {
+	case p == nil:
+		e.unknown.Add(1)
+		return nil
+	case p.from == nil && from.Addr() != p.peer.Addr(): // a UD QP takes any sender
+		e.foreign.Add(1)
+		return nil
+	case p.lim.UC:
+		p.credit.noteSender(from)
+	}
+	pkt, ok := p.rx.decode(buf.b, n, Endpoints{Src: from, Dst: e.addr}, p.lim)
+	if !ok {
+		if p.lim.UC {
+			p.credit.taken.Add(1) // the peer's, and gone: grant it back
+		}
+		return nil
+	}
+	if p.in.full() && !e.waitRoom(p) {
+		e.overflow.Add(1) // closed meanwhile
+		return nil
+	}
+	seg := One(pkt)
+	seg.Ref = buf
+	if p.from != nil { // before push publishes the slot
+		p.from[p.in.tail.Load()%ringSize] = from
+	}
+	p.in.push(seg, now+p.delay, 0)
+	if p.closed.Load() {
+		p.drop() // closed meanwhile: its engine will not take it
+	}
+	return p
 }
 
 // waitRoom holds the receive loop while p's inbox is full, as a lossless port holds

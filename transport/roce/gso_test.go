@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"net/netip"
 	"testing"
+	"time"
 
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
@@ -157,4 +158,58 @@ func TestSendBatchGSORefused(t *testing.T) {
 	assert.Zero(t, st.Segmented)
 	assert.EqualValues(t, 2*len(sent), st.Sent)
 	assert.False(t, a.gso.Load())
+}
+
+// recvPort receives want packets on p and checks them against sent, in order.
+func recvPort(t *testing.T, p Port, woken chan struct{}, sent []Packet) {
+	t.Helper()
+	segs := make([]Segment, 64)
+	deadline := time.After(20 * time.Second)
+	for next := 0; next < len(sent); {
+		n, _, err := p.Recv(segs, time.Now())
+		require.NoError(t, err)
+		for _, s := range segs[:n] {
+			require.EqualValues(t, next, s.PSN, "in order, none lost")
+			require.Equal(t, sent[next].Opcode, s.Opcode)
+			require.True(t, bytes.Equal(sent[next].Payload, s.Payload), "packet %d", next)
+			s.Ref.Release()
+			next++
+		}
+		if n == 0 {
+			select {
+			case <-woken:
+			case <-deadline:
+				t.Fatalf("received %d of %d packets", next, len(sent))
+			}
+		}
+	}
+}
+
+// An endpoint with a QP attached with GSO turns UDP_GRO on: segmented datagrams
+// then arrive whole, and each of their packets reaches its QP as sent; single
+// datagrams still arrive as they are.
+func TestEndpointGRO(t *testing.T) {
+	ep, err := OpenEndpoint(netip.MustParseAddrPort("127.0.0.2:0"))
+	require.NoError(t, err)
+	defer func() { require.NoError(t, ep.Close()) }()
+	sender := listen(t, "127.0.0.1:0", Loss{})
+	p, err := ep.Attach(AttachConfig{QPN: 0xb, Peer: sender.LocalAddr(), Limits: lim, Link: LinkModel{GSO: true}})
+	require.NoError(t, err)
+	defer func() { require.NoError(t, p.Close()) }()
+	woken := wakeChan(p)
+
+	sent := gsoPackets()
+	for i := range sent {
+		sent[i].DestQP, sent[i].PKey = 0xb, 0xffff
+	}
+	for round := 0; round < 3; round++ { // the first may come before GRO is on
+		sender.SetGSO(round < 2)
+		require.NoError(t, sender.SendBatch(sent, ep.Addr()))
+		recvPort(t, p, woken, sent)
+	}
+	st := ep.Stats()
+	require.Zero(t, sender.Stats().GSORefused)
+	assert.Positive(t, st.Coalesced, "the second round's segmented datagrams")
+	assert.Greater(t, st.CoalescedPackets, st.Coalesced)
+	assert.Zero(t, st.Malformed)
 }

@@ -186,13 +186,12 @@ func (l *Link) SetGSO(on bool) { l.gso.Store(on) }
 type sendScratch struct {
 	buf   []byte
 	first [maxBatch]int // the first packet of each datagram
-	ctrl  [maxBatch][cmsgSpace]byte
 	mmsgBatch
 }
 
-// cmsgSpace is the room of a control message holding a uint16 (UDP_SEGMENT's) on
-// a 64-bit Linux: CMSG_SPACE(2), 16 bytes of header and the value padded to 8
-// (TestCmsgSpace checks it against unix.CmsgSpace).
+// cmsgSpace is the room of a control message holding a uint16 (UDP_SEGMENT's) or
+// an int (UDP_GRO's) on a 64-bit Linux: CMSG_SPACE(2) = CMSG_SPACE(4), 16 bytes of
+// header and the value padded to 8 (TestCmsgSpace checks it against unix.CmsgSpace).
 const cmsgSpace = 24
 
 var sendScratches = sync.Pool{New: func() any { return &sendScratch{buf: make([]byte, 0, maxBatch*64)} }}
@@ -335,7 +334,7 @@ var recvBatches = sync.Pool{New: func() any { return new(mmsgBatch) }}
 func (l *Link) RecvBatch(bufs [][]byte, pkts []Packet, froms []netip.AddrPort) (int, error) {
 	lens := make([]int, len(bufs))
 	for {
-		got, err := l.recvRaw(bufs, lens, froms)
+		got, err := l.recvRaw(bufs, lens, froms, nil)
 		if err != nil {
 			return 0, err
 		}
@@ -361,14 +360,21 @@ func (l *Link) RecvBatch(bufs [][]byte, pkts []Packet, froms []netip.AddrPort) (
 // recvRaw waits for datagrams and receives up to len(bufs) of them (at most
 // maxBatch) with one recvmmsg: datagram i is lens[i] bytes in bufs[i], from
 // froms[i]. A datagram whose sender's address family is not the socket's is
-// counted malformed and has length -1.
-func (l *Link) recvRaw(bufs [][]byte, lens []int, froms []netip.AddrPort) (int, error) {
+// counted malformed and has length -1. With segs (UDP_GRO on: enableGRO), segs[i]
+// is the size of the packets datagram i holds when the kernel coalesced several
+// (the last may be shorter), else 0.
+func (l *Link) recvRaw(bufs [][]byte, lens []int, froms []netip.AddrPort, segs []int) (int, error) {
 	b := recvBatches.Get().(*mmsgBatch)
 	defer recvBatches.Put(b)
 	n := min(len(bufs), maxBatch)
 	for i := 0; i < n; i++ {
 		b.setIov(i, bufs[i])
 		b.setMsg(i, unix.SizeofSockaddrInet6, i, 1)
+		if segs != nil {
+			m := &b.hdrs[i].Hdr
+			m.Control = &b.ctrl[i][0]
+			m.SetControllen(cmsgSpace)
+		}
 	}
 	got, err := l.mm.recvmmsg(b, n)
 	if err != nil {
@@ -382,8 +388,23 @@ func (l *Link) recvRaw(bufs [][]byte, lens []int, froms []netip.AddrPort) (int, 
 			continue
 		}
 		lens[i], froms[i] = int(b.hdrs[i].Len), from
+		if segs != nil {
+			segs[i] = b.groSize(i)
+		}
 	}
 	return got, nil
+}
+
+// udpGROOp is UDP_GRO (SOL_UDP, Linux 5.0): the socket takes datagrams the kernel
+// coalesced, each with a control message giving the size of its segments.
+const udpGROOp = 104
+
+// enableGRO turns UDP_GRO on for the Link's socket: recvRaw must then be given
+// segs and buffers of 64 KiB, since a datagram may hold several packets.
+func (l *Link) enableGRO() error {
+	var serr error
+	err := l.mm.rc.Control(func(fd uintptr) { serr = unix.SetsockoptInt(int(fd), unix.SOL_UDP, udpGROOp, 1) })
+	return errors.Join(err, serr)
 }
 
 func (l *Link) write(b []byte, dst netip.AddrPort) error {

@@ -35,6 +35,21 @@ type mmsgBatch struct {
 	hdrs  [maxBatch]unix.Mmsghdr
 	iovs  [3 * maxBatch]unix.Iovec
 	names [maxBatch]unix.RawSockaddrInet6 // a RawSockaddrInet4 fits in one
+	ctrl  [maxBatch][cmsgSpace]byte       // a control message each: UDP_SEGMENT's or UDP_GRO's
+}
+
+// groSize returns the segment size the UDP_GRO control message of received
+// datagram i gives, or 0 when it has none (a datagram of one packet).
+func (b *mmsgBatch) groSize(i int) int {
+	m := &b.hdrs[i].Hdr
+	if m.Control == nil || m.Controllen < uint64(unix.CmsgLen(4)) {
+		return 0
+	}
+	h := (*unix.Cmsghdr)(unsafe.Pointer(&b.ctrl[i][0]))
+	if h.Level != unix.SOL_UDP || h.Type != udpGROOp || h.Len < uint64(unix.CmsgLen(4)) {
+		return 0
+	}
+	return int(binary.NativeEndian.Uint32(b.ctrl[i][unix.CmsgLen(0):]))
 }
 
 // setName stores addr in names[i] in the kernel's layout and returns its length.
