@@ -213,7 +213,7 @@ func (e *Endpoint) receive() {
 		owner = make([]*rxBuf, maxBatch) // bufs[i] is owner[i].b
 		lens  = make([]int, maxBatch)
 		froms = make([]netip.AddrPort, maxBatch)
-		woken = make([]*udpPort, 0, maxBatch)
+		b     = batch{e: e}
 	)
 	for i := range bufs {
 		owner[i] = rxBufs.Get().(*rxBuf)
@@ -233,24 +233,45 @@ func (e *Endpoint) receive() {
 		if err != nil {
 			return
 		}
-		now := mono(time.Now())
-		qps := *e.qps.Load()
-		woken = woken[:0]
+		b.begin()
 		for i := 0; i < n; i++ {
-			if lens[i] < 0 {
-				continue
-			}
-			if p := e.deliver(qps, owner[i], lens[i], froms[i], now); p != nil {
+			if lens[i] >= 0 && b.hand(owner[i], lens[i], froms[i]) {
 				owner[i] = rxBufs.Get().(*rxBuf) // the QP holds the old one
 				bufs[i] = owner[i].b
-				if len(woken) == 0 || woken[len(woken)-1] != p {
-					woken = append(woken, p)
-				}
 			}
 		}
-		for _, p := range woken {
-			wake(&p.wake)
-		}
+		b.end()
+	}
+}
+
+// batch delivers the packets of one receive: it has the QPs as they were when it
+// began, its time, and the ports to wake once it ends.
+type batch struct {
+	e     *Endpoint
+	qps   map[uint32]*udpPort
+	now   int64
+	woken []*udpPort
+}
+
+func (b *batch) begin() { b.qps, b.now, b.woken = *b.e.qps.Load(), mono(time.Now()), b.woken[:0] }
+
+// hand delivers the n-byte packet at the start of buf (deliver) and reports
+// whether a QP holds buf now.
+func (b *batch) hand(buf *rxBuf, n int, from netip.AddrPort) bool {
+	p := b.e.deliver(b.qps, buf, n, from, b.now)
+	if p == nil {
+		return false
+	}
+	if len(b.woken) == 0 || b.woken[len(b.woken)-1] != p {
+		b.woken = append(b.woken, p)
+	}
+	return true
+}
+
+// end wakes the QPs that were given packets.
+func (b *batch) end() {
+	for _, p := range b.woken {
+		wake(&p.wake)
 	}
 }
 
@@ -267,7 +288,7 @@ func (e *Endpoint) receiveGRO() {
 		lens  = make([]int, groBatch)
 		segs  = make([]int, groBatch)
 		froms = make([]netip.AddrPort, groBatch)
-		woken = make([]*udpPort, 0, maxBatch)
+		b     = batch{e: e}
 	)
 	for i := range big {
 		big[i] = make([]byte, 1<<16)
@@ -279,9 +300,7 @@ func (e *Endpoint) receiveGRO() {
 		if err != nil {
 			return
 		}
-		now := mono(time.Now())
-		qps := *e.qps.Load()
-		woken = woken[:0]
+		b.begin()
 		for i := 0; i < n; i++ {
 			if lens[i] < 0 {
 				continue
@@ -302,17 +321,12 @@ func (e *Endpoint) receiveGRO() {
 					continue
 				}
 				copy(spare.b, pkt)
-				if p := e.deliver(qps, spare, len(pkt), froms[i], now); p != nil {
+				if b.hand(spare, len(pkt), froms[i]) {
 					spare = rxBufs.Get().(*rxBuf) // the QP holds the old one
-					if len(woken) == 0 || woken[len(woken)-1] != p {
-						woken = append(woken, p)
-					}
 				}
 			}
 		}
-		for _, p := range woken {
-			wake(&p.wake)
-		}
+		b.end()
 	}
 }
 

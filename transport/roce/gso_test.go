@@ -109,15 +109,9 @@ func receiveAll(t *testing.T, b *Link, from netip.AddrPort, sent []Packet) {
 // sent, each decoding with its ICRC, over IPv4 and IPv6; the counters say how it
 // went.
 func TestSendBatchGSO(t *testing.T) {
-	for _, addrs := range [][2]string{{"127.0.0.1:0", "127.0.0.2:0"}, {"[::1]:0", "[::1]:0"}} {
+	for _, addrs := range loopbacks {
 		t.Run(addrs[0], func(t *testing.T) {
-			a, err := Listen(netip.MustParseAddrPort(addrs[0]), lim, Loss{})
-			if err != nil && netip.MustParseAddrPort(addrs[0]).Addr().Is6() {
-				t.Skipf("skipped: no IPv6 loopback here: %v", err)
-			}
-			require.NoError(t, err)
-			t.Cleanup(func() { _ = a.Close() })
-			b := listen(t, addrs[1], Loss{})
+			a, b := listenPair(t, addrs)
 			a.SetGSO(true)
 			sent := gsoPackets()
 			done := make(chan error, 1)

@@ -133,20 +133,30 @@ func TestLinkLoss(t *testing.T) {
 
 func netipAP(s string) netip.AddrPort { return netip.MustParseAddrPort(s) }
 
+// loopbacks are a sender's and a receiver's addresses over IPv4 and IPv6.
+var loopbacks = [][2]string{{"127.0.0.1:0", "127.0.0.2:0"}, {"[::1]:0", "[::1]:0"}}
+
+// listenPair listens on both addresses until the test ends; it skips the test
+// where IPv6 has no loopback.
+func listenPair(t *testing.T, addrs [2]string) (a, b *Link) {
+	t.Helper()
+	a, err := Listen(netip.MustParseAddrPort(addrs[0]), lim, Loss{})
+	if err != nil && netip.MustParseAddrPort(addrs[0]).Addr().Is6() {
+		t.Skipf("skipped: no IPv6 loopback here: %v", err)
+	}
+	require.NoError(t, err)
+	t.Cleanup(func() { _ = a.Close() })
+	return a, listen(t, addrs[1], Loss{})
+}
+
 // SendBatch and RecvBatch over IPv4 and IPv6: more packets than one sendmmsg or
 // recvmmsg takes, of every size from none to the MTU, arrive in order, whole and
 // from the sender's address, in batches no larger than the buffers given; Close
 // ends a RecvBatch that waits, and a SendBatch after it fails.
 func TestLinkBatches(t *testing.T) {
-	for _, addrs := range [][2]string{{"127.0.0.1:0", "127.0.0.2:0"}, {"[::1]:0", "[::1]:0"}} {
+	for _, addrs := range loopbacks {
 		t.Run(addrs[0], func(t *testing.T) {
-			a, err := Listen(netip.MustParseAddrPort(addrs[0]), lim, Loss{})
-			if err != nil && netip.MustParseAddrPort(addrs[0]).Addr().Is6() {
-				t.Skipf("skipped: no IPv6 loopback here: %v", err)
-			}
-			require.NoError(t, err)
-			t.Cleanup(func() { _ = a.Close() })
-			b := listen(t, addrs[1], Loss{})
+			a, b := listenPair(t, addrs)
 			const n = 3*maxBatch + 7
 			sent := make([]Packet, n)
 			for i := range sent {
