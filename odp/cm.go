@@ -68,11 +68,9 @@ func (qp *QP) Accept(ctx context.Context, ln *roce.CMListener, cfg UDPConfig) ([
 	}
 	defer func() { _ = ep.Close() }() // the port holds the endpoint while it lives
 	local.QPN, local.PSN = qp.qpn, qp.PSN()
-	remote, cm, err := ln.Accept(ctx, local)
-	if err != nil {
-		return nil, err
-	}
-	return qp.connectUDP(ep, cm, cfg, local, remote)
+	attached := false
+	remote, cm, err := ln.AcceptReady(ctx, local, qp.readyUDP(ep, cfg, local, &attached))
+	return qp.connectedUDP(cm, remote, err, attached)
 }
 
 // Dial connects qp, in RESET or INIT, to the QP that accepts on the connection
@@ -85,11 +83,9 @@ func (qp *QP) Dial(ctx context.Context, addr string, cfg UDPConfig) ([]byte, err
 	}
 	defer func() { _ = ep.Close() }() // the port holds the endpoint while it lives
 	local.QPN, local.PSN = qp.qpn, qp.PSN()
-	remote, cm, err := roce.DialCM(ctx, addr, local)
-	if err != nil {
-		return nil, err
-	}
-	return qp.connectUDP(ep, cm, cfg, local, remote)
+	attached := false
+	remote, cm, err := roce.DialCMReady(ctx, addr, local, qp.readyUDP(ep, cfg, local, &attached))
+	return qp.connectedUDP(cm, remote, err, attached)
 }
 
 // ConnectRoCE connects qp, in RESET or INIT, over RoCEv2/UDP to the peer QP remote
@@ -142,16 +138,35 @@ func (qp *QP) attach(ep *roce.Endpoint, peer netip.AddrPort, remote Remote, mtu 
 	return nil
 }
 
-// connectUDP connects qp through ep to remote's endpoint and keeps cm: when the peer
-// disconnects or its process ends, the QP moves to ERR and its work is flushed.
-func (qp *QP) connectUDP(ep *roce.Endpoint, cm *roce.CM, cfg UDPConfig, local, remote roce.ConnParams) ([]byte, error) {
-	maxMsg := cfg.MaxMessage
-	if maxMsg == 0 {
-		maxMsg = 1 << 30
+// readyUDP is Accept's and Dial's step between learning the peer's parameters and
+// telling the peer it may send (roce.Ready): it attaches qp to the peer over ep and
+// moves it to RTS, and notes in *attached that it did. If it cannot, qp stays as
+// it was and the setup fails on both sides.
+func (qp *QP) readyUDP(ep *roce.Endpoint, cfg UDPConfig, local roce.ConnParams, attached *bool) roce.Ready {
+	return func(remote roce.ConnParams) error {
+		maxMsg := cfg.MaxMessage
+		if maxMsg == 0 {
+			maxMsg = 1 << 30
+		}
+		if err := qp.attach(ep, remote.Addr, Remote{QPN: remote.QPN, PSN: remote.PSN}, min(local.MTU, remote.MTU), maxMsg,
+			cfg.Loss, StateRTS); err != nil {
+			return err
+		}
+		*attached = true
+		return nil
 	}
-	if err := qp.attach(ep, remote.Addr, Remote{QPN: remote.QPN, PSN: remote.PSN}, min(local.MTU, remote.MTU), maxMsg,
-		cfg.Loss, StateRTS); err != nil {
-		_ = cm.Disconnect() // tells the peer
+}
+
+// connectedUDP ends Accept and Dial: with the setup done (err nil), qp keeps cm,
+// whose end moves it to ERR, and the peer's private data is returned; a setup that
+// failed after qp was attached leaves it in ERR, as a connection that broke.
+func (qp *QP) connectedUDP(cm *roce.CM, remote roce.ConnParams, err error, attached bool) ([]byte, error) {
+	if err != nil {
+		if attached {
+			qp.mu.Lock()
+			qp.toErrorLocked()
+			qp.mu.Unlock()
+		}
 		return nil, err
 	}
 	qp.mu.Lock()

@@ -32,7 +32,18 @@ var ErrCM = errors.New("roce: connection setup")
 
 var cmMagic = [8]byte{'o', 'd', 'p', 'e', 'm', 'u', 'c', 'm'}
 
-const cmVersion = 1
+// cmVersion 2 added the RTU: version 1 peers replied and sent at once.
+const cmVersion = 2
+
+// cmRTU is the active side's last setup message, rdma_cm's RTU (ready to use): it
+// has attached its QP and may be sent to.
+var cmRTU = [8]byte{'o', 'd', 'p', 'e', 'm', 'u', 'R', 'T'}
+
+// Ready is what a side of a connection does between learning the peer's
+// parameters and telling the peer it may send: attach its QP, as rdma_cm's passive
+// side moves its QP to RTR before it sends REP and the active side to RTR and RTS
+// before RTU. An error ends the setup on both sides.
+type Ready func(remote ConnParams) error
 
 // A setup message: magic (8), version (1), MTU code (1: log2(MTU)-8), private length
 // (2), QPN (4), PSN (4), address (16, IPv6 or IPv4-mapped), port (2), private data.
@@ -161,7 +172,17 @@ func (l *CMListener) Close() error { return l.ln.Close() }
 
 // Accept waits for a peer's request, answers with local and returns the peer's
 // parameters. ctx bounds the exchange (not the wait for a peer: Close ends that).
+// It is AcceptReady with nothing to do before the answer.
 func (l *CMListener) Accept(ctx context.Context, local ConnParams) (ConnParams, *CM, error) {
+	return l.AcceptReady(ctx, local, nil)
+}
+
+// AcceptReady waits for a peer's request, calls ready with its parameters, answers
+// with local, and returns once the peer said it is ready too (its RTU): so that
+// neither side sends before the other's QP can take it. A packet that arrives
+// before its QP is attached is dropped (the endpoint does not know its QPN), and
+// an RC requester then waits for its ACK timer, a second by default.
+func (l *CMListener) AcceptReady(ctx context.Context, local ConnParams, ready Ready) (ConnParams, *CM, error) {
 	msg, err := local.marshal()
 	if err != nil {
 		return ConnParams{}, nil, err
@@ -170,11 +191,18 @@ func (l *CMListener) Accept(ctx context.Context, local ConnParams) (ConnParams, 
 	if err != nil {
 		return ConnParams{}, nil, fmt.Errorf("roce: accept: %w", err)
 	}
-	return setup(ctx, conn, msg, false)
+	return setup(ctx, conn, msg, false, ready)
 }
 
-// DialCM connects to a listener, sends local and returns the peer's parameters.
+// DialCM connects to a listener, sends local and returns the peer's parameters. It
+// is DialCMReady with nothing to do before the RTU.
 func DialCM(ctx context.Context, addr string, local ConnParams) (ConnParams, *CM, error) {
+	return DialCMReady(ctx, addr, local, nil)
+}
+
+// DialCMReady connects to a listener, sends local, calls ready with the peer's
+// answer, then tells the peer it is ready (RTU) and returns the peer's parameters.
+func DialCMReady(ctx context.Context, addr string, local ConnParams, ready Ready) (ConnParams, *CM, error) {
 	msg, err := local.marshal()
 	if err != nil {
 		return ConnParams{}, nil, err
@@ -184,13 +212,13 @@ func DialCM(ctx context.Context, addr string, local ConnParams) (ConnParams, *CM
 	if err != nil {
 		return ConnParams{}, nil, fmt.Errorf("roce: connect: %w", err)
 	}
-	return setup(ctx, conn, msg, true)
+	return setup(ctx, conn, msg, true, ready)
 }
 
 // setup runs the exchange on a new connection and keeps it as the CM channel, or
 // closes it when the exchange fails.
-func setup(ctx context.Context, conn net.Conn, msg []byte, first bool) (ConnParams, *CM, error) {
-	remote, err := exchange(ctx, conn, msg, first)
+func setup(ctx context.Context, conn net.Conn, msg []byte, first bool, ready Ready) (ConnParams, *CM, error) {
+	remote, err := exchange(ctx, conn, msg, first, ready)
 	if err != nil {
 		_ = conn.Close() // the exchange's error is the one to report
 		return ConnParams{}, nil, err
@@ -198,9 +226,10 @@ func setup(ctx context.Context, conn net.Conn, msg []byte, first bool) (ConnPara
 	return remote, newCM(conn), nil
 }
 
-// exchange sends msg and reads the peer's parameters (the active side sends first),
-// within ctx's deadline.
-func exchange(ctx context.Context, conn net.Conn, msg []byte, first bool) (ConnParams, error) {
+// exchange runs the setup, within ctx's deadline: the active side (first) sends
+// msg (REQ), reads the peer's parameters (REP), calls ready and sends the RTU; the
+// passive side reads the REQ, calls ready, sends msg (REP) and reads the RTU.
+func exchange(ctx context.Context, conn net.Conn, msg []byte, first bool, ready Ready) (ConnParams, error) {
 	deadline, ok := ctx.Deadline()
 	if !ok {
 		deadline = time.Now().Add(30 * time.Second) // a peer that never answers must not hang us
@@ -208,23 +237,38 @@ func exchange(ctx context.Context, conn net.Conn, msg []byte, first bool) (ConnP
 	if err := conn.SetDeadline(deadline); err != nil {
 		return ConnParams{}, err
 	}
-	send := func() error {
-		_, err := conn.Write(msg)
-		return err
+	send := func(b []byte) error {
+		if _, err := conn.Write(b); err != nil {
+			return fmt.Errorf("%w: %w", ErrCM, err)
+		}
+		return nil
 	}
 	if first {
-		if err := send(); err != nil {
-			return ConnParams{}, fmt.Errorf("%w: %w", ErrCM, err)
+		if err := send(msg); err != nil {
+			return ConnParams{}, err
 		}
 	}
 	remote, err := readParams(conn)
 	if err != nil {
 		return ConnParams{}, err
 	}
-	if !first {
-		if err := send(); err != nil {
-			return ConnParams{}, fmt.Errorf("%w: %w", ErrCM, err)
+	if ready != nil {
+		if err := ready(remote); err != nil {
+			return ConnParams{}, err
 		}
+	}
+	if first {
+		err = send(cmRTU[:])
+	} else if err = send(msg); err == nil {
+		var rtu [len(cmRTU)]byte
+		if _, err = io.ReadFull(conn, rtu[:]); err != nil {
+			err = fmt.Errorf("%w: waiting for the peer's RTU: %w", ErrCM, err)
+		} else if rtu != cmRTU {
+			err = fmt.Errorf("%w: the peer's RTU is %q", ErrCM, rtu[:])
+		}
+	}
+	if err != nil {
+		return ConnParams{}, err
 	}
 	return remote, conn.SetDeadline(time.Time{})
 }

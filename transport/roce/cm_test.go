@@ -3,9 +3,11 @@ package roce
 import (
 	"context"
 	"encoding/binary"
+	"errors"
 	"io"
 	"net"
 	"net/netip"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -65,6 +67,8 @@ func TestCMHostilePeers(t *testing.T) {
 		"private too long": mut(func(b []byte) []byte { binary.BigEndian.PutUint16(b[10:], 60000); return b }),
 		"QPN too wide":     mut(func(b []byte) []byte { binary.BigEndian.PutUint32(b[12:], 1<<24); return b }),
 		"no address":       mut(func(b []byte) []byte { clear(b[20:38]); return b }),
+		"no RTU":           good,
+		"wrong RTU":        append(append([]byte(nil), good...), []byte("odpemuXX")...),
 	} {
 		errc := make(chan error, 1)
 		go func() {
@@ -78,7 +82,7 @@ func TestCMHostilePeers(t *testing.T) {
 		require.NoError(t, err)
 		_, err = c.Write(msg)
 		require.NoError(t, err)
-		if name == "truncated" {
+		if name == "truncated" || name == "no RTU" {
 			_ = c.(*net.TCPConn).CloseWrite()
 		}
 		assert.ErrorIs(t, <-errc, ErrCM, name)
@@ -104,4 +108,60 @@ func TestCMHostilePeers(t *testing.T) {
 
 	_, _, err = DialCM(context.Background(), ln.Addr().String(), ConnParams{MTU: 1000, Addr: netip.MustParseAddrPort("127.0.0.1:1")})
 	assert.ErrorIs(t, err, ErrCM, "bad local parameters are refused before anything is sent")
+}
+
+// The setup orders the two sides' attaches before either may send, as rdma_cm's
+// REP and RTU do: the passive side's ready runs before the active side has its
+// answer, and the active side's before the passive side's AcceptReady returns. A
+// ready that fails ends the setup on both sides.
+func TestCMReady(t *testing.T) {
+	ln := cmListener(t)
+	srv := ConnParams{QPN: 0x12, PSN: 5, MTU: 1024, Addr: netip.MustParseAddrPort("127.0.0.2:4791")}
+	cli := ConnParams{QPN: 0x34, PSN: 6, MTU: 1024, Addr: netip.MustParseAddrPort("127.0.0.1:4791")}
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	for _, fail := range []string{"", "passive", "active"} {
+		var srvReady, cliReady atomic.Bool
+		refused := errors.New("refused")
+		accepted := make(chan error, 1)
+		go func() {
+			got, cm, err := ln.AcceptReady(ctx, srv, func(r ConnParams) error {
+				assert.Equal(t, cli.QPN, r.QPN)
+				srvReady.Store(true)
+				if fail == "passive" {
+					return refused
+				}
+				return nil
+			})
+			if err == nil {
+				assert.Equal(t, cli, got)
+				assert.True(t, cliReady.Load(), "the active side was ready before the passive side's setup ended")
+				<-cm.Done() // the active side disconnects
+			}
+			accepted <- err
+		}()
+		got, cm, err := DialCMReady(ctx, ln.Addr().String(), cli, func(r ConnParams) error {
+			assert.Equal(t, srv, r)
+			assert.True(t, srvReady.Load(), "the passive side was ready before it answered")
+			cliReady.Store(true)
+			if fail == "active" {
+				return refused
+			}
+			return nil
+		})
+		switch fail {
+		case "":
+			require.NoError(t, err)
+			assert.Equal(t, srv, got)
+			require.NoError(t, cm.Disconnect())
+			require.NoError(t, <-accepted)
+		case "passive":
+			assert.ErrorIs(t, err, ErrCM, "the active side learns of it: no answer")
+			assert.False(t, cliReady.Load())
+			assert.ErrorIs(t, <-accepted, refused)
+		case "active":
+			assert.ErrorIs(t, err, refused)
+			assert.ErrorIs(t, <-accepted, ErrCM, "the passive side learns of it: no RTU")
+		}
+	}
 }
