@@ -31,6 +31,7 @@ func perftest(args []string, stdout, stderr io.Writer) error {
 	modes := fs.StringSlice("modes", []string{"pinned", "odp"}, "registrations: pinned, odp (--odp) or both")
 	iters := fs.IntP("iters", "n", 5000, "iterations per run")
 	reps := fs.Int("reps", 3, "rounds: each runs perftest, then odp-perf")
+	gso := fs.Bool("link-gso", false, "both sides send with UDP segmentation offload (ODPEMU_GSO=1 for perftest, --link-gso for odp-perf)")
 	lib := fs.String("lib", "", "a directory holding odpemu's built libibverbs.so.1 (default: build it into a temporary directory; needs the odpemu module's sources)")
 	if err := fs.Parse(args); err != nil {
 		return err
@@ -78,7 +79,11 @@ func perftest(args []string, stdout, stderr io.Writer) error {
 		}
 		*lib = dir
 	}
-	fmt.Fprintf(stdout, "# perftest on odpemu's libibverbs.so.1 against odp-perf, two processes each (127.0.0.1, 127.0.0.2), %d iterations, tx depth 128, a completion every 100, buffers written before the run; MiB/s, medians of %d rounds (ratio: of the rounds' ratios)\n", *iters, *reps)
+	wire := "RoCEv2"
+	if *gso {
+		wire = "RoCEv2 with UDP segmentation offload"
+	}
+	fmt.Fprintf(stdout, "# perftest on odpemu's libibverbs.so.1 against odp-perf, two processes each (127.0.0.1, 127.0.0.2) over %s, %d iterations, tx depth 128, a completion every 100, buffers written before the run; MiB/s, medians of %d rounds (ratio: of the rounds' ratios)\n", wire, *iters, *reps)
 	fmt.Fprintf(stdout, "%-6s %8s %-7s %12s %12s %8s\n", "test", "bytes", "reg", "perftest", "odp-perf", "ratio")
 	for _, t := range *tests {
 		tsizes, tmodes := sizes, *modes
@@ -89,11 +94,11 @@ func perftest(args []string, stdout, stderr io.Writer) error {
 			for _, mode := range tmodes {
 				var pt, op []float64
 				for r := 0; r < *reps; r++ {
-					a, err := perftestRun(*lib, t, size, *iters, mode == "odp")
+					a, err := perftestRun(*lib, t, size, *iters, mode == "odp", *gso)
 					if err != nil {
 						return err
 					}
-					b, err := odpPerfRun(self, t, size, *iters, mode == "odp")
+					b, err := odpPerfRun(self, t, size, *iters, mode == "odp", *gso)
 					if err != nil {
 						return err
 					}
@@ -114,7 +119,7 @@ var perftestRow = regexp.MustCompile(`(?m)^\s*\d+\s+\d+\s+[\d.]+\s+([\d.]+)\s+[\
 
 // perftestRun runs ib_<test>_bw as a server and a client process on odpemu's library
 // from lib and returns the client's average bandwidth.
-func perftestRun(lib, test string, size, iters int, odp bool) (float64, error) {
+func perftestRun(lib, test string, size, iters int, odp, gso bool) (float64, error) {
 	port, err := freeTCPPort()
 	if err != nil {
 		return 0, err
@@ -126,6 +131,9 @@ func perftestRun(lib, test string, size, iters int, odp bool) (float64, error) {
 	}
 	prog := "ib_" + test + "_bw"
 	env := append(os.Environ(), "LD_LIBRARY_PATH="+lib)
+	if gso {
+		env = append(env, "ODPEMU_GSO=1")
+	}
 	srv := exec.Command(prog, args...)
 	srv.Env = append(env, "ODPEMU_ADDR=127.0.0.1")
 	srvOut, stop, err := startServer(srv)
@@ -154,7 +162,7 @@ var odpPerfRow = regexp.MustCompile(`(?m)^\s*\d+\s+\d+\s+[\d.]+\s+([\d.]+)\s`)
 
 // odpPerfRun runs this program's <test>_bw as a server and a client process and
 // returns the client's average bandwidth.
-func odpPerfRun(self, test string, size, iters int, odp bool) (float64, error) {
+func odpPerfRun(self, test string, size, iters int, odp, gso bool) (float64, error) {
 	port, err := freeTCPPort()
 	if err != nil {
 		return 0, err
@@ -170,6 +178,9 @@ func odpPerfRun(self, test string, size, iters int, odp bool) (float64, error) {
 		"--mr-size", strconv.Itoa(perftestFootprint(size))}
 	if odp {
 		args = append(args, "--odp")
+	}
+	if gso {
+		args = append(args, "--link-gso")
 	}
 	srvOut, stop, err := startServer(exec.Command(self, append(args, "--server", "127.0.0.1:"+port)...))
 	if err != nil {
