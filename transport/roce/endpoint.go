@@ -438,7 +438,8 @@ func (p *udpPort) Hold(bool)        {} // what arrives over UDP is a datagram of
 
 // Send implements Port: each run's packets go out with sendmmsg (with the link
 // model's GSO, segmented: Link.SetGSO), their payloads straight from the QP's
-// memory into the kernel, and its Ref is released once the call returns. With a rate, it first waits until the link has room.
+// memory into the kernel, and its Ref is released once the call returns. With a
+// rate, it first waits until the link has room.
 func (p *udpPort) Send(segs []Segment, now time.Time) (int, error) {
 	defer func() {
 		for i := range segs {
