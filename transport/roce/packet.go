@@ -24,8 +24,9 @@
 // (odp's engine) runs both. A Port carries a QP's runs to its peer: an Endpoint's
 // UDP socket on port 4791, demultiplexed by destination QPN (Endpoint.Attach), or
 // a Pipe in one process, where runs travel by reference under a LinkModel (line
-// rate, delay, a bounded queue; wire.go). ListenCM and DialCM exchange connection
-// parameters over TCP as rdma_cm does.
+// rate, delay, a bounded queue; wire.go); over UDP a QP may send runs of packets
+// with segmentation offload (Link.SetGSO). ListenCM and DialCM exchange connection
+// parameters over TCP as rdma_cm does (REQ, REP, RTU: AcceptReady, DialCMReady).
 package roce
 
 import (
