@@ -225,9 +225,12 @@ func (e *Endpoint) receive() {
 		}
 	}()
 	for {
-		if e.wantGRO.Load() && e.link.enableGRO() == nil {
-			e.receiveGRO()
-			return
+		if e.wantGRO.Load() {
+			if e.link.enableGRO() == nil {
+				e.receiveGRO()
+				return
+			}
+			e.wantGRO.Store(false) // a kernel before UDP_GRO (5.0): datagrams stay one packet each
 		}
 		n, err := e.link.recvRaw(bufs, lens, froms, nil)
 		if err != nil {
