@@ -430,3 +430,26 @@ func TestConnectRoCE(t *testing.T) {
 		RemoteAddr: xmr.Addr(), RKey: xmr.RKey()}))
 	require.Equal(t, WCSuccess, wait(t, c.scq).Status)
 }
+
+// A setup that fails after the accepting QP attached leaves that QP in ERR, as a
+// connection that broke: here the dialing QP cannot attach (it is in ERR already),
+// so it sends no RTU, and Accept fails.
+func TestAcceptWithoutRTU(t *testing.T) {
+	a, b := newNode(t, Config{}), newNode(t, Config{})
+	require.NoError(t, a.qp.Modify(StateError))
+	ln, err := roce.ListenCM("127.0.0.1:0")
+	require.NoError(t, err)
+	defer func() { _ = ln.Close() }() // the test's listener
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	accepted := make(chan error, 1)
+	go func() {
+		_, err := b.qp.Accept(ctx, ln, UDPConfig{Addr: addrB})
+		accepted <- err
+	}()
+	_, err = a.qp.Dial(ctx, ln.Addr().String(), UDPConfig{Addr: addrA})
+	require.Error(t, err)
+	assert.Equal(t, StateError, a.qp.State(), "the dialing QP as it was")
+	require.ErrorIs(t, <-accepted, roce.ErrCM, "no RTU")
+	assert.Equal(t, StateError, b.qp.State(), "attached, then the setup failed")
+}
