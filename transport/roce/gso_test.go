@@ -28,7 +28,7 @@ func TestGroupDatagrams(t *testing.T) {
 		msgs := sc.group(len(sizes), dst, false, gso)
 		var out [][2]int // first packet, packets
 		for m := 0; m < msgs; m++ {
-			k := sc.packets(m, msgs, len(sizes))
+			k := sc.packets(m)
 			assert.Equal(t, k > 1, sc.segmented(m), "datagram %d: a control message only when segmented", m)
 			assert.EqualValues(t, 3*k, sc.hdrs[m].Hdr.Iovlen, "datagram %d: its packets' vectors", m)
 			out = append(out, [2]int{sc.first[m], k})

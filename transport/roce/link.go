@@ -185,7 +185,7 @@ func (l *Link) SetGSO(on bool) { l.gso.Store(on) }
 // UDP_SEGMENT control message per datagram.
 type sendScratch struct {
 	buf   []byte
-	first [maxBatch]int // the first packet of each datagram
+	first [maxBatch + 1]int // the first packet of each datagram, and after the last the packets' count
 	mmsgBatch
 }
 
@@ -225,7 +225,8 @@ func (l *Link) SendBatch(pkts []Packet, dst netip.AddrPort) error {
 			sc.setIov(3*i+1, chunk[i].Payload)
 			sc.setIov(3*i+2, tr)
 		}
-		msgs := sc.group(len(chunk), dst, l.mm.v6, l.gso.Load())
+		gso := l.gso.Load()
+		msgs := sc.group(len(chunk), dst, l.mm.v6, gso)
 		for sent := 0; sent < msgs; {
 			n, err := l.mm.sendmmsg(&sc.mmsgBatch, sent, msgs)
 			if err == nil && n <= 0 {
@@ -244,12 +245,11 @@ func (l *Link) SendBatch(pkts []Packet, dst netip.AddrPort) error {
 			if err != nil {
 				return fmt.Errorf("roce: send to %v: %w", dst, err)
 			}
-			for i := sent; i < sent+n; i++ {
-				segs := sc.packets(i, msgs, len(chunk))
-				l.sent.Add(uint64(segs))
-				if segs > 1 {
+			l.sent.Add(uint64(sc.first[sent+n] - sc.first[sent]))
+			for i := sent; gso && i < sent+n; i++ {
+				if k := sc.packets(i); k > 1 {
 					l.gsoSends.Add(1)
-					l.gsoSegments.Add(uint64(segs))
+					l.gsoSegments.Add(uint64(k))
 				}
 			}
 			sent += n
@@ -305,6 +305,7 @@ func (sc *sendScratch) group(n int, dst netip.AddrPort, v6, gso bool) int {
 		msgs++
 		i += k
 	}
+	sc.first[msgs] = n
 	return msgs
 }
 
@@ -316,13 +317,8 @@ func (sc *sendScratch) wireLen(i int) int {
 // segmented reports whether datagram m carries more than one packet.
 func (sc *sendScratch) segmented(m int) bool { return sc.hdrs[m].Hdr.Control != nil }
 
-// packets is how many packets datagram m of msgs (over n packets) carries.
-func (sc *sendScratch) packets(m, msgs, n int) int {
-	if m+1 < msgs {
-		return sc.first[m+1] - sc.first[m]
-	}
-	return n - sc.first[m]
-}
+// packets is how many packets datagram m carries.
+func (sc *sendScratch) packets(m int) int { return sc.first[m+1] - sc.first[m] }
 
 // recvBatches hold RecvBatch's kernel views, one call's each.
 var recvBatches = sync.Pool{New: func() any { return new(mmsgBatch) }}
