@@ -97,13 +97,13 @@ type outstanding struct {
 type Requester struct {
 	cfg     RequesterConfig
 	stats   RequesterStats
-	nextPSN uint32 // the PSN the next message gets
-	cursor  uint32 // the PSN sent next; nextPSN when everything is out
-	fresh   uint32 // the first PSN never sent: below it, sending is retransmitting
-	ring    []outstanding
-	head, n int // outstanding messages: ring[head], ..., oldest first
-	ci      int // the outstanding message the cursor was last found in (a hint)
-	retries int // timeouts and sequence NAKs since the last progress
+	nextPSN uint32        // the PSN the next message gets
+	cursor  uint32        // the PSN sent next; nextPSN when everything is out
+	fresh   uint32        // the first PSN never sent: below it, sending is retransmitting
+	ring    []outstanding // its length a power of two, or zero
+	head, n int           // outstanding messages: ring[head], ..., oldest first
+	ci      int           // the outstanding message the cursor was last found in (a hint)
+	retries int           // timeouts and sequence NAKs since the last progress
 	// resending: a go-back-N retransmission went out and nothing completed since;
 	// responses to the first sending that still arrive imply nothing more.
 	resending bool
@@ -186,7 +186,9 @@ func (q *Requester) Paused() bool { return q.paused }
 // Pending reports whether Next has something to send.
 func (q *Requester) Pending() bool { return !q.failed && !q.paused && q.cursor != q.nextPSN }
 
-func (q *Requester) at(i int) *outstanding { return &q.ring[(q.head+i)%len(q.ring)] }
+// at returns the i-th outstanding message, 0 the oldest. The ring's length is a
+// power of two (Post grows it from 16 by doubling), so the index is a mask.
+func (q *Requester) at(i int) *outstanding { return &q.ring[(q.head+i)&(len(q.ring)-1)] }
 
 func (q *Requester) output() Output {
 	q.done = q.done[:0]
@@ -638,7 +640,7 @@ func (q *Requester) complete(i int, orig uint64, out *Output, now time.Time) {
 		}
 		out.Done = append(q.done, c)
 		q.done = out.Done
-		q.head = (q.head + 1) % len(q.ring)
+		q.head = (q.head + 1) & (len(q.ring) - 1)
 		q.n--
 		q.ci--
 	}

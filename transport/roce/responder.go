@@ -102,8 +102,8 @@ type Responder struct {
 	cur      MessageInfo
 	curGot   uint32 // bytes taken
 	inMsg    bool
-	atomics  []savedAtomic // the latest ones, oldest first
-	reads    []savedRead   // the latest ones, oldest first
+	atomics  recent[savedAtomic] // the latest maxSaved
+	reads    recent[savedRead]   // the latest maxSaved
 	maxSaved int
 	// lastPSN is the last PSN of the newest executed message (the PSN an ACK
 	// acknowledges).
@@ -114,6 +114,31 @@ type savedAtomic struct {
 	psn  uint32
 	resp Message
 }
+
+// recent keeps the latest entries added, up to its size, in a ring: one added
+// when it is full replaces the oldest without moving the others (a READ adds one).
+type recent[T any] struct {
+	buf  []T
+	head int // the oldest's index in buf
+	n    int
+}
+
+// add keeps v, dropping the oldest if size are kept already.
+func (r *recent[T]) add(v T, size int) {
+	if r.buf == nil {
+		r.buf = make([]T, size)
+	}
+	if r.n < len(r.buf) {
+		r.buf[(r.head+r.n)%len(r.buf)] = v
+		r.n++
+		return
+	}
+	r.buf[r.head] = v
+	r.head = (r.head + 1) % len(r.buf)
+}
+
+// at returns the i-th kept entry, 0 the oldest.
+func (r *recent[T]) at(i int) *T { return &r.buf[(r.head+i)%len(r.buf)] }
 
 type savedRead struct {
 	first, last uint32
@@ -269,10 +294,7 @@ func (r *Responder) Placed(s *Segment, v *Verdict) bool {
 func (r *Responder) ReadDone(v *Verdict) {
 	n := Packets(int(v.Msg.Length), r.mtu)
 	last := (v.Msg.First + uint32(n) - 1) & psnMask
-	if len(r.reads) == r.maxSaved { // the oldest goes; the slice never walks off its array
-		r.reads = r.reads[:copy(r.reads, r.reads[1:])]
-	}
-	r.reads = append(r.reads, savedRead{first: v.Msg.First, last: last, va: v.Msg.VA, rkey: v.Msg.RKey, length: v.Msg.Length})
+	r.reads.add(savedRead{first: v.Msg.First, last: last, va: v.Msg.VA, rkey: v.Msg.RKey, length: v.Msg.Length}, r.maxSaved)
 	r.ePSN = (last + 1) & psnMask
 	r.lastPSN = last
 	r.msn = (r.msn + 1) & psnMask
@@ -283,10 +305,7 @@ func (r *Responder) ReadDone(v *Verdict) {
 func (r *Responder) AtomicDone(v *Verdict, orig uint64) *Message {
 	r.msn = (r.msn + 1) & psnMask
 	resp := Message{Kind: KindAtomicAck, PSN: v.Msg.First, Syndrome: SynACK, MSN: r.msn, Orig: orig}
-	if len(r.atomics) == r.maxSaved {
-		r.atomics = r.atomics[:copy(r.atomics, r.atomics[1:])]
-	}
-	r.atomics = append(r.atomics, savedAtomic{psn: v.Msg.First, resp: resp})
+	r.atomics.add(savedAtomic{psn: v.Msg.First, resp: resp}, r.maxSaved)
 	r.ePSN = (v.Msg.First + 1) & psnMask
 	r.lastPSN = v.Msg.First
 	return &resp
@@ -320,8 +339,8 @@ func (r *Responder) ack(syn Syndrome, psn uint32) *Message {
 func (r *Responder) duplicate(s *Segment) Verdict {
 	switch s.Opcode {
 	case ReadRequest:
-		for i := len(r.reads) - 1; i >= 0; i-- {
-			o := r.reads[i]
+		for i := r.reads.n - 1; i >= 0; i-- {
+			o := r.reads.at(i)
 			if psnDiff(s.PSN, o.first) < 0 || psnDiff(o.last, s.PSN) < 0 {
 				continue
 			}
@@ -334,8 +353,8 @@ func (r *Responder) duplicate(s *Segment) Verdict {
 		}
 		return Verdict{Act: ActDrop} // older than what is kept: class D, dropped
 	case CompareSwap, FetchAdd:
-		for _, o := range r.atomics {
-			if o.psn == s.PSN {
+		for i := range r.atomics.n {
+			if o := r.atomics.at(i); o.psn == s.PSN {
 				resp := o.resp
 				return Verdict{Act: ActAtomicAgain, Resp: &resp}
 			}

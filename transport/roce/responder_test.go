@@ -500,3 +500,45 @@ func TestUC(t *testing.T) {
 	rc := One(Packet{Opcode: SendOnly, PSN: 20, Payload: []byte{1}})
 	assert.Equal(t, ActDrop, take(rc).Act)
 }
+
+// The READs kept for duplicates are the latest max_dest_rd_atomic: after more
+// READs than that, the newest are read again and the oldest dropped (class D).
+func TestResponderKeepsLatestReads(t *testing.T) {
+	const mtu = 256
+	r := NewResponder(0, Limits{MTU: mtu, MaxMessage: 1 << 20}, 3)
+	var reads []Segment
+	psn := uint32(0)
+	for i := range 7 {
+		rd := runOf(t, mtu, psn, Request{ID: 1, Kind: KindReadRequest, Length: uint32(i+1) * mtu, VA: 4096, RKey: 7}, 0, 1)
+		v := r.Receive(&rd)
+		require.Equal(t, ActRead, v.Act)
+		r.ReadDone(&v)
+		reads = append(reads, rd)
+		psn += uint32(i + 1)
+	}
+	for i, rd := range reads {
+		v := r.Receive(&rd)
+		if i < 4 {
+			assert.Equal(t, ActDrop, v.Act, "READ %d is older than the three kept", i)
+			continue
+		}
+		require.Equal(t, ActReadAgain, v.Act, "READ %d", i)
+		assert.Equal(t, MessageInfo{Kind: KindReadRequest, First: rd.PSN, VA: 4096, RKey: 7, Length: uint32(i+1) * mtu}, v.Msg)
+	}
+}
+
+func TestRecent(t *testing.T) {
+	var r recent[int]
+	for v := range 10 {
+		r.add(v, 4)
+		var got []int
+		for i := range r.n {
+			got = append(got, *r.at(i))
+		}
+		want := []int{}
+		for w := max(0, v-3); w <= v; w++ {
+			want = append(want, w)
+		}
+		require.Equal(t, want, got, "after adding %d", v)
+	}
+}
