@@ -182,6 +182,9 @@ func init() {
 		i.name = "UC_" + i.name
 		opInfo[op|ucBits] = i
 	}
+	for o := range headerSizes {
+		headerSizes[o] = uint8(Opcode(o).headerSize())
+	}
 }
 
 func (o Opcode) flags() int { return opInfo[o].flags }
@@ -213,7 +216,14 @@ func (o Opcode) IsRequest() bool {
 func (o Opcode) HasPayload() bool { return o.Valid() && o.flags()&hasPayload != 0 }
 
 // HeaderSize is the size of o's headers, BTH included, ICRC not.
-func (o Opcode) HeaderSize() int {
+func (o Opcode) HeaderSize() int { return int(headerSizes[o]) }
+
+// headerSizes holds each known opcode's HeaderSize (a link counts a run's wire
+// size twice per run it sends).
+// init fills it.
+var headerSizes [lastOpcode + 1]uint8
+
+func (o Opcode) headerSize() int {
 	f := o.flags()
 	n := BTHSize
 	for _, h := range []struct {
