@@ -114,9 +114,17 @@ type recvQueue struct {
 	slots []rqe
 	_     cpu.CacheLinePad
 	tail  atomic.Uint64 // the next receive to post
-	_     cpu.CacheLinePad
-	head  atomic.Uint64 // the oldest receive not taken
-	_     cpu.CacheLinePad
+	// headSeen is head as a poster last loaded it (under the posters' lock): head
+	// only grows, so a ring that is not full by it is not full. Posters load head
+	// again only when it says full, so that they do not take head's line from the
+	// engine every post.
+	headSeen uint64
+	_        cpu.CacheLinePad
+	head     atomic.Uint64 // the oldest receive not taken
+	// tailSeen is tail as the taker last loaded it (the engine, or an SRQ's
+	// takers under SRQ.mu): it loads tail again only when head reaches it.
+	tailSeen uint64
+	_        cpu.CacheLinePad
 }
 
 // slot returns send queue slot i (i counts every request posted).
@@ -138,8 +146,10 @@ func (q *recvQueue) len() int {
 // Called with the posters' lock held (QP.mu, or SRQ.mu).
 func (q *recvQueue) postLocked(wr *RecvWR) bool {
 	t := q.tail.Load()
-	if t-q.head.Load() >= uint64(len(q.slots)) {
-		return false
+	if t-q.headSeen >= uint64(len(q.slots)) {
+		if q.headSeen = q.head.Load(); t-q.headSeen >= uint64(len(q.slots)) {
+			return false
+		}
 	}
 	s := &q.slots[t%uint64(len(q.slots))]
 	s.wr = RecvWR{WRID: wr.WRID, SGL: append(s.sgl[:0], wr.SGL...)}
@@ -152,8 +162,10 @@ func (q *recvQueue) postLocked(wr *RecvWR) bool {
 // the QP's engine calls it (or an SRQ's taker, under SRQ.mu).
 func (q *recvQueue) peek(dst *RecvWR) (seq uint64, ok bool) {
 	h := q.head.Load()
-	if h == q.tail.Load() {
-		return 0, false
+	if h >= q.tailSeen { // a flush may have moved head past it
+		if q.tailSeen = q.tail.Load(); h == q.tailSeen {
+			return 0, false
+		}
 	}
 	s := &q.slots[h%uint64(len(q.slots))]
 	dst.WRID, dst.SGL = s.wr.WRID, append(dst.SGL[:0], s.wr.SGL...)
