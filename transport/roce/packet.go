@@ -218,9 +218,8 @@ func (o Opcode) HasPayload() bool { return o.Valid() && o.flags()&hasPayload != 
 // HeaderSize is the size of o's headers, BTH included, ICRC not.
 func (o Opcode) HeaderSize() int { return int(headerSizes[o]) }
 
-// headerSizes holds each known opcode's HeaderSize (a link counts a run's wire
-// size twice per run it sends).
-// init fills it.
+// headerSizes holds each known opcode's HeaderSize, filled by init: a link
+// computes the wire size of every run it sends, and HeaderSize is on that path.
 var headerSizes [lastOpcode + 1]uint8
 
 func (o Opcode) headerSize() int {
