@@ -163,9 +163,8 @@ const maxBatch = 64
 // datagram. The kernel takes at most 64 segments (UDP_MAX_SEGMENTS before 6.x;
 // more since) and a datagram's payload is at most 65,507 bytes over IPv4.
 const (
-	maxSegments  = 64
-	maxGSOBytes  = 65507
-	udpSegmentOp = 103 // UDP_SEGMENT, SOL_UDP
+	maxSegments = 64
+	maxGSOBytes = 65507
 )
 
 // SetGSO turns UDP segmentation offload on or off for SendBatch: consecutive
@@ -295,7 +294,7 @@ func (sc *sendScratch) group(n int, dst netip.AddrPort, v6, gso bool) int {
 		if k > 1 {
 			c := sc.ctrl[msgs][:]
 			h := (*unix.Cmsghdr)(unsafe.Pointer(&c[0]))
-			h.Level, h.Type = unix.SOL_UDP, udpSegmentOp
+			h.Level, h.Type = unix.SOL_UDP, unix.UDP_SEGMENT
 			h.SetLen(unix.CmsgLen(2))
 			binary.NativeEndian.PutUint16(c[unix.CmsgLen(0):], uint16(size))
 			m := &sc.hdrs[msgs].Hdr
@@ -391,15 +390,12 @@ func (l *Link) recvRaw(bufs [][]byte, lens []int, froms []netip.AddrPort, segs [
 	return got, nil
 }
 
-// udpGROOp is UDP_GRO (SOL_UDP, Linux 5.0): the socket takes datagrams the kernel
-// coalesced, each with a control message giving the size of its segments.
-const udpGROOp = 104
-
-// enableGRO turns UDP_GRO on for the Link's socket: recvRaw must then be given
-// segs and buffers of 64 KiB, since a datagram may hold several packets.
+// enableGRO turns UDP_GRO (Linux 5.0) on for the Link's socket: it takes
+// datagrams the kernel coalesced, each with a control message giving the size of
+// its segments, so recvRaw must then be given segs and buffers of 64 KiB.
 func (l *Link) enableGRO() error {
 	var serr error
-	err := l.mm.rc.Control(func(fd uintptr) { serr = unix.SetsockoptInt(int(fd), unix.SOL_UDP, udpGROOp, 1) })
+	err := l.mm.rc.Control(func(fd uintptr) { serr = unix.SetsockoptInt(int(fd), unix.SOL_UDP, unix.UDP_GRO, 1) })
 	return errors.Join(err, serr)
 }
 

@@ -46,7 +46,7 @@ func (b *mmsgBatch) groSize(i int) int {
 		return 0
 	}
 	h := (*unix.Cmsghdr)(unsafe.Pointer(&b.ctrl[i][0]))
-	if h.Level != unix.SOL_UDP || h.Type != udpGROOp || h.Len < uint64(unix.CmsgLen(4)) {
+	if h.Level != unix.SOL_UDP || h.Type != unix.UDP_GRO || h.Len < uint64(unix.CmsgLen(4)) {
 		return 0
 	}
 	return int(binary.NativeEndian.Uint32(b.ctrl[i][unix.CmsgLen(0):]))
