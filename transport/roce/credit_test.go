@@ -94,6 +94,34 @@ func wakeChan(p Port) chan struct{} {
 	return ch
 }
 
+// takeBatch is how many runs takeRuns asks each Recv for.
+const takeBatch = 64
+
+// takeRuns receives n runs from p, waiting on woken when none is there, and hands
+// each to check (i counts the runs from 0) before it releases the run's Ref; the
+// test fails if they have not all come within 20 s.
+func takeRuns(t *testing.T, p Port, woken chan struct{}, n int, check func(i int, s *Segment)) {
+	t.Helper()
+	segs := make([]Segment, takeBatch)
+	deadline := time.After(20 * time.Second)
+	for i := 0; i < n; {
+		k, _, err := p.Recv(segs, time.Now())
+		require.NoError(t, err)
+		for j := range segs[:k] {
+			check(i, &segs[j])
+			segs[j].Ref.Release()
+			i++
+		}
+		if k == 0 {
+			select {
+			case <-woken:
+			case <-deadline:
+				t.Fatalf("received %d of %d runs", i, n)
+			}
+		}
+	}
+}
+
 // A UC QP whose engine does not take what arrives shuts its peer's window instead of
 // dropping: the sender finds no room once creditWindow datagrams are out, and goes on
 // as the engine takes them and grants them back. The sender sends more than the inbox
@@ -110,31 +138,14 @@ func TestEndpointCredits(t *testing.T) {
 	// The receiving engine takes nothing until the sender's window is shut.
 	require.Eventually(t, func() bool { return shut.Load() > 0 || len(sent) > 0 }, 10*time.Second, time.Millisecond)
 	assert.EqualValues(t, creditWindow, a.Stats().Sent, "the window, and not a datagram more")
-	segs := make([]Segment, 64)
-	deadline := time.After(20 * time.Second)
-	for want := uint32(0); want < n; {
-		k, _, err := b.Recv(segs, time.Now())
-		require.NoError(t, err)
-		for _, s := range segs[:k] {
-			require.Equal(t, want, s.PSN, "in order, none lost")
-			s.Ref.Release()
-			want++
-		}
-		if k == 0 {
-			select {
-			case <-wakeB:
-			case <-deadline:
-				t.Fatalf("received %d of %d packets", want, n)
-			}
-		}
-	}
+	takeRuns(t, b, wakeB, n, func(i int, s *Segment) { require.EqualValues(t, i, s.PSN, "in order, none lost") })
 	require.NoError(t, <-sent)
 	assert.Positive(t, shut.Load(), "the window was shut")
 	assert.Zero(t, ep2.Stats().Overflow)
 	rs, ss := b.Stats(), a.Stats()
 	// A grant once half the window has arrived and creditStep of it is taken, at
 	// the end of a Recv (at most 64 runs).
-	assert.GreaterOrEqual(t, rs.GrantsSent, uint64((n-creditWindow)/(creditWindow/2+len(segs))))
+	assert.GreaterOrEqual(t, rs.GrantsSent, uint64((n-creditWindow)/(creditWindow/2+takeBatch)))
 	assert.LessOrEqual(t, rs.GrantsSent, uint64(n/creditStep))
 	assert.Positive(t, ss.GrantsReceived)
 	assert.LessOrEqual(t, ss.GrantsReceived, rs.GrantsSent)

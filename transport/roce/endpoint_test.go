@@ -52,24 +52,10 @@ func TestEndpointDemultiplexesByQPN(t *testing.T) {
 	// What each QP received: its own packets in order, no other's.
 	for k, qpn := range qpns {
 		var psns []uint32
-		segs := make([]Segment, 8)
-		deadline := time.After(10 * time.Second)
-		for len(psns) < 4 {
-			n, _, err := ports[qpn].Recv(segs, time.Now())
-			require.NoError(t, err)
-			for _, s := range segs[:n] {
-				assert.Equal(t, qpn, s.DestQP)
-				psns = append(psns, s.PSN)
-				s.Ref.Release()
-			}
-			if n == 0 {
-				select {
-				case <-woken[qpn]:
-				case <-deadline:
-					t.Fatalf("QP %#x received %d of 4 packets", qpn, len(psns))
-				}
-			}
-		}
+		takeRuns(t, ports[qpn], woken[qpn], 4, func(_ int, s *Segment) {
+			assert.Equal(t, qpn, s.DestQP)
+			psns = append(psns, s.PSN)
+		})
 		want := []uint32{100 + uint32(k), 102 + uint32(k), 104 + uint32(k), 106 + uint32(k)}
 		assert.Equal(t, want, psns, "QP %#x", qpn)
 	}

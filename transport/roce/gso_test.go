@@ -4,7 +4,6 @@ import (
 	"bytes"
 	"net/netip"
 	"testing"
-	"time"
 
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
@@ -154,29 +153,14 @@ func TestSendBatchGSORefused(t *testing.T) {
 	assert.False(t, a.gso.Load())
 }
 
-// recvPort receives want packets on p and checks them against sent, in order.
+// recvPort receives len(sent) packets on p and checks them against sent, in order.
 func recvPort(t *testing.T, p Port, woken chan struct{}, sent []Packet) {
 	t.Helper()
-	segs := make([]Segment, 64)
-	deadline := time.After(20 * time.Second)
-	for next := 0; next < len(sent); {
-		n, _, err := p.Recv(segs, time.Now())
-		require.NoError(t, err)
-		for _, s := range segs[:n] {
-			require.EqualValues(t, next, s.PSN, "in order, none lost")
-			require.Equal(t, sent[next].Opcode, s.Opcode)
-			require.True(t, bytes.Equal(sent[next].Payload, s.Payload), "packet %d", next)
-			s.Ref.Release()
-			next++
-		}
-		if n == 0 {
-			select {
-			case <-woken:
-			case <-deadline:
-				t.Fatalf("received %d of %d packets", next, len(sent))
-			}
-		}
-	}
+	takeRuns(t, p, woken, len(sent), func(i int, s *Segment) {
+		require.EqualValues(t, i, s.PSN, "in order, none lost")
+		require.Equal(t, sent[i].Opcode, s.Opcode)
+		require.True(t, bytes.Equal(sent[i].Payload, s.Payload), "packet %d", i)
+	})
 }
 
 // An endpoint with a QP attached with GSO turns UDP_GRO on: segmented datagrams
