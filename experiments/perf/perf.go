@@ -258,6 +258,7 @@ func Run(p Params) (Result, error) {
 		if _, err := r.client.loop(warm, r.server.target()); err != nil {
 			return Result{}, fmt.Errorf("perf: warm-up: %w", err)
 		}
+		r.settle(p) // an ODP warm-up takes faults and lasts far longer than pinned's
 	}
 	return r.measure(p)
 }
@@ -278,6 +279,9 @@ func ColdWarm(p Params) (cold, warm Result, err error) {
 	if cold, err = r.measure(p); err != nil {
 		return Result{}, Result{}, err
 	}
+	// A cold ODP pass takes faults and lasts far longer than pinned's: the warm pass
+	// too starts from memory the CPU has just written (settle).
+	r.settle(p)
 	p.Warm = true
 	warm, err = r.measure(p)
 	return cold, warm, err
@@ -322,14 +326,23 @@ func newRig(p Params) (_ *rig, err error) {
 	// perftest fills its buffers after registering them: with --odp these first
 	// touches are CPU faults. Under a budget the server's region is left untouched:
 	// filling it would only evict it again.
-	fill(r.client.buf)
-	if p.Budget == 0 {
-		fill(r.server.buf)
+	for _, b := range r.regions(p) {
+		fill(b)
+	}
+	// The regions are written again last, so that the first pass starts from memory
+	// the CPU has just written (settle), whatever the variant; an asynchronous
+	// prefetch, which races the pass, is issued after that.
+	async := p.Prefetch == "async"
+	if async {
+		r.settle(p)
 	}
 	for i, s := range []*side{r.client, r.server} {
 		if err := s.configure(p, i == 1); err != nil {
 			return nil, err
 		}
+	}
+	if !async {
+		r.settle(p)
 	}
 	return r, nil
 }
@@ -741,6 +754,41 @@ func pollWait(ctx context.Context, cq *odp.CQ, wcs []odp.WC) (int, error) {
 // 64 B --link-rate 0: 1.18 Mpps polling 50 us, 1.63 polling 10 us, medians of five
 // alternating runs; write_bw and read_bw do not change).
 const pollFor = 10 * time.Microsecond
+
+// settle writes the rig's regions settlePasses times more, so that a timed pass starts
+// from memory the CPU has just written, as perftest's starts after its fill. On this
+// project's VMs memory that the CPU left alone for a while copies at about half speed
+// for its next few passes, the CPU's own copies as much as the NIC's, and the setup
+// leaves ODP memory alone far longer than pinned: the fault server resolves the fill's
+// first touches, which takes several times longer (512 MiB regions: 4.2 s against 0.6
+// s), and a synchronous prefetch walks the region after it. In six CPU copy passes over
+// 32 MiB regions just filled, the first ran at 8.0-10.7 GB/s over pinned regions and
+// 4.5-6.6 over ODP ones, both 12-13.7 by the fifth; with every cache line of both
+// written four more times first, both started at 10.5-13.5. odp-perf write_bw -s 64K
+// --mr-size 32M -n 512 --reps 10, three runs: a synchronous prefetch's first passes ran
+// at 4,221-5,209 MiB/s against pinned's 6,093-8,082 before, 7,431-9,147 against
+// 7,421-9,411 with this step. What it cannot undo is idling inside a pass: an ODP pass
+// that waits out RNR timers leaves the machine slower for its next pass, settled or not
+// (pinned, after half a second asleep and settled: 0.8 of its speed without the sleep).
+func (r *rig) settle(p Params) {
+	for range settlePasses {
+		for _, b := range r.regions(p) {
+			fill(b)
+		}
+	}
+}
+
+// regions are the rig's regions the application writes: the client's, and the
+// server's unless a budget holds it (filling it would only evict it again).
+func (r *rig) regions(p Params) [][]byte {
+	if p.Budget != 0 {
+		return [][]byte{r.client.buf}
+	}
+	return [][]byte{r.client.buf, r.server.buf}
+}
+
+// settlePasses is how many times settle writes each region.
+const settlePasses = 4
 
 // fill writes a byte pattern over b, doubling copies to keep setup short.
 func fill(b []byte) {

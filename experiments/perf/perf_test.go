@@ -138,6 +138,18 @@ func TestColdWarm(t *testing.T) {
 	assert.Positive(t, warm.AvgMiBps)
 }
 
+// A synchronous prefetch maps both regions before the cold pass, and the CPU's
+// writes that settle the regions after it invalidate none of it: neither pass faults.
+func TestColdWarmPrefetched(t *testing.T) {
+	p := Params{ODP: true, Size: 16 << 10, Depth: 16, CQMod: 8, MRSize: 1 << 20, Prefetch: "sync"}
+	cold, warm, err := ColdWarm(p)
+	require.NoError(t, err)
+	assert.EqualValues(t, 2*(1<<20)/4096, cold.PagesPrefetched, "both regions")
+	assert.Zero(t, cold.PageFaults)
+	assert.Zero(t, warm.PageFaults)
+	assert.Positive(t, cold.AvgMiBps)
+}
+
 // The in-process wire drops what Loss says, and the QPs retransmit.
 func TestRunWithLoss(t *testing.T) {
 	timeout := uint8(10)

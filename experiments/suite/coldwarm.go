@@ -59,7 +59,8 @@ func runColdWarm(x *X) error {
 		"to a fresh region of the same size; the warm pass repeats it over the same memory. bw_mib_s times the pass alone: "+
 		"the two regions' registration (registration_ns, for both passes the one registration before the cold pass) and "+
 		"prefetch (prefetch_ns, for async only the call) come before it; bw_prepared_mib_s times the cold pass with them "+
-		"(the warm pass: as bw_mib_s)")
+		"(the warm pass: as bw_mib_s). Before each pass the CPU writes both regions four more times (an async prefetch is "+
+		"issued after that), so that the pass starts from memory just written whatever the setup took")
 	x.Steps(len(sizes) * reps)
 	t := x.Table("", "size_bytes", "variant", "fault_model", "fault_around", "prefetch", "rep", "pass", "bw_mib_s",
 		"msg_rate_mpps", "elapsed_ns", "iterations", "network_page_faults", "pages_faulted", "rnr_naks",
