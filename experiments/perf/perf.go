@@ -778,8 +778,8 @@ func (r *rig) settle(p Params) {
 	}
 }
 
-// regions are the rig's regions the application writes: the client's, and the
-// server's unless a budget holds it (filling it would only evict it again).
+// regions returns the rig's regions that the application writes: the client's, and
+// the server's unless a budget holds it (filling it would only evict it again).
 func (r *rig) regions(p Params) [][]byte {
 	if p.Budget != 0 {
 		return [][]byte{r.client.buf}

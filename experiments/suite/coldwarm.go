@@ -166,15 +166,14 @@ func coldWarmReport(x *X, t *results.Table, sizes []int) error {
 	}
 	bySize("ODP / pinned bandwidth, cold pass, by message size", "medians of per-repetition ratios; the pass alone is timed",
 		func(n int) []float64 { return vsPinned(t, "bw_mib_s", n, "odp", "pass", "cold") })
-	warm := bySize("ODP / pinned bandwidth, warm pass, by message size", "medians of per-repetition ratios",
+	// The warm pass is a headline and no claim: it follows a cold pass that waited out
+	// RNR timers, and what that idling leaves behind on these VMs (perf's settle)
+	// decides it more than ODP does. "Warm ODP stays below pinned at every size" held
+	// in every run before the passes were settled; after, ODP's warm pass came to
+	// 0.98-1.01 of pinned's at 1 MiB, and quick runs put it at 0.7-1.5 of the
+	// prefetched variant's.
+	bySize("ODP / pinned bandwidth, warm pass, by message size", "medians of per-repetition ratios",
 		func(n int) []float64 { return vsPinned(t, "bw_mib_s", n, "odp", "pass", "warm") })
-	below, ev := true, []string{}
-	for i, m := range warm {
-		below = below && m < 1
-		ev = append(ev, fmt.Sprintf("%.2f at %s", m, human(sizes[i])))
-	}
-	x.Claim("warmbelow", "warm ODP stays below pinned at every size", below,
-		"odp / pinned, warm pass, medians of per-repetition ratios: "+strings.Join(ev, ", "))
 	bySize("pinned cold pass / warm pass bandwidth, by message size", "should be about 1 (pinned takes no fault); medians of per-repetition ratios",
 		func(n int) []float64 {
 			return perRep(t, "bw_mib_s", sel("size_bytes", n, "variant", "pinned", "pass", "cold"),
