@@ -60,9 +60,9 @@
 //	REMAPPED     a REMAP (mremap) hit an EVICTING/RECLAIMED page: its bounce content
 //	             belongs to the new address; S moves it there, then marks it GONE
 //	GONE         unmapped (UNMAP): the address may be someone else's memory now
-//	REMOVING     a REMOVE was read while the page was NONE: the kernel zaps it only
-//	             after the read, so what is in place may be discarded content; E
-//	             never claims it
+//	REMOVING     a REMOVE was read while the page was NONE (or claimed by E, which
+//	             then moved nothing out): the kernel zaps it only after the read, so
+//	             what is in place may be discarded content; E never claims it
 //	DIRECT       S claimed the page for its own direct reclaim (below) and is moving
 //	             it to the store; a claim distinct from EVICTING, so that E's final
 //	             CAS can never settle it
@@ -81,6 +81,8 @@
 //	E      RECLAIMED   EVICTING    CAS (putBack re-claims), then UFFDIO_MOVE
 //	                               bounce->page, then CAS EVICTING->NONE
 //	E      DISCARDED   NONE        MADV_DONTNEED on the bounce page, then CAS
+//	E      DISCARDED   REMOVING    CAS, when the claim moved nothing out (settleEmpty):
+//	                               the content in place awaits the REMOVE's zap
 //	S      EVICTING    RECLAIMED   CAS on a fault or install, then UFFDIO_MOVE
 //	                               bounce->page; on success CAS RECLAIMED->NONE
 //	S      STORED      NONE        pread store, UFFDIO_COPY page, CAS; the offset is

@@ -514,12 +514,22 @@ func (p *Pager) moveOut(r *Region, i int) bool {
 	return p.pm.Read(r.bounce(i), e[:]) == nil && e[0].Present()
 }
 
-// settleEmpty ends an eviction or migration of page i that moved nothing out.
+// settleEmpty ends an eviction or migration of page i that moved nothing out. A
+// REMOVE read while the claim held (DISCARDED) found the page claimed, not NONE: what
+// is in place is discarded content whose zap may still be pending, so the page
+// becomes REMOVING, as the REMOVE would have made it, and no evictor claims it until a
+// fault finds it missing. Set to NONE, the next claim could move that content out
+// before the zap reached it and store it, and the next fault would restore it (a
+// claim whose probe met the pending REMOVE's EAGAIN settles here).
 func (p *Pager) settleEmpty(r *Region, i int) {
 	for {
 		switch s := r.pr.State(i); s {
-		case pagefault.PageEvicting, pagefault.PageReclaimed, pagefault.PageDiscarded:
+		case pagefault.PageEvicting, pagefault.PageReclaimed:
 			if r.pr.CompareAndSwap(i, s, pagefault.PageNone) {
+				return
+			}
+		case pagefault.PageDiscarded:
+			if r.pr.CompareAndSwap(i, s, pagefault.PageRemoving) {
 				return
 			}
 		default: // GONE, REMAPPED: the server owns the page's fate now
