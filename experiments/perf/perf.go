@@ -771,8 +771,9 @@ const pollFor = 10 * time.Microsecond
 // that waits out RNR timers leaves the machine slower for its next pass, settled or not
 // (pinned, after half a second asleep and settled: 0.8 of its speed without the sleep).
 func (r *rig) settle(p Params) {
+	regions := r.regions(p)
 	for range settlePasses {
-		for _, b := range r.regions(p) {
+		for _, b := range regions {
 			fill(b)
 		}
 	}
