@@ -79,7 +79,13 @@
 //	                               to the store, then CAS
 //	E      EVICTING    NONE        CAS, when the move moved nothing (page was missing)
 //	E      RECLAIMED   EVICTING    CAS (putBack re-claims), then UFFDIO_MOVE
-//	                               bounce->page, then CAS EVICTING->NONE
+//	                               bounce->page, then CAS EVICTING->NONE, all inside
+//	                               the DMA gate (below)
+//	E      EVICTING    NONE        migration: UFFDIO_COPY bounce->page (a new frame),
+//	                               then CAS, inside the DMA gate
+//	E      STORED      NONE        Restore (before a range stops being paged): if still
+//	                               STORED, UFFDIO_COPY from the store's content inside
+//	                               the DMA gate; then CAS and punch (Unstore)
 //	E      DISCARDED   NONE        MADV_DONTNEED on the bounce page, then CAS
 //	E      DISCARDED   REMOVING    CAS, when the claim moved nothing out (settleEmpty):
 //	                               the content in place awaits the REMOVE's zap
@@ -146,7 +152,17 @@
 // "zero-fill" and the others as "not mapped here". A RECLAIMED or REMAPPED page's
 // bounce page is never dropped while it may hold the only copy of the content.
 // Whenever E's final CAS fails, it re-reads the state and acts on what an event or a
-// fault made of the page (putBack and settleEmpty in package invalidate).
+// fault made of the page (putBack and settleEmpty in package paging).
+//
+// E puts old content back into place (putBack, a migration's copy, Restore) only
+// inside the DMA gate, entered as a DMA: S reads no event between E's look at the
+// state and its ioctl. A discard zaps only after its REMOVE is read, so one read
+// before E looked has marked the page and E puts nothing back, and one read after
+// zaps what E put back. Outside the gate, a REMOVE read and its zap could fall between
+// the look and the ioctl, and the application would read its discarded content after
+// madvise returned (for good, from Restore). The one exception is a read with DMA in
+// flight (undrained, below); E re-checks the state after the ioctl for it and takes
+// the content out again.
 //
 // # The DMA gate: the kernel's order for the application's own changes
 //

@@ -14,6 +14,9 @@
 //	invalidate.Registry.mu
 //	                  taken inside, by each eviction's or migration's invalidation
 //	Pager.rmu         the region list; held only for lookups, never across a call out
+//	the server's DMA gate (pagefault.Gate)
+//	                  entered as a DMA by held, around one ioctl that puts content
+//	                  back into place; nothing is taken inside it
 //	the server's store lock (C, pagefault)
 //	                  taken by PagedRegion.StoreEvicted, Unstore and
 //	                  PunchUnlessStored: the pager's store writes and punches order

@@ -56,6 +56,22 @@ type Pager struct {
 	stop      chan struct{}
 	done      chan struct{}
 	closeOnce sync.Once
+
+	hooks pagerHooks // set by tests before the pager runs
+}
+
+// pagerHooks run on the evictor's goroutine at the points where an application's
+// change can overtake it; nil outside tests.
+type pagerHooks struct {
+	movedOut    func(r *Region, i int) // evictLocked: page i is in its bounce page, not yet stored
+	beforePlace func(r *Region, i int) // inside a held section: the state checked, the ioctl not made
+	placed      func(r *Region, i int) // after a held section that put content back, before any later check
+}
+
+func (p *Pager) hook(h func(*Region, int), r *Region, i int) {
+	if h != nil {
+		h(r, i)
+	}
 }
 
 // PagerConfig configures a Pager.
@@ -479,6 +495,7 @@ func (p *Pager) evictLocked(r *Region, i int) bool {
 	// back meanwhile the bounce page is missing and the read waits for the fault
 	// server, which may itself be waiting for that lock (punching a restored page
 	// out of the store). A copy in user mode faults without holding any lock.
+	p.hook(p.hooks.movedOut, r, i)
 	copy(p.scratch, r.stash[i*int(ps):(i+1)*int(ps)])
 	// Written under the server's store lock, and only while the claim holds: a fault
 	// may have taken the page back, and the server's direct reclaim evicted it again
@@ -541,29 +558,75 @@ func (p *Pager) settleEmpty(r *Region, i int) {
 // putBack moves page i's content from its bounce page back into place, unless a
 // fault already did or an event says it no longer belongs there, and settles the
 // page. If the move cannot be made now, the page stays RECLAIMED with its bounce page
-// kept: the next fault takes it back.
+// kept: the next fault takes it back. The claim and the move are one held section
+// (see held): a discard whose REMOVE the server reads first finds the page claimed and
+// makes it DISCARDED, and the move is not made; one read after it zaps what the move
+// put back.
 func (p *Pager) putBack(r *Region, i int) {
 	ps := pagefault.PageSize
-	// Claim it again, so that a REMOVE read from here on turns it DISCARDED.
-	if !r.pr.CompareAndSwap(i, pagefault.PageReclaimed, pagefault.PageEvicting) && r.pr.State(i) != pagefault.PageEvicting {
-		// DISCARDED or GONE: dropBounces frees the stale content; REMAPPED: the
-		// server moves it on; NONE: the server already took it back.
+	var settled, stale bool
+	_, err := p.held(func() (uintptr, error) {
+		// Claim it again, so that a REMOVE read from here on turns it DISCARDED.
+		if !r.pr.CompareAndSwap(i, pagefault.PageReclaimed, pagefault.PageEvicting) && r.pr.State(i) != pagefault.PageEvicting {
+			// DISCARDED or GONE: dropBounces frees the stale content; REMAPPED: the
+			// server moves it on; NONE: the server already took it back.
+			settled = true
+			return 0, nil
+		}
+		p.hook(p.hooks.beforePlace, r, i)
+		n, err := p.uffd.Move(r.page(i), r.bounce(i), ps, true)
+		if err == nil || errors.Is(err, pagefault.ErrExist) {
+			stale = !r.pr.CompareAndSwap(i, pagefault.PageEvicting, pagefault.PageNone)
+			return n, nil
+		}
+		return n, err
+	})
+	if settled {
 		return
 	}
-	_, err := again(func() (uintptr, error) { return p.uffd.Move(r.page(i), r.bounce(i), ps, true) })
-	if err != nil && !errors.Is(err, pagefault.ErrExist) {
+	p.hook(p.hooks.placed, r, i)
+	if err != nil {
 		if !r.pr.CompareAndSwap(i, pagefault.PageEvicting, pagefault.PageReclaimed) {
 			p.settleEmpty(r, i) // an event overtook it: the content is stale anyway
 		}
 		return // dropBounces leaves a RECLAIMED page's bounce page
 	}
-	if r.pr.CompareAndSwap(i, pagefault.PageEvicting, pagefault.PageNone) {
-		return
-	}
-	// A REMOVE was read while the content went back: it must not survive the
-	// discard, whose zap may already have run. Take it out again; it is dropped.
-	if r.pr.State(i) == pagefault.PageDiscarded {
+	// A REMOVE read while the content went back (see held for when that can happen):
+	// the content must not survive the discard, whose zap may already have run. Take
+	// it out again; it is dropped.
+	if stale && r.pr.State(i) == pagefault.PageDiscarded {
 		_, _ = again(func() (uintptr, error) { return p.uffd.Move(r.bounce(i), r.page(i), ps, true) })
+	}
+}
+
+// held runs place, which looks at a page's state and then puts content at the page
+// with one ioctl, as a DMA in the fault server's gate (pagefault.Gate): the server
+// reads no event while place runs. A discard's zap runs only after its REMOVE event
+// is read, and the server marks the page as it reads it, so what place saw still
+// holds when its ioctl lands: content for a page that a discard marked is never put
+// back, and content put back before the REMOVE is read is zapped after it, never
+// left in place after madvise returned. Put back outside the gate, an ioctl could land
+// after a zap that a state read just before it had not seen.
+//
+// While an event waits to be read the kernel refuses the ioctl (ErrAgain): held then
+// leaves the gate, so that the server can read it, and runs place again (it must look
+// at the state again), for up to a second as again does. One case stays open: a
+// server that finds faults waiting it cannot serve before an event reads the event
+// with DMA in flight (pagefault's doc: undrained), and then place's ioctl may land
+// after the zap; the callers check the state after the ioctl for that case. Nothing
+// inside place may wait for the server: its ioctl moves from a bounce page (holes
+// allowed) or copies from the pager's own memory, never from a registered page.
+func (p *Pager) held(place func() (uintptr, error)) (uintptr, error) {
+	g := p.srv.Gate()
+	deadline := time.Now().Add(time.Second)
+	for {
+		g.Enter()
+		n, err := place()
+		g.Exit()
+		if !errors.Is(err, pagefault.ErrAgain) || time.Now().After(deadline) {
+			return n, err
+		}
+		runtime.Gosched()
 	}
 }
 
@@ -701,19 +764,34 @@ func (p *Pager) migrateLocked(r *Region, i int) bool {
 		return false
 	}
 	// A copy allocates a new frame. If a fault already took the page back, the copy
-	// finds it present and the page keeps its frame.
-	if r.pr.State(i) != pagefault.PageEvicting {
-		p.putBack(r, i) // an event or a fault overtook the move
-		return false
+	// finds it present and the page keeps its frame. Its source is the scratch page,
+	// not the bounce page: a fault may move the bounce page's content back meanwhile,
+	// and UFFDIO_COPY from a missing bounce page would wait for the server inside the
+	// held section (a copy in user mode faults outside it; the state then says so).
+	copy(p.scratch, r.stash[i*int(ps):(i+1)*int(ps)])
+	var overtaken, stale bool
+	n, _ := p.held(func() (uintptr, error) {
+		if overtaken = r.pr.State(i) != pagefault.PageEvicting; overtaken {
+			return 0, nil // an event or a fault overtook the move
+		}
+		p.hook(p.hooks.beforePlace, r, i)
+		n, err := p.uffd.Copy(r.page(i), addrOf(p.scratch), ps, false)
+		if n == ps {
+			stale = !r.pr.CompareAndSwap(i, pagefault.PageEvicting, pagefault.PageNone)
+		}
+		return n, err
+	})
+	if !overtaken {
+		p.hook(p.hooks.placed, r, i)
 	}
-	n, _ := again(func() (uintptr, error) { return p.uffd.Copy(r.page(i), r.bounce(i), ps, false) })
-	if n == ps && r.pr.CompareAndSwap(i, pagefault.PageEvicting, pagefault.PageNone) {
+	if n == ps && !stale {
 		p.migrations.Add(1)
 		return true
 	}
 	if n == ps && r.pr.State(i) == pagefault.PageDiscarded {
-		// Discarded while it was copied back: the copy must not outlive the discard.
-		// The bounce page still holds the original; drop it, then take the copy out.
+		// Discarded while it was copied back (see held for when): the copy must not
+		// outlive the discard. The bounce page still holds the original; drop it,
+		// then take the copy out.
 		_, _, _ = unix.Syscall(unix.SYS_MADVISE, r.bounce(i), ps, unix.MADV_DONTNEED)
 		_, _ = again(func() (uintptr, error) { return p.uffd.Move(r.bounce(i), r.page(i), ps, true) })
 		return false
@@ -738,7 +816,17 @@ func (p *Pager) Restore(start, end uintptr) error {
 			if p.store.ReadAt(buf, r.storeAt(i)) != nil {
 				continue
 			}
-			if c, _ := again(func() (uintptr, error) { return p.uffd.Copy(r.page(i), addrOf(buf), pagefault.PageSize, false) }); c > 0 {
+			// A discard read before the copy forgot the stored copy (NONE): the page
+			// reads as zero, and the copy is not made.
+			c, _ := p.held(func() (uintptr, error) {
+				if r.pr.State(i) != pagefault.PageStored {
+					return 0, nil
+				}
+				p.hook(p.hooks.beforePlace, r, i)
+				return p.uffd.Copy(r.page(i), addrOf(buf), pagefault.PageSize, false)
+			})
+			if c > 0 {
+				p.hook(p.hooks.placed, r, i)
 				got++
 				_ = p.srv.AddResident(1)
 			}

@@ -29,14 +29,14 @@ type pagerEnv struct {
 	pump  *invalidate.Pump
 }
 
-func newPagerEnv(t *testing.T, npages int, budget int64) *pagerEnv {
+func newPagerEnv(t testing.TB, npages int, budget int64) *pagerEnv {
 	t.Helper()
 	return newPagerEnvAround(t, npages, budget, 1)
 }
 
 // newPagerEnvAround is newPagerEnv with a CPU fault server that zero-fills around
 // pages after each missing page it fills.
-func newPagerEnvAround(t *testing.T, npages int, budget int64, around int) *pagerEnv {
+func newPagerEnvAround(t testing.TB, npages int, budget int64, around int) *pagerEnv {
 	t.Helper()
 	if err := pagefault.ProbeKernelBehaviour().Check(pagefault.ReqMove); err != nil {
 		t.Skipf("skipped: the pager moves pages out with %v", err)
