@@ -188,6 +188,19 @@ func (s *CPUServer) SettledEvents() (uint64, error) {
 	}
 }
 
+// ReadSince reports whether the server has read an event since Gate.Events returned
+// mark, or is reading one now. For a DMA in the gate, that means the server read it
+// with the DMA in flight (undrained): the thread that raised the event may have gone
+// on before the DMA ended, and SettledEvents waits until the server has applied it.
+func (s *CPUServer) ReadSince(mark uint64) bool {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.fs == nil {
+		return false
+	}
+	return atomic.LoadInt32(s.reading) != 0 || s.gate.Events() != mark
+}
+
 // FaultSeq returns a mark for FaultedSince: the sequence number of the latest fault
 // the server served. Gate.FaultSeq reads the same number without a cgo call.
 func (s *CPUServer) FaultSeq() (uint64, error) {

@@ -146,8 +146,10 @@
 // only threads running C code hold (Go takes it inside one cgo call), so S never
 // waits for a goroutine there.
 //
-// Rules that follow: S never waits for E; E waits for S only through ioctls that
-// return EAGAIN (retried) while an event is pending. A page in DISCARDED, REMAPPED or
+// Rules that follow: S waits for E only before it reads an event, for a put-back E
+// makes inside the DMA gate (below), which is one ioctl that never waits for S; E
+// waits for S only through ioctls that return EAGAIN (retried, outside the gate) while
+// an event is pending, and at the gate while S reads. A page in DISCARDED, REMAPPED or
 // GONE never gets its old content back at its old address: S treats DISCARDED as
 // "zero-fill" and the others as "not mapped here". A RECLAIMED or REMAPPED page's
 // bounce page is never dropped while it may hold the only copy of the content.

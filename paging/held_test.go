@@ -2,6 +2,7 @@ package paging
 
 import (
 	"encoding/binary"
+	"errors"
 	"fmt"
 	"math/rand/v2"
 	"runtime"
@@ -201,6 +202,83 @@ func TestPagerChangesRacingDiscards(t *testing.T) {
 			}
 			st := e.pager.Stats()
 			t.Logf("evictions %d, aborted %d, migrations %d, restores %d", st.Evictions, st.Aborts, st.Migrations, st.Restores)
+		})
+	}
+}
+
+// raceUndrained is a beforePlace hook that has the fault server read the discard's
+// REMOVE while the put-back is still in the gate: the one case held leaves open. The
+// discard's event waits (every ioctl answers EAGAIN: probed on the present page
+// probe), then a thread faults on the missing page fault; the server reads the fault,
+// cannot serve it while the event waits, and reads the event with the put-back in
+// flight (CPUServerStats.Undrained). madvise then returns before the ioctl is made.
+func (d *discardRace) raceUndrained(t *testing.T, u *pagefault.FD, probe, fault []byte, faulted chan<- struct{}) func(*Region, int) {
+	return func(*Region, int) {
+		if d.started.Swap(true) {
+			return
+		}
+		go func() {
+			d.err = unix.Madvise(d.page, unix.MADV_DONTNEED)
+			close(d.returned)
+		}()
+		deadline := time.Now().Add(10 * time.Second)
+		for {
+			_, err := u.Zeropage(addrOf(probe), pz, true)
+			if errors.Is(err, pagefault.ErrAgain) {
+				break
+			}
+			if !assert.ErrorIs(t, err, pagefault.ErrExist) || !assert.True(t, time.Now().Before(deadline), "the discard's event never waited") {
+				close(faulted) // no fault made
+				return
+			}
+			runtime.Gosched()
+		}
+		go func() {
+			sink.Add(uint32(fault[0]))
+			close(faulted)
+		}()
+		select {
+		case <-d.returned:
+		case <-time.After(10 * time.Second):
+			t.Error("the server never read the discard with the put-back in flight")
+		}
+	}
+}
+
+// When the server reads a discard with a put-back in the gate (undrained), the
+// put-back's ioctl may land after the zap: the content is taken out again, and the
+// page reads as zeros once the pager is done.
+func TestUndrainedDiscardTakesPutBackOut(t *testing.T) {
+	for _, tc := range []struct {
+		name  string
+		setup func(e *pagerEnv)
+		op    func(e *pagerEnv) error
+	}{
+		{"migrate", func(*pagerEnv) {}, func(e *pagerEnv) error {
+			_, err := e.pager.Migrate(addrOf(e.mem), addrOf(e.mem)+pz)
+			return err
+		}},
+		{"restore", func(e *pagerEnv) {
+			n, err := e.pager.Evict(addrOf(e.mem), addrOf(e.mem)+pz)
+			require.NoError(t, err)
+			require.Equal(t, 1, n)
+		}, func(e *pagerEnv) error { return e.pager.Restore(addrOf(e.mem), addrOf(e.mem)+pz) }},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			e := newPagerEnv(t, 4, 0)
+			e.mem[0], e.mem[ps] = 0xab, 1 // page 1 present (the probe); page 2 missing
+			tc.setup(e)
+			before := cpuStats(t, e.srv).Undrained
+			d := newDiscardRace(e.mem[:ps])
+			faulted := make(chan struct{})
+			e.pager.hooks.beforePlace = d.raceUndrained(t, e.u, e.mem[ps:2*ps], e.mem[2*ps:3*ps], faulted)
+			require.NoError(t, tc.op(e))
+			require.True(t, d.started.Load(), "the pager put content back: the race ran")
+			<-d.returned
+			<-faulted
+			require.NoError(t, d.err)
+			require.Greater(t, cpuStats(t, e.srv).Undrained, before, "the server read the discard with the put-back in flight")
+			assert.Zero(t, e.mem[0], "the discarded page reads as zeros")
 		})
 	}
 }

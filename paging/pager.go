@@ -565,7 +565,7 @@ func (p *Pager) settleEmpty(r *Region, i int) {
 func (p *Pager) putBack(r *Region, i int) {
 	ps := pagefault.PageSize
 	var settled, stale bool
-	_, err := p.held(func() (uintptr, error) {
+	_, undrained, err := p.held(func() (uintptr, error) {
 		// Claim it again, so that a REMOVE read from here on turns it DISCARDED.
 		if !r.pr.CompareAndSwap(i, pagefault.PageReclaimed, pagefault.PageEvicting) && r.pr.State(i) != pagefault.PageEvicting {
 			// DISCARDED or GONE: dropBounces frees the stale content; REMAPPED: the
@@ -594,7 +594,7 @@ func (p *Pager) putBack(r *Region, i int) {
 	// A REMOVE read while the content went back (see held for when that can happen):
 	// the content must not survive the discard, whose zap may already have run. Take
 	// it out again; it is dropped.
-	if stale && r.pr.State(i) == pagefault.PageDiscarded {
+	if (stale || undrained) && discarded(r, i) {
 		_, _ = again(func() (uintptr, error) { return p.uffd.Move(r.bounce(i), r.page(i), ps, true) })
 	}
 }
@@ -612,22 +612,36 @@ func (p *Pager) putBack(r *Region, i int) {
 // leaves the gate, so that the server can read it, and runs place again (it must look
 // at the state again), for up to a second as again does. One case stays open: a
 // server that finds faults waiting it cannot serve before an event reads the event
-// with DMA in flight (pagefault's doc: undrained), and then place's ioctl may land
-// after the zap; the callers check the state after the ioctl for that case. Nothing
-// inside place may wait for the server: its ioctl moves from a bounce page (holes
-// allowed) or copies from the pager's own memory, never from a registered page.
-func (p *Pager) held(place func() (uintptr, error)) (uintptr, error) {
+// with DMA in flight (pagefault's doc: undrained), and the thread that raised it may
+// zap before place's ioctl lands. held reports that case (undrained), after waiting
+// until the server has applied what it read to the page states; the caller then looks
+// at the state again and takes content a discard covered out again. Nothing inside
+// place may wait for the server: its ioctl moves from a bounce page (holes allowed)
+// or copies from the pager's own memory, never from a registered page.
+func (p *Pager) held(place func() (uintptr, error)) (n uintptr, undrained bool, err error) {
 	g := p.srv.Gate()
 	deadline := time.Now().Add(time.Second)
 	for {
 		g.Enter()
-		n, err := place()
+		mark := g.Events()
+		n, err = place()
+		undrained = p.srv.ReadSince(mark)
 		g.Exit()
+		if undrained {
+			_, _ = p.srv.SettledEvents() // stopped: nothing more is applied
+		}
 		if !errors.Is(err, pagefault.ErrAgain) || time.Now().After(deadline) {
-			return n, err
+			return n, undrained, err
 		}
 		runtime.Gosched()
 	}
+}
+
+// discarded reports whether a REMOVE read with a put-back of page i in flight
+// (undrained) covered the page: the server made it DISCARDED (claimed) or REMOVING.
+func discarded(r *Region, i int) bool {
+	s := r.pr.State(i)
+	return s == pagefault.PageDiscarded || s == pagefault.PageRemoving
 }
 
 // again retries an ioctl while a non-cooperative event is pending (EAGAIN), for up to
@@ -770,7 +784,7 @@ func (p *Pager) migrateLocked(r *Region, i int) bool {
 	// held section (a copy in user mode faults outside it; the state then says so).
 	copy(p.scratch, r.stash[i*int(ps):(i+1)*int(ps)])
 	var overtaken, stale bool
-	n, _ := p.held(func() (uintptr, error) {
+	n, undrained, _ := p.held(func() (uintptr, error) {
 		if overtaken = r.pr.State(i) != pagefault.PageEvicting; overtaken {
 			return 0, nil // an event or a fault overtook the move
 		}
@@ -784,11 +798,12 @@ func (p *Pager) migrateLocked(r *Region, i int) bool {
 	if !overtaken {
 		p.hook(p.hooks.placed, r, i)
 	}
-	if n == ps && !stale {
+	removed := n == ps && (stale || undrained) && discarded(r, i)
+	if n == ps && !stale && !removed {
 		p.migrations.Add(1)
 		return true
 	}
-	if n == ps && r.pr.State(i) == pagefault.PageDiscarded {
+	if removed {
 		// Discarded while it was copied back (see held for when): the copy must not
 		// outlive the discard. The bounce page still holds the original; drop it,
 		// then take the copy out.
@@ -818,7 +833,7 @@ func (p *Pager) Restore(start, end uintptr) error {
 			}
 			// A discard read before the copy forgot the stored copy (NONE): the page
 			// reads as zero, and the copy is not made.
-			c, _ := p.held(func() (uintptr, error) {
+			c, undrained, _ := p.held(func() (uintptr, error) {
 				if r.pr.State(i) != pagefault.PageStored {
 					return 0, nil
 				}
@@ -827,6 +842,16 @@ func (p *Pager) Restore(start, end uintptr) error {
 			})
 			if c > 0 {
 				p.hook(p.hooks.placed, r, i)
+			}
+			if c > 0 && undrained && r.pr.State(i) != pagefault.PageStored {
+				// A discard read while the copy was made (see held for when) forgot
+				// the stored copy, and its zap may have run first: take the copy out
+				// (into the page's bounce page, dropped).
+				_, _ = again(func() (uintptr, error) { return p.uffd.Move(r.bounce(i), r.page(i), pagefault.PageSize, true) })
+				_, _, _ = unix.Syscall(unix.SYS_MADVISE, r.bounce(i), pagefault.PageSize, unix.MADV_DONTNEED)
+				continue
+			}
+			if c > 0 {
 				got++
 				_ = p.srv.AddResident(1)
 			}
