@@ -42,17 +42,26 @@ func newDiscardRace(page []byte) *discardRace {
 // and the placed hook then finds the old content in place; were the machine too slow
 // for that, the test would pass without having shown it.
 func (d *discardRace) race(*Region, int) {
-	if d.started.Swap(true) {
+	if !d.start() {
 		return
+	}
+	select {
+	case <-d.returned:
+	case <-time.After(50 * time.Millisecond):
+	}
+}
+
+// start starts the discard on a goroutine of its own, unless it was started: it
+// reports whether it did.
+func (d *discardRace) start() bool {
+	if d.started.Swap(true) {
+		return false
 	}
 	go func() {
 		d.err = unix.Madvise(d.page, unix.MADV_DONTNEED)
 		close(d.returned)
 	}()
-	select {
-	case <-d.returned:
-	case <-time.After(50 * time.Millisecond):
-	}
+	return true
 }
 
 // check reads the page if madvise has returned: it must read as zeros by then.
@@ -214,13 +223,9 @@ func TestPagerChangesRacingDiscards(t *testing.T) {
 // flight (CPUServerStats.Undrained). madvise then returns before the ioctl is made.
 func (d *discardRace) raceUndrained(t *testing.T, u *pagefault.FD, probe, fault []byte, faulted chan<- struct{}) func(*Region, int) {
 	return func(*Region, int) {
-		if d.started.Swap(true) {
+		if !d.start() {
 			return
 		}
-		go func() {
-			d.err = unix.Madvise(d.page, unix.MADV_DONTNEED)
-			close(d.returned)
-		}()
 		deadline := time.Now().Add(10 * time.Second)
 		for {
 			_, err := u.Zeropage(addrOf(probe), pz, true)
