@@ -595,7 +595,7 @@ func (p *Pager) putBack(r *Region, i int) {
 	// the content must not survive the discard, whose zap may already have run. Take
 	// it out again; it is dropped.
 	if (stale || undrained) && discarded(r, i) {
-		_, _ = again(func() (uintptr, error) { return p.uffd.Move(r.bounce(i), r.page(i), ps, true) })
+		p.takeOut(r, i)
 	}
 }
 
@@ -620,21 +620,24 @@ func (p *Pager) putBack(r *Region, i int) {
 // or copies from the pager's own memory, never from a registered page.
 func (p *Pager) held(place func() (uintptr, error)) (n uintptr, undrained bool, err error) {
 	g := p.srv.Gate()
-	deadline := time.Now().Add(time.Second)
-	for {
+	n, err = again(func() (uintptr, error) {
 		g.Enter()
 		mark := g.Events()
-		n, err = place()
+		n, err := place()
 		undrained = p.srv.ReadSince(mark)
 		g.Exit()
 		if undrained {
 			_, _ = p.srv.SettledEvents() // stopped: nothing more is applied
 		}
-		if !errors.Is(err, pagefault.ErrAgain) || time.Now().After(deadline) {
-			return n, undrained, err
-		}
-		runtime.Gosched()
-	}
+		return n, err
+	})
+	return n, undrained, err
+}
+
+// takeOut moves what is at page i back into its bounce page (a hole moves nothing):
+// content put back that a discard covered, for the caller to drop.
+func (p *Pager) takeOut(r *Region, i int) {
+	_, _ = again(func() (uintptr, error) { return p.uffd.Move(r.bounce(i), r.page(i), pagefault.PageSize, true) })
 }
 
 // discarded reports whether a REMOVE read with a put-back of page i in flight
@@ -808,7 +811,7 @@ func (p *Pager) migrateLocked(r *Region, i int) bool {
 		// outlive the discard. The bounce page still holds the original; drop it,
 		// then take the copy out.
 		_, _, _ = unix.Syscall(unix.SYS_MADVISE, r.bounce(i), ps, unix.MADV_DONTNEED)
-		_, _ = again(func() (uintptr, error) { return p.uffd.Move(r.bounce(i), r.page(i), ps, true) })
+		p.takeOut(r, i)
 		return false
 	}
 	p.putBack(r, i)
@@ -842,16 +845,14 @@ func (p *Pager) Restore(start, end uintptr) error {
 			})
 			if c > 0 {
 				p.hook(p.hooks.placed, r, i)
-			}
-			if c > 0 && undrained && r.pr.State(i) != pagefault.PageStored {
-				// A discard read while the copy was made (see held for when) forgot
-				// the stored copy, and its zap may have run first: take the copy out
-				// (into the page's bounce page, dropped).
-				_, _ = again(func() (uintptr, error) { return p.uffd.Move(r.bounce(i), r.page(i), pagefault.PageSize, true) })
-				_, _, _ = unix.Syscall(unix.SYS_MADVISE, r.bounce(i), pagefault.PageSize, unix.MADV_DONTNEED)
-				continue
-			}
-			if c > 0 {
+				if undrained && r.pr.State(i) != pagefault.PageStored {
+					// A discard read while the copy was made (see held for when)
+					// forgot the stored copy, and its zap may have run first: take
+					// the copy out (into the page's bounce page, dropped).
+					p.takeOut(r, i)
+					_, _, _ = unix.Syscall(unix.SYS_MADVISE, r.bounce(i), pagefault.PageSize, unix.MADV_DONTNEED)
+					continue
+				}
 				got++
 				_ = p.srv.AddResident(1)
 			}
