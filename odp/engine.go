@@ -137,8 +137,9 @@ type engine struct {
 	roomSince time.Time
 	roomAt    time.Time
 
-	out []roce.Segment // runs to send, oldest first
-	tx  roce.Transmit  // the run transmit builds
+	out  []roce.Segment // runs to send, oldest first
+	back []roce.Segment // the runs the port took back (takeBack's scratch)
+	tx   roce.Transmit  // the run transmit builds
 
 	// The requester side (requester.go).
 	sqNext   uint64 // the next send queue slot to process
@@ -714,8 +715,10 @@ func (e *engine) gateBusy() {
 // rc counts one event in the QP's and the device's RC counters.
 func (e *engine) rc(field func(*rcCounters) *atomic.Uint64) { e.rcAdd(field, 1) }
 
+// rcAdd adds n to a counter; n may be a negative difference of two uint64s, which
+// adds modulo 2^64 as well.
 func (e *engine) rcAdd(field func(*rcCounters) *atomic.Uint64, n uint64) {
-	if n > 0 {
+	if n != 0 {
 		field(&e.qp.rc).Add(n)
 		field(&e.dev.rc).Add(n)
 	}
@@ -727,7 +730,9 @@ func (e *engine) count() {
 	if st == e.last {
 		return
 	}
+	// Retransmissions taken back before they left are uncounted (Requester.Unsent).
 	e.rcAdd(func(c *rcCounters) *atomic.Uint64 { return &c.retransmitted }, st.Retransmitted-e.last.Retransmitted)
+	e.rcAdd(func(c *rcCounters) *atomic.Uint64 { return &c.takenBack }, st.Unsent-e.last.Unsent)
 	e.rcAdd(func(c *rcCounters) *atomic.Uint64 { return &c.timeouts }, st.Timeouts-e.last.Timeouts)
 	e.rcAdd(func(c *rcCounters) *atomic.Uint64 { return &c.seqNAKsReceived }, st.SeqNAKs-e.last.SeqNAKs)
 	e.rcAdd(func(c *rcCounters) *atomic.Uint64 { return &c.rnrNAKsReceived }, st.RNRNAKs-e.last.RNRNAKs)

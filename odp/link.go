@@ -13,11 +13,13 @@ import (
 //
 // In one process the model is exact in the senders' clock (roce.LinkModel): runs
 // leave at the line rate and arrive the delay later, a requester stops at a full
-// queue, and one that a NAK reached sends nothing new before it took the NAK. The
-// receiving engine is software that may fall behind the line for a while; its
+// queue, and one that a NAK reached sends nothing new before it took the NAK; what
+// it had built or queued and had not begun to send then is taken back, not sent
+// twice (QPStats.TakenBack), as a NIC builds packets only as the wire takes them.
+// The receiving engine is software that may fall behind the line for a while; its
 // buffer bounds that backlog, as a lossless port's would, and a sender the
-// scheduler held up catches up to the line rate. Over UDP the sender paces its
-// datagrams at the line rate and the kernel's socket buffers are the queue.
+// scheduler held up catches up to the line rate. Over UDP the sender paces its datagrams at
+// the line rate and the kernel's socket buffers are the queue.
 //
 // The zero value is the default link: DefaultLinkRate, DefaultLinkDelay, a queue
 // of one bandwidth-delay product plus a packet of the path MTU, and a receive

@@ -351,6 +351,9 @@ func (e *engine) response(s *roce.Segment) {
 	switch s.Opcode {
 	case roce.Acknowledge:
 		e.release(s)
+		if s.SendsBack() {
+			e.takeBack()
+		}
 		e.complete(e.req.Receive(&s.Packet, e.now), "")
 	case roce.AtomicAck:
 		e.release(s)
@@ -376,6 +379,39 @@ func (e *engine) response(s *roce.Segment) {
 		}
 		e.complete(e.req.ResponsePlaced(s, e.now), "")
 	}
+}
+
+// takeBack takes back, when a NAK sends the requester back, its runs that never
+// went on the wire: those built and not handed to the port yet, and those the port
+// takes back from its transmit queue, newest first (Requester.Unsent). The go-back
+// sends them again; the responder's answers among them stay.
+func (e *engine) takeBack() {
+	k := len(e.out)
+	for i := len(e.out) - 1; i >= 0; i-- {
+		if s := &e.out[i]; s.Opcode.IsRequest() {
+			e.req.Unsent(s)
+			if s.Ref != nil {
+				s.Ref.Release()
+			}
+			*s = roce.Segment{}
+			k--
+		}
+	}
+	if k < len(e.out) {
+		kept := e.out[:0]
+		for _, s := range e.out {
+			if s.Count > 0 {
+				kept = append(kept, s)
+			}
+		}
+		clear(e.out[len(kept):])
+		e.out = kept
+	}
+	e.back = e.port.TakeBack(e.back[:0])
+	for i := range e.back {
+		e.req.Unsent(&e.back[i])
+	}
+	clear(e.back)
 }
 
 // deliver writes a response's data at byte off of request id's SGL and releases s (a

@@ -111,6 +111,11 @@ type QPStats struct {
 	// MaxGoBack is the most packets one go-back-N of this requester sent again:
 	// those in flight behind the NAK (or timeout) it answered.
 	MaxGoBack uint64
+	// TakenBack counts the packets a NAK took back before they went on the wire:
+	// built and not handed to the link, or still in its transmit queue. A NIC
+	// builds packets as the wire takes them; they are sent again after the NAK,
+	// and only those of them sent before count as retransmissions.
+	TakenBack uint64
 	// LinkMaxInFlight is the most bytes the QP's link held at once, sent and not
 	// taken by the peer (LinkModel bounds it; 0 over UDP, whose sender paces
 	// itself instead).
@@ -135,6 +140,7 @@ type rcCounters struct {
 	seqNAKsSent, seqNAKsReceived    atomic.Uint64
 	duplicates, dropped             atomic.Uint64
 	maxGoBack                       atomic.Uint64 // a maximum, not a count
+	takenBack                       atomic.Uint64
 }
 
 func (c *rcCounters) stats() QPStats {
@@ -142,7 +148,8 @@ func (c *rcCounters) stats() QPStats {
 		Retransmissions: c.retransmitted.Load(), RNRWait: time.Duration(c.rnrWaitNanos.Load()),
 		RNRRetryExc: c.rnrRetryExceeded.Load(), Timeouts: c.timeouts.Load(), RetryExc: c.retryExceeded.Load(),
 		OutOfSequence: c.seqNAKsSent.Load(), SeqNaksReceived: c.seqNAKsReceived.Load(),
-		Duplicates: c.duplicates.Load(), PacketsDropped: c.dropped.Load(), MaxGoBack: c.maxGoBack.Load()}
+		Duplicates: c.duplicates.Load(), PacketsDropped: c.dropped.Load(), MaxGoBack: c.maxGoBack.Load(),
+		TakenBack: c.takenBack.Load()}
 }
 
 type mrCounters struct {

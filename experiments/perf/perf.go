@@ -203,6 +203,10 @@ type Result struct {
 	LinkMaxInFlight int `json:"link_max_in_flight_bytes"`
 	// MaxGoBack is the most packets one go-back-N of the client sent again.
 	MaxGoBack uint64 `json:"max_go_back_packets"`
+	// TakenBack counts the client's packets a NAK took back before they left its
+	// NIC (odp.QPStats.TakenBack): sent once, after the NAK, and not counted as
+	// retransmissions.
+	TakenBack uint64 `json:"taken_back_packets"`
 	// Under a budget: pages evicted and restored; the most resident bytes of the
 	// server's region seen during the loop (the kernel's count, from pagemap; also
 	// with Params.ResidentTrace, 0 otherwise).
@@ -390,7 +394,7 @@ func (r *rig) measure(p Params) (Result, error) {
 	res.RNRNaks = qs.RNRNaksReceived - qbefore.RNRNaksReceived
 	res.Retransmissions = qs.Retransmissions - qbefore.Retransmissions
 	res.Timeouts = qs.Timeouts - qbefore.Timeouts
-	res.LinkMaxInFlight, res.MaxGoBack = qs.LinkMaxInFlight, qs.MaxGoBack
+	res.LinkMaxInFlight, res.MaxGoBack, res.TakenBack = qs.LinkMaxInFlight, qs.MaxGoBack, qs.TakenBack
 	res.LinkBDP = p.Profile.Link.BDPBytes()
 	res.Evictions = after[1].Evictions - before[1].Evictions
 	res.Restores = after[1].Restores - before[1].Restores

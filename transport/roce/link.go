@@ -51,6 +51,10 @@ type LinkStats struct {
 	// the receiver (LinkModel.Limit bounds it); MaxQueued the most its transmit
 	// queue held (LinkModel.Queue bounds it).
 	MaxInFlight, MaxQueued int
+	// TakenBack counts the packets the sender took back from its transmit queue
+	// before they left, when a NAK sent its requester back (Port.TakeBack); Sent
+	// does not count them.
+	TakenBack uint64
 }
 
 // Link is one RoCEv2 endpoint: a UDP socket bound to a specific local address (the

@@ -454,3 +454,67 @@ func TestRequesterSetFirstPSN(t *testing.T) {
 	require.False(t, q.SetFirstPSN(5))
 	require.Equal(t, 2, q.InFlight())
 }
+
+// A run taken back before it went on the wire (Unsent, newest first) is sent again
+// as what it was: packets never sent before are no retransmissions when they go
+// out, and a go-back counts only what left. Retransmissions taken back are
+// uncounted; a READ's PSNs are its response's.
+func TestRequesterUnsent(t *testing.T) {
+	const mtu = 256
+	now := time.Unix(0, 0)
+	q := NewRequester(RequesterConfig{MTU: mtu, FirstPSN: 100, Timeout: time.Second, RetryCnt: 3, RNRRetry: 7})
+	_, err := q.Post(Request{ID: 1, Kind: KindWrite, Length: 8 * mtu, RKey: 1}, now)
+	require.NoError(t, err)
+	send := func() []Segment {
+		var runs []Segment
+		for q.Pending() {
+			tx, _ := q.Next(2)
+			q.Sent(&tx, now)
+			runs = append(runs, tx.Seg)
+		}
+		return runs
+	}
+	runs := send()
+	require.Len(t, runs, 4)
+	assert.Zero(t, runs[3].Resent)
+	// The link took back the last two: 104..107 never left.
+	q.Unsent(&runs[3])
+	q.Unsent(&runs[2])
+	st := q.Stats()
+	assert.Equal(t, uint64(4), st.Unsent)
+	assert.Zero(t, st.Retransmitted)
+
+	out := q.Receive(nak(RNR(1), 102), now)
+	require.Positive(t, out.RNRWait)
+	assert.Equal(t, uint64(2), q.Stats().MaxGoBack, "only 102 and 103 left")
+	q.Resume(now)
+	runs = send()
+	require.Len(t, runs, 3)
+	assert.Equal(t, []uint16{2, 0, 0}, []uint16{runs[0].Resent, runs[1].Resent, runs[2].Resent})
+	assert.Equal(t, uint64(2), q.Stats().Retransmitted, "104..107 went out once")
+
+	// A retransmission taken back is uncounted, and fresh stays.
+	q.Receive(nak(SynNAKPSNSeqError, 104), now)
+	runs = send()
+	require.Len(t, runs, 2)
+	require.Equal(t, uint16(2), runs[1].Resent)
+	q.Unsent(&runs[1])
+	assert.Equal(t, uint64(4), q.Stats().Retransmitted)
+	again := send()
+	require.Len(t, again, 1)
+	assert.Equal(t, uint32(106), again[0].PSN)
+	assert.Equal(t, uint16(2), again[0].Resent, "106 and 107 were sent before")
+	assert.Equal(t, uint64(6), q.Stats().Retransmitted)
+
+	// A READ request is one packet whose PSNs are its response's.
+	_, err = q.Post(Request{ID: 2, Kind: KindReadRequest, Length: 4 * mtu, RKey: 1}, now)
+	require.NoError(t, err)
+	runs = send()
+	require.Len(t, runs, 1)
+	q.Unsent(&runs[0])
+	runs = send()
+	require.Len(t, runs, 1)
+	assert.Equal(t, uint32(108), runs[0].PSN)
+	assert.Zero(t, runs[0].Resent, "never sent before")
+	assert.Equal(t, uint64(6), q.Stats().Retransmitted)
+}

@@ -128,6 +128,9 @@ type RequesterStats struct {
 	// MaxGoBack is the most packets one go-back-N had to send again: those sent
 	// after the PSN it went back to (what was in flight behind a NAK).
 	MaxGoBack uint64
+	// Unsent counts the packets taken back before they went on the wire (Unsent):
+	// Retransmitted no longer counts those of them sent before.
+	Unsent uint64
 }
 
 // NewRequester starts a requester.
@@ -358,6 +361,7 @@ func (q *Requester) Sent(t *Transmit, now time.Time) Output {
 		q.fresh = q.cursor
 	}
 	q.stats.Retransmitted += uint64(t.Retransmit)
+	t.Seg.Resent = uint16(t.Retransmit)
 	if q.cfg.UC {
 		out := q.output()
 		for q.n > 0 && psnDiff(q.at(0).last, q.cursor) < 0 {
@@ -369,6 +373,35 @@ func (q *Requester) Sent(t *Transmit, now time.Time) Output {
 		q.arm(now)
 	}
 	return Output{}
+}
+
+// Unsent takes back a run that Sent recorded but that never went on the wire: the
+// port took it back from its transmit queue (Port.TakeBack), or the owner had not
+// handed it over yet, when a NAK sent the requester back. The cursor goes back to
+// it, and its packets are sent again as what they were: a first sending is not a
+// retransmission (the run's first Resent packets were sent before, the rest were
+// not). Runs are taken back newest first, so that the packets never sent end
+// where fresh does.
+func (q *Requester) Unsent(s *Segment) {
+	q.stats.Retransmitted -= min(uint64(s.Resent), q.stats.Retransmitted)
+	q.stats.Unsent += uint64(s.Count)
+	i := q.find(s.PSN)
+	if i < 0 {
+		return // answered since: nothing to send again
+	}
+	end, first := (s.PSN+uint32(s.Count))&psnMask, (s.PSN+uint32(s.Resent))&psnMask
+	if o := q.at(i); !o.Kind.Acked() { // a READ or an atomic: its PSNs are its response's
+		end = (o.last + 1) & psnMask
+		if s.Resent > 0 {
+			first = end
+		}
+	}
+	if end == q.fresh {
+		q.fresh = first
+	}
+	if psnDiff(s.PSN, q.cursor) < 0 {
+		q.cursor = s.PSN
+	}
 }
 
 func (q *Requester) arm(now time.Time) {

@@ -25,6 +25,10 @@ type Segment struct {
 	Packet
 	Count int    // packets in the run, at least 1
 	Last  Opcode // the last packet's opcode (Opcode when Count is 1)
+	// Resent is how many of the run's packets, its first ones, its requester had
+	// sent before (Requester.Sent sets it): what Requester.Unsent uncounts when the
+	// run never went on the wire.
+	Resent uint16
 	// Ref, when set, is the DMA Payload is read under, in memory that is not the
 	// segment's own; nil when Payload is a buffer of the segment's (a datagram
 	// received, a copy) or empty.

@@ -51,6 +51,14 @@ type Port interface {
 	// reference: this end's engine waits for something and must not hold the
 	// peer's memory meanwhile (it copies what it was sent already, Detach).
 	Hold(on bool)
+	// TakeBack takes back the request runs this end sent that had not begun to
+	// leave the link when the last NAK it took that sends its requester back (an
+	// RNR NAK or a sequence error) arrived, and appends them to runs, newest first,
+	// with their Refs released and no payload: they never went on the wire, and the
+	// go-back sends them again (Requester.Unsent). A NIC builds its packets as the
+	// wire takes them, so what a NAK finds in flight is what has left, not its
+	// transmit queue. Over UDP the kernel has what was sent: nothing comes back.
+	TakeBack(runs []Segment) []Segment
 	// Stats returns the port's counters.
 	Stats() LinkStats
 	// Close closes this end: runs not yet received are dropped (their Refs
@@ -72,6 +80,10 @@ var ErrClosed = errors.New("roce: port closed")
 // receiving engine is software and may take what arrived late; its Buffer bounds
 // that backlog as a lossless (PFC) port's would: what was sent and not taken never
 // exceeds Queue, the one-way bandwidth-delay product and Buffer together (Limit).
+// The queue stands for the NIC's send pipeline, which builds packets as
+// the wire takes them: when a NAK sends the requester back, the request runs that
+// had not begun to leave when it arrived are taken back (Port.TakeBack), not sent
+// twice.
 type LinkModel struct {
 	// Rate is the line rate in bits per second (0: unlimited). Every packet takes
 	// its wire size (WireBytes) of it.
@@ -250,7 +262,17 @@ type slot struct {
 	seg   Segment
 	due   int64 // monotonic nanoseconds
 	bytes int
+	// state arbitrates, on a link whose sender may take runs back (recalls),
+	// between the receiver taking the run and the sender taking it back.
+	state atomic.Uint32
 }
+
+// A slot's state on a link whose sender may take runs back.
+const (
+	slotSent      = iota // on the link
+	slotTaken            // the receiver took it
+	slotTakenBack        // the sender took it back (TakeBack)
+)
 
 func (r *ring) full() bool { return r.tail.Load()-r.head.Load() == ringSize }
 
@@ -290,9 +312,14 @@ type direction struct {
 	r       ring
 	rate    float64 // bytes per nanosecond, 0: unlimited
 	delay   int64
-	queue   int64       // bytes queued to leave at most, 0: unbounded
-	limit   int64       // bytes sent and not taken at most, 0: unbounded
-	copying bool        // payloads are copied as they are sent (a pipe's setting)
+	queue   int64 // bytes queued to leave at most, 0: unbounded
+	limit   int64 // bytes sent and not taken at most, 0: unbounded
+	copying bool  // payloads are copied as they are sent (a pipe's setting)
+	// recalls: the link has a rate and a queue, so runs wait to leave and the
+	// sender may take them back (TakeBack). Its receiver then leaves the slots it
+	// takes as they are (the sender may be reading them) and claims each with a
+	// compare-and-swap of its state.
+	recalls bool
 	held    atomic.Bool // ... and while the receiver holds the link
 
 	busyUntil int64 // sender's: when the last bit of what it sent leaves
@@ -312,6 +339,7 @@ type direction struct {
 	senderWaiting atomic.Bool // wake the sender once the receiver takes a run
 	closed        atomic.Bool // either end closed
 	sent, taken   atomic.Uint64
+	takenBack     atomic.Uint64 // packets the sender took back
 
 	wakeRecv, wakeSend atomic.Pointer[func()]
 }
@@ -319,6 +347,7 @@ type direction struct {
 func newDirection(m LinkModel, mtu int, loss Loss, copying bool) *direction {
 	d := &direction{rate: m.Rate / 8 / 1e9, delay: int64(m.Delay), queue: int64(m.queue(mtu)),
 		limit: int64(m.Limit(mtu)), copying: copying}
+	d.recalls = d.rate > 0 && d.queue > 0
 	if loss.active() {
 		d.inj = &segInjector{loss: loss, rng: rand.New(rand.NewPCG(loss.Seed, 0x726f6365))}
 	}
@@ -336,6 +365,9 @@ type pipeEnd struct {
 	out, in *direction
 	maxRun  int
 	once    sync.Once
+	// nakDue is when the last NAK this end took that sends its requester back
+	// arrived (monotonic nanoseconds; 0: none since TakeBack). Its engine's alone.
+	nakDue int64
 }
 
 func (e *pipeEnd) Limits() Limits { return e.lim }
@@ -524,9 +556,11 @@ func (d *direction) noRoom(tail uint64, t int64, pending, bytes int) bool {
 	return false
 }
 
-// fences reports whether the run is a NAK that asks the requester to send again
-// from its PSN (an RNR NAK or a sequence error): see pipeEnd.nakArrived.
-func (s *Segment) fences() bool {
+// SendsBack reports whether the run is a NAK that sends the requester back to its
+// PSN (an RNR NAK or a sequence error): it fences the link (pipeEnd.nakArrived),
+// and the requester's runs that had not left when it arrived are taken back
+// (TakeBack).
+func (s *Segment) SendsBack() bool {
 	return s.Opcode == Acknowledge && (s.Syndrome.Kind() == 1 || s.Syndrome == SynNAKPSNSeqError)
 }
 
@@ -535,8 +569,10 @@ func (d *direction) drop() {
 	d.mu.Lock()
 	defer d.mu.Unlock()
 	for sl := d.r.peek(); sl != nil; sl = d.r.peek() {
-		release(&sl.seg)
-		d.inflight.Add(-int64(sl.bytes))
+		if !d.recalls || sl.state.CompareAndSwap(slotSent, slotTaken) {
+			release(&sl.seg)
+			d.inflight.Add(-int64(sl.bytes))
+		}
 		d.r.pop()
 	}
 }
@@ -548,7 +584,7 @@ func (d *direction) drop() {
 func (d *direction) put(tail uint64, s *Segment, t int64, bytes int) uint64 {
 	d.r.slots[tail%ringSize] = slot{seg: *s, due: d.leave(t, bytes) + d.delay, bytes: bytes}
 	tail++
-	if s.fences() {
+	if s.SendsBack() {
 		d.fence.Store(tail)
 	}
 	return tail
@@ -581,26 +617,42 @@ func (e *pipeEnd) nakArrived(t int64) bool {
 func (e *pipeEnd) Recv(segs []Segment, now time.Time) (int, time.Time, error) {
 	d := e.in
 	t := mono(now)
-	head, tail := d.r.head.Load(), d.r.tail.Load()
+	first, tail := d.r.head.Load(), d.r.tail.Load()
+	head := first
 	n, bytes, packets := 0, 0, 0
 	var next time.Time
 	for n < len(segs) && head != tail {
 		sl := &d.r.slots[head%ringSize]
+		if d.recalls && sl.state.Load() == slotTakenBack {
+			head++
+			continue
+		}
 		if sl.due > t {
 			if n == 0 {
 				next = fromMono(sl.due)
 			}
 			break
 		}
+		if d.recalls && !sl.state.CompareAndSwap(slotSent, slotTaken) {
+			head++ // taken back just now
+			continue
+		}
+		if sl.seg.SendsBack() {
+			e.nakDue = sl.due
+		}
 		segs[n] = sl.seg
 		bytes += sl.bytes
 		packets += sl.seg.Count
-		*sl = slot{}
+		if !d.recalls {
+			*sl = slot{}
+		}
 		head++
 		n++
 	}
-	if n > 0 {
+	if head != first {
 		d.r.head.Store(head)
+	}
+	if n > 0 {
 		d.taken.Add(uint64(packets))
 		d.inflight.Add(-int64(bytes))
 		if d.senderWaiting.CompareAndSwap(true, false) {
@@ -611,6 +663,54 @@ func (e *pipeEnd) Recv(segs []Segment, now time.Time) (int, time.Time, error) {
 		return 0, time.Time{}, ErrClosed
 	}
 	return n, next, nil
+}
+
+// TakeBack implements Port. The runs it takes back are those whose first bit had
+// not left when the NAK arrived: a run partly out stays, and counts as sent.
+func (e *pipeEnd) TakeBack(runs []Segment) []Segment {
+	since := e.nakDue
+	e.nakDue = 0
+	d := e.out
+	if since == 0 || !d.recalls {
+		return runs
+	}
+	d.mu.Lock() // a closing peer may be dropping the ring's runs
+	defer d.mu.Unlock()
+	head, tail := d.r.head.Load(), d.r.tail.Load()
+	kept := since // when the last run the link keeps leaves
+	bytes, packets := 0, 0
+	for i := tail; i != head; i-- {
+		sl := &d.r.slots[(i-1)%ringSize]
+		if sl.state.Load() == slotTakenBack {
+			continue
+		}
+		left := sl.due - d.delay // its last bit out
+		if left-int64(float64(sl.bytes)/d.rate) < since {
+			kept = max(kept, left)
+			break // on its way: so is every run before it
+		}
+		if !sl.seg.Opcode.IsRequest() {
+			kept = max(kept, left) // an answer of this end's responder goes as it would have
+			continue
+		}
+		if !sl.state.CompareAndSwap(slotSent, slotTakenBack) {
+			kept = max(kept, left)
+			break // taken: so is every run before it
+		}
+		s := sl.seg
+		release(&s)
+		s.Payload = nil
+		runs = append(runs, s)
+		bytes += sl.bytes
+		packets += s.Count
+	}
+	if packets > 0 {
+		d.busyUntil = kept
+		d.inflight.Add(-int64(bytes))
+		d.sent.Add(-uint64(packets))
+		d.takenBack.Add(uint64(packets))
+	}
+	return runs
 }
 
 // Close implements Port: what this end has not received is dropped, and both
@@ -632,7 +732,7 @@ func (e *pipeEnd) Close() error {
 // injected into what it sent, and the most bytes its link held.
 func (e *pipeEnd) Stats() LinkStats {
 	s := LinkStats{Sent: e.out.sent.Load(), Received: e.in.taken.Load(), MaxInFlight: int(e.out.maxInflight.Load()),
-		MaxQueued: int(e.out.maxQueued.Load())}
+		MaxQueued: int(e.out.maxQueued.Load()), TakenBack: e.out.takenBack.Load()}
 	if inj := e.out.inj; inj != nil {
 		s.Dropped, s.Doubled, s.Reordered = inj.dropped.Load(), inj.doubled.Load(), inj.reordered.Load()
 	}

@@ -1,0 +1,192 @@
+package roce
+
+import (
+	"math/rand/v2"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+)
+
+// countRef counts its releases.
+type countRef struct{ n *atomic.Int32 }
+
+func (r countRef) Release() { r.n.Add(1) }
+
+// refRun is a request run whose Ref counts into released.
+func refRun(psn uint32, released *atomic.Int32) Segment {
+	s := testRun(psn)
+	s.Ref = countRef{released}
+	return s
+}
+
+// sendAt sends segs on p at t and requires that the link takes them all.
+func sendAt(t *testing.T, p Port, at time.Time, segs ...Segment) {
+	t.Helper()
+	n, err := p.Send(segs, at)
+	require.NoError(t, err)
+	require.Equal(t, len(segs), n)
+}
+
+// A NAK that sends the requester back takes back the runs that had not begun to
+// leave when it arrived: the receiver never gets them, their Refs are released,
+// the link counts them as taken back rather than sent, and what the requester sends
+// next leaves where the runs it kept end. A run partly out, a run the receiver took
+// and the responder's answers stay; a second TakeBack finds nothing.
+func TestTakeBackRunsThatHadNotLeft(t *testing.T) {
+	m := LinkModel{Rate: oneBytePerNs, Delay: time.Microsecond, Queue: 1 << 20, Buffer: 1 << 20}
+	a, b, _, _ := testPipe(t, m)
+	var released atomic.Int32
+	t0 := time.Now()
+	// Five request runs, each leaving testWire ns after the one before, then an ACK
+	// of a's responder behind them.
+	runs := make([]Segment, 0, 6)
+	for psn := uint32(0); psn < 5; psn++ {
+		runs = append(runs, refRun(psn, &released))
+	}
+	ack := One(Packet{Opcode: Acknowledge, Syndrome: SynACK, PSN: 77})
+	runs = append(runs, ack)
+	sendAt(t, a, t0, runs...)
+	at := func(wires float64) time.Time { return t0.Add(time.Duration(wires * testWire)) }
+
+	// The receiver takes the first run as it arrives.
+	rx := make([]Segment, 16)
+	n, _, err := b.Recv(rx, at(1).Add(m.Delay))
+	require.NoError(t, err)
+	require.Equal(t, 1, n)
+	require.Equal(t, uint32(0), rx[0].PSN)
+
+	// An RNR NAK arrives while run 2 leaves (its first bit left at 2 wires, its last
+	// leaves at 3): runs 3 and 4 had not begun to leave.
+	nak := rnrNAK(0)
+	arrives := at(2.5)
+	sendAt(t, b, arrives.Add(-m.Delay-time.Duration(WireBytes(&nak))), nak)
+	assert.Nil(t, a.TakeBack(nil), "nothing before the NAK was taken")
+	n, _, err = a.Recv(rx, arrives)
+	require.NoError(t, err)
+	require.Equal(t, 1, n)
+	require.True(t, rx[0].SendsBack())
+
+	back := a.TakeBack(nil)
+	require.Len(t, back, 2)
+	assert.Equal(t, []uint32{4, 3}, []uint32{back[0].PSN, back[1].PSN}, "newest first")
+	for _, s := range back {
+		assert.Nil(t, s.Ref)
+		assert.Nil(t, s.Payload)
+		assert.Equal(t, 1, s.Count)
+	}
+	assert.Equal(t, int32(2), released.Load(), "their DMAs end")
+	st := a.Stats()
+	assert.Equal(t, uint64(2), st.TakenBack)
+	assert.Equal(t, uint64(4), st.Sent, "three runs and the ACK went on the wire")
+	assert.Empty(t, a.TakeBack(nil), "taken back once")
+
+	// The requester sends again at once; its run leaves after the ACK, which
+	// keeps its place.
+	sendAt(t, a, arrives, refRun(3, &released))
+	ackLeft := at(5).Add(time.Duration(WireBytes(&ack)))
+	n, next, err := b.Recv(rx, ackLeft.Add(m.Delay))
+	require.NoError(t, err)
+	var got []uint32
+	for i := range rx[:n] {
+		got = append(got, rx[i].PSN)
+		release(&rx[i])
+	}
+	assert.Equal(t, []uint32{1, 2, 77}, got)
+	n, next, err = b.Recv(rx, ackLeft.Add(m.Delay))
+	require.NoError(t, err)
+	require.Zero(t, n)
+	assert.True(t, next.Equal(ackLeft.Add(testWire+m.Delay)), "run 3 again leaves right after the ACK: %v", next.Sub(ackLeft))
+	n, _, err = b.Recv(rx, next)
+	require.NoError(t, err)
+	require.Equal(t, 1, n)
+	assert.Equal(t, uint32(3), rx[0].PSN)
+	release(&rx[0])
+	assert.Equal(t, int32(5), released.Load(), "every DMA ended once")
+}
+
+// On a link with no rate nothing waits to leave: nothing is taken back.
+func TestTakeBackNeedsARate(t *testing.T) {
+	a, b, _, _ := testPipe(t, LinkModel{Delay: time.Microsecond})
+	var released atomic.Int32
+	now := time.Now()
+	sendAt(t, a, now, refRun(0, &released), refRun(1, &released))
+	sendAt(t, b, now, rnrNAK(0))
+	rx := make([]Segment, 4)
+	n, _, err := a.Recv(rx, now.Add(time.Hour))
+	require.NoError(t, err)
+	require.Equal(t, 1, n)
+	assert.Empty(t, a.TakeBack(nil))
+	n, _, err = b.Recv(rx, now.Add(time.Hour))
+	require.NoError(t, err)
+	assert.Equal(t, 2, n)
+}
+
+// The receiver taking runs and the sender taking them back race on other cores:
+// every run is received or taken back, never both, never neither, and its DMA ends
+// once. The receiver's clock runs ahead of the sender's by a random amount, so
+// that it takes runs the NAK would take back.
+func TestTakeBackRacesTheReceiver(t *testing.T) {
+	m := LinkModel{Rate: oneBytePerNs, Delay: time.Microsecond, Queue: 1 << 20, Buffer: 1 << 20}
+	rng := rand.New(rand.NewPCG(1, 2))
+	for iter := 0; iter < 300; iter++ {
+		a, b, _, _ := testPipe(t, m)
+		var released atomic.Int32
+		const count = 40
+		t0 := time.Now()
+		runs := make([]Segment, count)
+		for i := range runs {
+			runs[i] = refRun(uint32(i), &released)
+		}
+		sendAt(t, a, t0, runs...)
+		nak := rnrNAK(0)
+		arrives := t0.Add(time.Duration(rng.IntN(count*testWire + 1)))
+		sendAt(t, b, arrives.Add(-m.Delay-time.Duration(WireBytes(&nak))), nak)
+
+		var wg sync.WaitGroup
+		received := make(map[uint32]int)
+		ahead := time.Duration(rng.IntN(2 * count * testWire))
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			rx := make([]Segment, 3)
+			for step := 0; step < 50; step++ {
+				n, _, err := b.Recv(rx, arrives.Add(ahead*time.Duration(step)/50))
+				if err != nil {
+					return
+				}
+				for i := range rx[:n] {
+					received[rx[i].PSN]++
+					release(&rx[i])
+				}
+			}
+		}()
+		rx := make([]Segment, 1)
+		n, _, err := a.Recv(rx, arrives)
+		require.NoError(t, err)
+		require.Equal(t, 1, n)
+		back := a.TakeBack(nil)
+		wg.Wait()
+		// What neither took arrives in the end.
+		rest := make([]Segment, count)
+		n, _, err = b.Recv(rest, t0.Add(time.Hour))
+		require.NoError(t, err)
+		for i := range rest[:n] {
+			received[rest[i].PSN]++
+			release(&rest[i])
+		}
+		for _, s := range back {
+			received[s.PSN] += 100
+		}
+		for psn := uint32(0); psn < count; psn++ {
+			require.Contains(t, []int{1, 100}, received[psn], "iteration %d: run %d received or taken back once", iter, psn)
+		}
+		require.Equal(t, int32(count), released.Load(), "iteration %d: every DMA ended once", iter)
+		st := a.Stats()
+		require.Equal(t, uint64(len(back)), st.TakenBack)
+		require.Equal(t, uint64(count-len(back)), st.Sent)
+	}
+}
