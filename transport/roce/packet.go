@@ -27,6 +27,18 @@
 // rate, delay, a bounded queue; wire.go); over UDP a QP may send runs of packets
 // with segmentation offload (Link.SetGSO). ListenCM and DialCM exchange connection
 // parameters over TCP as rdma_cm does (REQ, REP, RTU: AcceptReady, DialCMReady).
+//
+// # Lock order
+//
+//	Endpoint.mu        an endpoint's QPs, as they attach and detach
+//	  endpoints.mu     the open endpoints and their references
+//
+// The others are leaves, taken with no other lock of this package held, and taking none:
+// direction.mu (a closed pipe direction's runs dropped, a sender taking runs back),
+// udpPort.mu (a closed port's inbox dropped) and injector.mu (its generator and the
+// packet it holds back). A pipe's runs pass between its two engines without a lock:
+// each direction's ring has one producer and one consumer, and on a link with a rate
+// each slot's state says who took the run (wire.go).
 package roce
 
 import (

@@ -332,7 +332,7 @@ type direction struct {
 	// receiver sends nothing once it arrived until it has taken it (nakArrived).
 	fence atomic.Uint64
 
-	mu            sync.Mutex   // held while a closed direction's runs are dropped
+	mu            sync.Mutex   // held while a closed direction's runs are dropped, and by TakeBack
 	inflight      atomic.Int64 // bytes sent and not yet taken
 	maxInflight   atomic.Int64
 	maxQueued     atomic.Int64
