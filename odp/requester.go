@@ -8,6 +8,7 @@ import (
 	"encoding/binary"
 	"errors"
 	"fmt"
+	"slices"
 	"sync"
 	"sync/atomic"
 
@@ -386,27 +387,15 @@ func (e *engine) response(s *roce.Segment) {
 // takes back from its transmit queue, newest first (Requester.Unsent). The go-back
 // sends them again; the responder's answers among them stay.
 func (e *engine) takeBack() {
-	k := len(e.out)
 	for i := len(e.out) - 1; i >= 0; i-- {
 		if s := &e.out[i]; s.Opcode.IsRequest() {
 			e.req.Unsent(s)
 			if s.Ref != nil {
 				s.Ref.Release()
 			}
-			*s = roce.Segment{}
-			k--
 		}
 	}
-	if k < len(e.out) {
-		kept := e.out[:0]
-		for _, s := range e.out {
-			if s.Count > 0 {
-				kept = append(kept, s)
-			}
-		}
-		clear(e.out[len(kept):])
-		e.out = kept
-	}
+	e.out = slices.DeleteFunc(e.out, func(s roce.Segment) bool { return s.Opcode.IsRequest() })
 	e.back = e.port.TakeBack(e.back[:0])
 	for i := range e.back {
 		e.req.Unsent(&e.back[i])

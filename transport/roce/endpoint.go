@@ -435,12 +435,12 @@ func (p *udpPort) Room(now time.Time) (int, int, time.Time) {
 	}
 	return runs, -1, time.Time{}
 }
-func (p *udpPort) WaitRoom() {}
+func (p *udpPort) WaitRoom()        {}
+func (p *udpPort) SetWake(f func()) { p.wake.Store(&f) }
+func (p *udpPort) Hold(bool)        {} // what arrives over UDP is a datagram of its own
 
 // TakeBack implements Port: the kernel has what was sent.
 func (p *udpPort) TakeBack(runs []Segment) []Segment { return runs }
-func (p *udpPort) SetWake(f func())                  { p.wake.Store(&f) }
-func (p *udpPort) Hold(bool)                         {} // what arrives over UDP is a datagram of its own
 
 // Send implements Port: each run's packets go out with sendmmsg (with the link
 // model's GSO, segmented: Link.SetGSO), their payloads straight from the QP's

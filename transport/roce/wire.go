@@ -262,7 +262,7 @@ type slot struct {
 	seg   Segment
 	due   int64 // monotonic nanoseconds
 	bytes int
-	// state arbitrates, on a link whose sender may take runs back (recalls),
+	// state arbitrates, on a link whose sender may take runs back (takesBack),
 	// between the receiver taking the run and the sender taking it back.
 	state atomic.Uint32
 }
@@ -315,12 +315,12 @@ type direction struct {
 	queue   int64 // bytes queued to leave at most, 0: unbounded
 	limit   int64 // bytes sent and not taken at most, 0: unbounded
 	copying bool  // payloads are copied as they are sent (a pipe's setting)
-	// recalls: the link has a rate and a queue, so runs wait to leave and the
+	// takesBack: the link has a rate and a queue, so runs wait to leave and the
 	// sender may take them back (TakeBack). Its receiver then leaves the slots it
 	// takes as they are (the sender may be reading them) and claims each with a
 	// compare-and-swap of its state.
-	recalls bool
-	held    atomic.Bool // ... and while the receiver holds the link
+	takesBack bool
+	held      atomic.Bool // ... and while the receiver holds the link
 
 	busyUntil int64 // sender's: when the last bit of what it sent leaves
 	// backlogged is the sender's: it found no room for another run (Room,
@@ -347,7 +347,7 @@ type direction struct {
 func newDirection(m LinkModel, mtu int, loss Loss, copying bool) *direction {
 	d := &direction{rate: m.Rate / 8 / 1e9, delay: int64(m.Delay), queue: int64(m.queue(mtu)),
 		limit: int64(m.Limit(mtu)), copying: copying}
-	d.recalls = d.rate > 0 && d.queue > 0
+	d.takesBack = d.rate > 0 && d.queue > 0
 	if loss.active() {
 		d.inj = &segInjector{loss: loss, rng: rand.New(rand.NewPCG(loss.Seed, 0x726f6365))}
 	}
@@ -569,7 +569,7 @@ func (d *direction) drop() {
 	d.mu.Lock()
 	defer d.mu.Unlock()
 	for sl := d.r.peek(); sl != nil; sl = d.r.peek() {
-		if !d.recalls || sl.state.CompareAndSwap(slotSent, slotTaken) {
+		if !d.takesBack || sl.state.CompareAndSwap(slotSent, slotTaken) {
 			release(&sl.seg)
 			d.inflight.Add(-int64(sl.bytes))
 		}
@@ -623,7 +623,7 @@ func (e *pipeEnd) Recv(segs []Segment, now time.Time) (int, time.Time, error) {
 	var next time.Time
 	for n < len(segs) && head != tail {
 		sl := &d.r.slots[head%ringSize]
-		if d.recalls && sl.state.Load() == slotTakenBack {
+		if d.takesBack && sl.state.Load() == slotTakenBack {
 			head++
 			continue
 		}
@@ -633,7 +633,7 @@ func (e *pipeEnd) Recv(segs []Segment, now time.Time) (int, time.Time, error) {
 			}
 			break
 		}
-		if d.recalls && !sl.state.CompareAndSwap(slotSent, slotTaken) {
+		if d.takesBack && !sl.state.CompareAndSwap(slotSent, slotTaken) {
 			head++ // taken back just now
 			continue
 		}
@@ -643,7 +643,7 @@ func (e *pipeEnd) Recv(segs []Segment, now time.Time) (int, time.Time, error) {
 		segs[n] = sl.seg
 		bytes += sl.bytes
 		packets += sl.seg.Count
-		if !d.recalls {
+		if !d.takesBack {
 			*sl = slot{}
 		}
 		head++
@@ -671,7 +671,7 @@ func (e *pipeEnd) TakeBack(runs []Segment) []Segment {
 	since := e.nakDue
 	e.nakDue = 0
 	d := e.out
-	if since == 0 || !d.recalls {
+	if since == 0 || !d.takesBack {
 		return runs
 	}
 	d.mu.Lock() // a closing peer may be dropping the ring's runs
