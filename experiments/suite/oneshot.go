@@ -99,10 +99,17 @@ func oneShotReport(x *X, t *results.Table, sizes []int) error {
 	x.Claim("cxslower", "With ConnectX-4 fault cost on every page ODP is slower at every size.", slower,
 		"odp-faulting-connectx4 / pinned, medians of per-repetition ratios of total time: "+strings.Join(evidence, ", "))
 	top := sizes[len(sizes)-1]
+	// Faulting every page against pinning every page is a race of two per-page costs
+	// that sit close with the emulator's faults (a fault-around window's fault, RNR
+	// NAK and timer against pinning, mapping and unpinning its pages): which one wins
+	// at the largest size depends on the machine's cost of a page fault (0.78 in a
+	// full run, 1.0-1.25 in quick runs on another VM of the same type, whose faults
+	// took 2.7 times as long). What holds on both is that they are close, as the
+	// sweep experiment's oneshotflips says for its fastest fault.
 	fa := stats.Median(vsPinned(t, "total_ns", top, "odp-faulting"))
-	x.Claim("faultingwins", "with the emulator's cheap faults that still costs less than pinning the pages once transfers "+
-		"are large", fa < 1, fmt.Sprintf("odp-faulting / pinned at %s, median of per-repetition ratios of total time: %.2f",
-		human(top), fa))
+	x.Claim("faultingnear", "with the emulator's cheap faults that costs about as much as pinning the pages once "+
+		"transfers are large (within a factor of 1.5 either way)", fa > 1/1.5 && fa < 1.5,
+		fmt.Sprintf("odp-faulting / pinned at %s, median of per-repetition ratios of total time: %.2f", human(top), fa))
 	for _, v := range oneShotVariants[1:] {
 		x.Headline(fmt.Sprintf("one-shot transfer: smallest size from which %s beats pinned", v.name),
 			crossover(t, sizes, v.name), fmt.Sprintf("median of per-repetition ratios of total time below 1 at that size and every larger one; at %s: %s",
