@@ -55,8 +55,8 @@ const linger = 50 * time.Millisecond
 // SleepUntil waits until deadline and reports true, or returns false as soon as
 // stop is closed. A wait of more than spinBelow parks the goroutine, holding no P,
 // until the sleeper or its Go timer wakes it shortly before its deadline, and yields
-// through the rest; a shorter one yields in a loop. A nil
-// stop never closes. It never returns true before the deadline.
+// through the rest; a shorter one yields in a loop. A nil stop never closes. It
+// never returns true before the deadline.
 func SleepUntil(deadline time.Time, stop <-chan struct{}) bool {
 	if d := time.Until(deadline); d > spinBelow {
 		w := the.add(deadline)
