@@ -63,6 +63,10 @@ func ratio(r float64) string {
 	return fmt.Sprintf("%.2fx", r)
 }
 
+// withinFactor reports whether the ratio r is within a factor of f of 1, either way
+// (f and 1/f included).
+func withinFactor(r, f float64) bool { return r >= 1/f && r <= f }
+
 // scaleY multiplies every y of the series by f (units: ns to µs is 1e-3).
 func scaleY(series []plots.Series, f float64) []plots.Series {
 	for i := range series {

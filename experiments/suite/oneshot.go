@@ -108,7 +108,7 @@ func oneShotReport(x *X, t *results.Table, sizes []int) error {
 	// sweep experiment's oneshotflips says for its fastest fault.
 	fa := stats.Median(vsPinned(t, "total_ns", top, "odp-faulting"))
 	x.Claim("faultingnear", "with the emulator's cheap faults that costs about as much as pinning the pages once "+
-		"transfers are large (within a factor of 1.5 either way)", fa > 1/1.5 && fa < 1.5,
+		"transfers are large (within a factor of 1.5 either way)", withinFactor(fa, 1.5),
 		fmt.Sprintf("odp-faulting / pinned at %s, median of per-repetition ratios of total time: %.2f", human(top), fa))
 	for _, v := range oneShotVariants[1:] {
 		x.Headline(fmt.Sprintf("one-shot transfer: smallest size from which %s beats pinned", v.name),

@@ -300,7 +300,7 @@ func sweepReport(x *X, t, pc *results.Table) error {
 		}
 		ev1 = append(ev1, fmt.Sprintf("%.3g at %d µs", lm.median, lm.lat))
 	}
-	even := len(one) > 0 && one[0].median >= 1/1.5 && one[0].median <= 1.5
+	even := len(one) > 0 && withinFactor(one[0].median, 1.5)
 	x.Claim("oneshotflips", "With faults of a few microseconds a one-shot transfer that faults on every page is about as "+
 		"fast as pinning it (within a factor of 1.5); from 50 µs on it is slower", even && slower,
 		"one-shot, every page faulting / pinned, total time, medians of per-repetition ratios: "+strings.Join(ev1, ", "))

@@ -290,7 +290,7 @@ func validateReport(x *X, t *results.Table) error {
 			ev := fmt.Sprintf("%s: median %.4g over %d repetitions, published %.4g", name, m, len(vals), a.published)
 			if tol < 0 {
 				f := -tol
-				return m/a.published >= 1/f && m/a.published <= f, fmt.Sprintf("%s, ratio %.2f (within a factor of %g)",
+				return withinFactor(m/a.published, f), fmt.Sprintf("%s, ratio %.2f (within a factor of %g)",
 					ev, m/a.published, f)
 			}
 			return math.Abs(m/a.published-1) <= tol, fmt.Sprintf("%s, within %.0f%%", ev, 100*tol)
