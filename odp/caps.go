@@ -53,7 +53,8 @@ type DeviceAttr struct {
 	MaxCQE        int    // completions per CQ
 	// MaxQPRdAtom is how many READs and atomics a QP keeps as a responder for their
 	// duplicates (max_qp_rd_atom); MaxQPInitRdAtom how many it has outstanding as a
-	// requester (max_qp_init_rd_atom). A QP uses both limits as they are.
+	// requester (max_qp_init_rd_atom): the most QPAttr.MaxDestRdAtomic and
+	// MaxRdAtomic may ask for, and what a new QP uses.
 	MaxQPRdAtom, MaxQPInitRdAtom int
 	// MaxSRQWR and MaxSRQSGE bound an SRQ's receives and their SGEs; SRQs are
 	// bounded by memory only.

@@ -51,7 +51,7 @@ package odp
 //     the cores are shared with the application.
 //   - READ: a READ is two packets (request, response) where a WRITE is one and a
 //     coalesced ACK, its copy runs on the requester's engine, and at most
-//     max_rd_atomic (16) are outstanding: at 4 KiB it reaches about two thirds of
+//     max_rd_atomic (16 at most, QPAttr.MaxRdAtomic) are outstanding: at 4 KiB it reaches about two thirds of
 //     WRITE's message rate, at 64 B a little over half. An execution trace of
 //     100,000 READs of 64 B (odp-perf read_bw --trace) shows why it is not more:
 //     the two engines and the application together run as long as the run lasts,
@@ -59,13 +59,16 @@ package odp
 //     340 ns, the responder's 220, the application 90 (per WRITE: 180, 120, 90,
 //     also one core's worth). An engine wakes its peer with a channel send, and
 //     Go's scheduler runs the woken goroutine on the sender's P (runnext) once the
-//     sender parks rather than on the idle P, so the engines take turns. Neither
-//     more READs outstanding (128) nor yielding instead of parking while READs
-//     are outstanding helped: the first changed nothing, the second made 64 B
-//     READs 28% slower (the yielding engine takes the P its peer needs). Taking
-//     turns is the cheaper way on a 2-core VM: with one P, 64 B READs run at
-//     2.1 Mpps against 1.75 with two (WRITEs 3.5 against 3.0), since a goroutine
-//     that moves to the other core takes the cache lines it works on along. An
+//     sender parks rather than on the idle P, so the engines take turns, and 16
+//     READs take a round trip through both engines, about 10-13 us where the
+//     link's is 4: a build that let 128 be outstanding ran 64 B READs at 1.9-2.2
+//     Mpps against 1.1-1.4 with 16 (four alternating pairs; a depth no mlx5
+//     device offers, so not a setting). Yielding instead of parking while READs
+//     are outstanding made 64 B READs 28% slower (the yielding engine takes the P
+//     its peer needs). Taking turns is the cheaper way on a 2-core VM: with one
+//     P, 64 B READs run at 2.1 Mpps against 1.75 with two (WRITEs 3.5 against
+//     3.0), since a goroutine that moves to the other core takes the cache lines
+//     it works on along. An
 //     idle P steals a woken goroutine from its waker's runnext only after
 //     sleeping 3 us, which Linux's timer slack (50 us) stretches: a trace shows
 //     Ps held for 70-170 us with no goroutine. With a slack of 1 ns
@@ -106,7 +109,10 @@ type engine struct {
 	maxRun int
 	remote uint32 // the peer QP's number
 	window int    // PSNs the requester may have in flight
-	uc     bool   // a UC QP's engine: nothing is acknowledged (QPTypeUC)
+	// rdAtomic is how many READs and atomics the requester has outstanding at most
+	// (QPAttr.MaxRdAtomic as its depth).
+	rdAtomic int
+	uc       bool // a UC QP's engine: nothing is acknowledged (QPTypeUC)
 
 	kick     chan struct{}
 	sleeping atomic.Bool
@@ -214,7 +220,8 @@ func (qp *QP) startLocked() {
 	rc := roce.RequesterConfig{MTU: lim.MTU, FirstPSN: qp.psn, Timeout: ackTimeout(qp.attr.Timeout),
 		RetryCnt: int(qp.attr.RetryCnt), RNRRetry: int(qp.attr.RNRRetry), UC: lim.UC}
 	e := &engine{qp: qp, dev: qp.dev, port: qp.port, req: roce.NewRequester(rc), uc: lim.UC,
-		resp: roce.NewResponder(qp.remote.PSN, lim, maxRdAtomic), mtu: lim.MTU, maxRun: max(qp.port.MaxRun(), 1),
+		resp:     roce.NewResponder(qp.remote.PSN, lim, rdAtomicDepth(qp.attr.MaxDestRdAtomic)),
+		rdAtomic: rdAtomicDepth(qp.attr.MaxRdAtomic), mtu: lim.MTU, maxRun: max(qp.port.MaxRun(), 1),
 		remote: qp.remote.QPN, window: 1024, kick: make(chan struct{}, 1), quit: make(chan struct{}),
 		exited: make(chan struct{}), rx: make([]roce.Segment, 64)}
 	e.recvWR.SGL = e.recvSGL[:0]
@@ -226,21 +233,17 @@ func (qp *QP) startLocked() {
 }
 
 // refresh takes what ModifyAttr and SetSendPSN changed into the requester: its retry
-// settings, and the first PSN while nothing was posted (SetSendPSN allows no later).
+// settings, its READs and atomics outstanding (max_rd_atomic), and the first PSN
+// while nothing was posted (SetSendPSN allows no later).
 func (e *engine) refresh() {
 	if g := e.qp.attrGen.Load(); g != e.attrGen {
 		e.attrGen = g
 		a := e.qp.Attr()
 		e.req.SetRetry(ackTimeout(a.Timeout), int(a.RetryCnt), int(a.RNRRetry))
+		e.rdAtomic = rdAtomicDepth(a.MaxRdAtomic)
 		e.req.SetFirstPSN(e.qp.PSN())
 	}
 }
-
-// maxRdAtomic is how many READs and atomics a responder keeps for their duplicates
-// (max_dest_rd_atomic), and how many a requester has outstanding at most
-// (max_rd_atomic), as on mlx5: a retransmission then always asks again for one the
-// responder still has.
-const maxRdAtomic = 16
 
 // ackTimeout decodes the local ACK timeout, 4.096 us * 2^t (0: none).
 func ackTimeout(t uint8) time.Duration {

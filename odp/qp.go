@@ -457,7 +457,7 @@ func (qp *QP) Destroy() error {
 // attribute bits. Values out of their fields' ranges fail with ErrInvalidArgument.
 func (qp *QP) ModifyAttr(attr QPAttr, mask QPAttrMask) error {
 	switch {
-	case mask&^(AttrMinRNRTimer|AttrRNRRetry|AttrTimeout|AttrRetryCnt|AttrAccess|AttrQKey) != 0:
+	case mask&^(AttrMinRNRTimer|AttrRNRRetry|AttrTimeout|AttrRetryCnt|AttrAccess|AttrQKey|AttrMaxRdAtomic|AttrMaxDestRdAtomic) != 0:
 		return wrap(ErrInvalidArgument, "attribute mask %#x", uint32(mask))
 	case mask&AttrAccess != 0 && attr.Access&^(AccessLocalWrite|AccessRemoteWrite|AccessRemoteRead|AccessRemoteAtomic) != 0:
 		return wrap(ErrInvalidArgument, "QP access flags %v", attr.Access)
@@ -465,6 +465,9 @@ func (qp *QP) ModifyAttr(attr QPAttr, mask QPAttrMask) error {
 		return wrap(ErrInvalidArgument, "timer encodings are 0..31")
 	case mask&AttrRNRRetry != 0 && attr.RNRRetry > 7, mask&AttrRetryCnt != 0 && attr.RetryCnt > 7:
 		return wrap(ErrInvalidArgument, "retry counts are 0..7")
+	case mask&AttrMaxRdAtomic != 0 && attr.MaxRdAtomic > MaxRdAtomicLimit,
+		mask&AttrMaxDestRdAtomic != 0 && attr.MaxDestRdAtomic > MaxRdAtomicLimit:
+		return wrap(ErrInvalidArgument, "READs and atomics outstanding are 0..%d", MaxRdAtomicLimit)
 	}
 	// The session's retry settings change after QP.mu is left (the lock order),
 	// under attrMu, so that concurrent changes reach it in the order they were made.
@@ -494,6 +497,12 @@ func (qp *QP) ModifyAttr(attr QPAttr, mask QPAttrMask) error {
 	if mask&AttrQKey != 0 {
 		qp.attr.QKey = attr.QKey
 		qp.qkey.Store(attr.QKey) // a UD engine reads it per datagram
+	}
+	if mask&AttrMaxRdAtomic != 0 {
+		qp.attr.MaxRdAtomic = attr.MaxRdAtomic
+	}
+	if mask&AttrMaxDestRdAtomic != 0 {
+		qp.attr.MaxDestRdAtomic = attr.MaxDestRdAtomic
 	}
 	qp.attrGen.Add(1)
 	if qp.eng != nil {

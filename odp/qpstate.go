@@ -77,9 +77,9 @@ func checkTransition(from, to QPState) error {
 func canPostSend(s QPState) bool { return s >= StateRTS }
 func canPostRecv(s QPState) bool { return s != StateReset }
 
-// QPAttr are the RC attributes that govern retries (ibv_qp_attr's). The requester
-// uses RNRRetry, Timeout and RetryCnt; the responder sends MinRNRTimer in its RNR
-// NAKs.
+// QPAttr are the RC attributes that govern retries and READs (ibv_qp_attr's). The
+// requester uses RNRRetry, Timeout, RetryCnt and MaxRdAtomic; the responder sends
+// MinRNRTimer in its RNR NAKs and keeps MaxDestRdAtomic READs and atomics.
 type QPAttr struct {
 	// MinRNRTimer is the RNR timer the responder asks for, in the IBTA encoding:
 	// 1 is 0.01 ms up to 31, 491.52 ms; 0 is 655.36 ms (RNRTimer decodes it).
@@ -99,6 +99,33 @@ type QPAttr struct {
 	Access Access
 	// QKey is a UD QP's Q_Key: datagrams carrying another are dropped.
 	QKey uint32
+	// MaxRdAtomic is how many READs and atomics the requester has outstanding at
+	// most (max_rd_atomic, the initiator depth); one more waits until one
+	// completes. As mlx5 and rxe program it, the depth is MaxRdAtomic rounded up to
+	// a power of two, and 0 counts as 1 (mlx5 writes its log2 into the QP context:
+	// 0 and 1 are both 2^0). At most MaxRdAtomicLimit.
+	MaxRdAtomic uint8
+	// MaxDestRdAtomic is how many of the peer's latest READs and atomics the
+	// responder keeps to answer their duplicates (max_dest_rd_atomic, the responder
+	// resources), rounded up as MaxRdAtomic is; older ones are dropped, so a peer
+	// with more outstanding may find a retransmitted one gone. Taken when the QP's
+	// engine starts (RTR), as the verbs set it then; at most MaxRdAtomicLimit.
+	MaxDestRdAtomic uint8
+}
+
+// MaxRdAtomicLimit is the most READs and atomics a QP may have outstanding as a
+// requester or keep as a responder (the device's max_qp_init_rd_atom and
+// max_qp_rd_atom, as on mlx5 ConnectX-4 to 6).
+const MaxRdAtomicLimit = 16
+
+// rdAtomicDepth is the depth a max_rd_atomic or max_dest_rd_atomic setting gives, as
+// mlx5 and rxe round it: the next power of two, 0 counting as 1.
+func rdAtomicDepth(n uint8) int {
+	d := 1
+	for d < int(n) {
+		d <<= 1
+	}
+	return d
 }
 
 // QPAttrMask says which QPAttr fields ModifyAttr changes (ibv_qp_attr_mask's role).
@@ -112,6 +139,8 @@ const (
 	AttrRetryCnt
 	AttrAccess
 	AttrQKey
+	AttrMaxRdAtomic
+	AttrMaxDestRdAtomic
 )
 
 // DefaultQPAttr are a new QP's attributes: a 0.64 ms RNR timer (encoding 12) and
@@ -125,7 +154,8 @@ const (
 // A new QP accepts every remote operation its MRs allow; a verbs program restricts
 // that with qp_access_flags when it moves the QP to INIT.
 var DefaultQPAttr = QPAttr{MinRNRTimer: 12, RNRRetry: 7, Timeout: 18, RetryCnt: 7,
-	Access: AccessRemoteWrite | AccessRemoteRead | AccessRemoteAtomic}
+	Access:      AccessRemoteWrite | AccessRemoteRead | AccessRemoteAtomic,
+	MaxRdAtomic: MaxRdAtomicLimit, MaxDestRdAtomic: MaxRdAtomicLimit}
 
 // RNRTimer decodes an RNR timer value (IBTA encoding, 0..31).
 func RNRTimer(enc uint8) time.Duration { return roce.RNRTimer(enc) }

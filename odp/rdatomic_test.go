@@ -3,7 +3,9 @@ package odp
 import (
 	"bytes"
 	"encoding/binary"
+	"fmt"
 	"testing"
+	"time"
 
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
@@ -65,4 +67,67 @@ func TestReadsAndAtomicsOutstandingBounded(t *testing.T) {
 	t.Logf("requester %+v; responder %+v", st, b.qp.Stats())
 	assert.Positive(t, st.Retransmissions, "the link lost packets")
 	assert.Zero(t, st.RetryExc)
+}
+
+// max_rd_atomic bounds the READs a requester has outstanding, rounded up to a power of
+// two as mlx5 programs it (0 counts as 1): over a link with a long delay, n READs posted
+// at once take at least ceil(n/depth) round trips, since a READ can complete no sooner
+// than one round trip after it left, and (with two round trips to spare for a loaded
+// machine) not many more: the depth is used, the default one (16) sends all eight at
+// once.
+func TestMaxRdAtomicBoundsOutstandingReads(t *testing.T) {
+	const delay, n = 10 * time.Millisecond, 8
+	rtt := 2 * delay
+	for _, c := range []struct {
+		set        uint8
+		depth      int
+		useDefault bool
+	}{{set: 0, depth: 1}, {set: 1, depth: 1}, {set: 3, depth: 4}, {useDefault: true, depth: MaxRdAtomicLimit}} {
+		t.Run(fmt.Sprintf("max_rd_atomic=%d,default=%v", c.set, c.useDefault), func(t *testing.T) {
+			a, b := pair(t, Config{Link: LinkModel{Delay: delay}})
+			if !c.useDefault {
+				require.NoError(t, a.qp.ModifyAttr(QPAttr{MaxRdAtomic: c.set}, AttrMaxRdAtomic))
+			}
+			assert.Equal(t, rdAtomicDepth(a.qp.Attr().MaxRdAtomic), c.depth)
+			dst, dmr := a.region(t, n*64, rw)
+			src, smr := b.region(t, n*64, rw)
+			fill(src, 5)
+			start := time.Now()
+			for i := range n {
+				require.NoError(t, a.qp.PostSend(SendWR{WRID: uint64(i), Opcode: OpRDMARead, Flags: SendSignaled,
+					SGL: sge(dmr, i*64, 64), RemoteAddr: smr.Addr() + uint64(i*64), RKey: smr.RKey()}))
+			}
+			for i := range n {
+				wc := wait(t, a.scq)
+				require.Equal(t, WCSuccess, wc.Status, wc.Detail)
+				require.EqualValues(t, i, wc.WRID)
+			}
+			elapsed := time.Since(start)
+			assert.True(t, bytes.Equal(src, dst))
+			rounds := (n + c.depth - 1) / c.depth
+			assert.GreaterOrEqual(t, elapsed, time.Duration(rounds)*rtt,
+				"%d READs, %d outstanding at most: %d round trips of %v", n, c.depth, rounds, rtt)
+			if c.depth > 1 {
+				assert.Less(t, elapsed, time.Duration(rounds+2)*rtt,
+					"%d READs, %d outstanding: about %d round trips of %v", n, c.depth, rounds, rtt)
+			}
+		})
+	}
+}
+
+// A depth beyond the device's (max_qp_init_rd_atom, max_qp_rd_atom) is refused.
+func TestMaxRdAtomicLimit(t *testing.T) {
+	n := newNode(t, Config{})
+	assert.Equal(t, MaxRdAtomicLimit, n.dev.QueryDevice().MaxQPInitRdAtom)
+	assert.Equal(t, MaxRdAtomicLimit, n.dev.QueryDevice().MaxQPRdAtom)
+	assert.ErrorIs(t, n.qp.ModifyAttr(QPAttr{MaxRdAtomic: MaxRdAtomicLimit + 1}, AttrMaxRdAtomic), ErrInvalidArgument)
+	assert.ErrorIs(t, n.qp.ModifyAttr(QPAttr{MaxDestRdAtomic: MaxRdAtomicLimit + 1}, AttrMaxDestRdAtomic),
+		ErrInvalidArgument)
+	require.NoError(t, n.qp.ModifyAttr(QPAttr{MaxRdAtomic: 2, MaxDestRdAtomic: 5}, AttrMaxRdAtomic|AttrMaxDestRdAtomic))
+	got := n.qp.Attr()
+	assert.EqualValues(t, 2, got.MaxRdAtomic)
+	assert.EqualValues(t, 5, got.MaxDestRdAtomic)
+	for set, depth := range map[uint8]int{0: 1, 1: 1, 2: 2, 3: 4, 5: 8, 9: 16, 16: 16} {
+		assert.Equal(t, depth, rdAtomicDepth(set), "max_rd_atomic %d", set)
+	}
 }

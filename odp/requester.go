@@ -41,10 +41,11 @@ func (e *engine) post() bool {
 		if w.wr.Flags&SendFence != 0 && e.fenced > 0 {
 			break // a READ or atomic before it has not completed
 		}
-		if w.wr.Opcode.readsBack() && e.fenced >= maxRdAtomic {
-			// max_rd_atomic READs and atomics are outstanding, as many as the
-			// responder keeps for their duplicates (max_dest_rd_atomic): one more
-			// waits until one completes, as rxe's requester does (check_init_depth).
+		if w.wr.Opcode.readsBack() && e.fenced >= e.rdAtomic {
+			// max_rd_atomic READs and atomics are outstanding (by default as many
+			// as the responder keeps for their duplicates, max_dest_rd_atomic):
+			// one more waits until one completes, as rxe's requester does
+			// (check_init_depth).
 			break
 		}
 		if w.wr.Opcode.local() {

@@ -756,7 +756,7 @@ func (f *readJobs) pop() *readJob {
 // push keeps r, cleared, for pop to reuse, unless the list holds as many as a
 // responder keeps READs for.
 func (f *readJobs) push(r *readJob) {
-	if len(*f) < maxRdAtomic {
+	if len(*f) < MaxRdAtomicLimit {
 		*r = readJob{}
 		*f = append(*f, r)
 	}

@@ -160,8 +160,9 @@ func TestModifyAttr(t *testing.T) {
 	n := newNode(t, Config{})
 	assert.Equal(t, DefaultQPAttr, n.qp.Attr())
 	require.NoError(t, n.qp.ModifyAttr(QPAttr{MinRNRTimer: 1, RNRRetry: 3, Timeout: 8, RetryCnt: 2}, AttrMinRNRTimer|AttrRNRRetry))
-	assert.Equal(t, QPAttr{MinRNRTimer: 1, RNRRetry: 3, Timeout: DefaultQPAttr.Timeout, RetryCnt: DefaultQPAttr.RetryCnt,
-		Access: DefaultQPAttr.Access}, n.qp.Attr())
+	want := DefaultQPAttr
+	want.MinRNRTimer, want.RNRRetry = 1, 3
+	assert.Equal(t, want, n.qp.Attr())
 	assert.ErrorIs(t, n.qp.ModifyAttr(QPAttr{MinRNRTimer: 32}, AttrMinRNRTimer), ErrInvalidArgument)
 	assert.ErrorIs(t, n.qp.ModifyAttr(QPAttr{RNRRetry: 8}, AttrRNRRetry), ErrInvalidArgument)
 	assert.ErrorIs(t, n.qp.ModifyAttr(QPAttr{}, 1<<9), ErrInvalidArgument)

@@ -403,7 +403,8 @@ func odpemu_rtr_qp(h C.odpemu_handle, c *C.struct_odpemu_connect) C.int {
 	if !peer.Is4In6() {
 		return C.int(syscall.EINVAL) // RoCEv2 over IPv4 only: an IPv4-mapped GID
 	}
-	if err := q.qp.ModifyAttr(odp.QPAttr{MinRNRTimer: uint8(c.min_rnr_timer)}, odp.AttrMinRNRTimer); err != nil {
+	attr := odp.QPAttr{MinRNRTimer: uint8(c.min_rnr_timer), MaxDestRdAtomic: uint8(c.max_dest_rd_atomic)}
+	if err := q.qp.ModifyAttr(attr, odp.AttrMinRNRTimer|odp.AttrMaxDestRdAtomic); err != nil {
 		return errno(err)
 	}
 	err := q.qp.AttachRoCE(netip.AddrPortFrom(q.dev.addr, roce.UDPPort), netip.AddrPortFrom(peer.Unmap(), roce.UDPPort),
@@ -423,8 +424,10 @@ func odpemu_rts_qp(h C.odpemu_handle, c *C.struct_odpemu_connect) C.int {
 	if err := q.qp.SetSendPSN(uint32(c.sq_psn)); err != nil {
 		return errno(err)
 	}
-	attr := odp.QPAttr{Timeout: uint8(c.timeout), RetryCnt: uint8(c.retry_cnt), RNRRetry: uint8(c.rnr_retry)}
-	if err := q.qp.ModifyAttr(attr, odp.AttrTimeout|odp.AttrRetryCnt|odp.AttrRNRRetry); err != nil {
+	attr := odp.QPAttr{Timeout: uint8(c.timeout), RetryCnt: uint8(c.retry_cnt), RNRRetry: uint8(c.rnr_retry),
+		MaxRdAtomic: uint8(c.max_rd_atomic)}
+	mask := odp.AttrTimeout | odp.AttrRetryCnt | odp.AttrRNRRetry | odp.AttrMaxRdAtomic
+	if err := q.qp.ModifyAttr(attr, mask); err != nil {
 		return errno(err)
 	}
 	return errno(q.qp.Modify(odp.StateRTS))

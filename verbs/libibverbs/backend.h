@@ -97,6 +97,9 @@ struct odpemu_connect {
 	uint32_t mtu;    /* the path MTU in bytes */
 	uint8_t dgid[16];
 	uint8_t min_rnr_timer, timeout, retry_cnt, rnr_retry;
+	/* RTR: the responder resources (max_dest_rd_atomic); RTS: the initiator depth
+	 * (max_rd_atomic). */
+	uint8_t max_dest_rd_atomic, max_rd_atomic;
 };
 
 /*

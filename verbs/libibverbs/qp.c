@@ -769,6 +769,7 @@ EXPORT int ibv_modify_qp(struct ibv_qp *qp, struct ibv_qp_attr *attr, int mask)
 				.rq_psn = attr->rq_psn,
 				.mtu = (uint32_t)mtu_bytes(attr->path_mtu),
 				.min_rnr_timer = uc ? 0 : attr->min_rnr_timer, /* UC: not in the mask */
+				.max_dest_rd_atomic = uc ? 0 : attr->max_dest_rd_atomic,
 			};
 			memcpy(c.dgid, attr->ah_attr.grh.dgid.raw, sizeof c.dgid);
 			e = be.odpemu_rtr_qp(q->h, &c);
@@ -783,6 +784,7 @@ EXPORT int ibv_modify_qp(struct ibv_qp *qp, struct ibv_qp_attr *attr, int mask)
 				c.timeout = attr->timeout;
 				c.retry_cnt = attr->retry_cnt;
 				c.rnr_retry = attr->rnr_retry;
+				c.max_rd_atomic = attr->max_rd_atomic;
 			}
 			e = be.odpemu_rts_qp(q->h, &c);
 		} else {

@@ -8,7 +8,10 @@
  *   - RESET of a connected QP in ERR drops its queued work and its completions still
  *     in the CQ, refuses posts, and the QP connects again through INIT, RTR and RTS;
  *   - a change of translation registers the new memory under new keys;
- *   - what ibv_rereg_mr refuses (bad flag combinations) leaves the MR as it was.
+ *   - what ibv_rereg_mr refuses (bad flag combinations) leaves the MR as it was;
+ *   - max_dest_rd_atomic at RTR and max_rd_atomic at RTS beyond the device's
+ *     max_qp_rd_atom and max_qp_init_rd_atom are refused with EINVAL, as mlx5 refuses
+ *     them, and the QP stays where it was; the device's own limits are accepted.
  * Prints "ok" and exits 0, or says what is wrong and exits 1.
  */
 #include <errno.h>
@@ -143,6 +146,43 @@ int main(void)
 		DIE("REMOTE_WRITE without LOCAL_WRITE accepted");
 	if ((st = write_status(smr, dmr, dmr->rkey)) != IBV_WC_SUCCESS)
 		DIE("WRITE after refused reregs: %s", ibv_wc_status_str(st));
+
+	/* READs and atomics outstanding: beyond the device's limits, refused. */
+	struct ibv_device_attr da;
+	if (ibv_query_device(ctx, &da))
+		DIE("query_device");
+	if (ibv_modify_qp(a, &reset, IBV_QP_STATE) || ibv_modify_qp(b, &reset, IBV_QP_STATE))
+		DIE("RESET: %s", strerror(errno));
+	connect_qp(ctx, b, a->qp_num, rw);
+	union ibv_gid gid;
+	if (ibv_query_gid(ctx, 1, 0, &gid))
+		DIE("query_gid");
+	struct ibv_qp_attr init = {.qp_state = IBV_QPS_INIT, .port_num = 1, .qp_access_flags = rw};
+	if (ibv_modify_qp(a, &init, IBV_QP_STATE | IBV_QP_PKEY_INDEX | IBV_QP_PORT | IBV_QP_ACCESS_FLAGS))
+		DIE("INIT");
+	struct ibv_qp_attr rtr = {.qp_state = IBV_QPS_RTR, .path_mtu = IBV_MTU_4096, .dest_qp_num = b->qp_num,
+				  .max_dest_rd_atomic = da.max_qp_rd_atom + 1, .min_rnr_timer = 1,
+				  .ah_attr = {.is_global = 1, .port_num = 1, .grh = {.dgid = gid, .hop_limit = 64}}};
+	const int rtr_mask = IBV_QP_STATE | IBV_QP_AV | IBV_QP_PATH_MTU | IBV_QP_DEST_QPN | IBV_QP_RQ_PSN |
+			     IBV_QP_MAX_DEST_RD_ATOMIC | IBV_QP_MIN_RNR_TIMER;
+	if (ibv_modify_qp(a, &rtr, rtr_mask) != EINVAL || a->state != IBV_QPS_INIT)
+		DIE("RTR with max_dest_rd_atomic %d (max_qp_rd_atom %d) not refused", rtr.max_dest_rd_atomic,
+		    da.max_qp_rd_atom);
+	rtr.max_dest_rd_atomic = da.max_qp_rd_atom;
+	if (ibv_modify_qp(a, &rtr, rtr_mask))
+		DIE("RTR with max_dest_rd_atomic %d: %s", rtr.max_dest_rd_atomic, strerror(errno));
+	struct ibv_qp_attr rts = {.qp_state = IBV_QPS_RTS, .timeout = 14, .retry_cnt = 7, .rnr_retry = 7,
+				  .max_rd_atomic = da.max_qp_init_rd_atom + 1};
+	const int rts_mask = IBV_QP_STATE | IBV_QP_SQ_PSN | IBV_QP_TIMEOUT | IBV_QP_RETRY_CNT | IBV_QP_RNR_RETRY |
+			     IBV_QP_MAX_QP_RD_ATOMIC;
+	if (ibv_modify_qp(a, &rts, rts_mask) != EINVAL || a->state != IBV_QPS_RTR)
+		DIE("RTS with max_rd_atomic %d (max_qp_init_rd_atom %d) not refused", rts.max_rd_atomic,
+		    da.max_qp_init_rd_atom);
+	rts.max_rd_atomic = da.max_qp_init_rd_atom;
+	if (ibv_modify_qp(a, &rts, rts_mask))
+		DIE("RTS with max_rd_atomic %d: %s", rts.max_rd_atomic, strerror(errno));
+	if ((st = write_status(smr, dmr, dmr->rkey)) != IBV_WC_SUCCESS)
+		DIE("WRITE after connecting with the device's limits: %s", ibv_wc_status_str(st));
 
 	/* RESET refuses posts until the QP is connected again, and leaves no attribute. */
 	if (ibv_modify_qp(a, &reset, IBV_QP_STATE))
