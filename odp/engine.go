@@ -171,7 +171,11 @@ type engine struct {
 	freeReads readJobs
 	ackOwed   bool
 	rnrFault  *faultJob // the fault behind the last RNR NAK: NAKed again while it runs
-	stall     *faultJob // the responder waits for it before it takes another request
+	// givingBack: the responder answered a request of this receive pass with a NAK
+	// that sends the requester back; the runs behind it in the inbox may go back
+	// (giveBack).
+	givingBack bool
+	stall      *faultJob // the responder waits for it before it takes another request
 	// faultErr is why the responder's last fault failed (its pages are unmapped,
 	// its MR deregistered): the request it was for is refused when it comes again.
 	faultErr error
@@ -448,6 +452,8 @@ func (e *engine) receive() bool {
 		case e.errored:
 			e.release(s)
 			e.rc(func(c *rcCounters) *atomic.Uint64 { return &c.dropped })
+		case e.givingBack && s.Opcode.IsRequest() && e.giveBack(s):
+			// The port has it now, and the requester takes it back.
 		case s.Opcode.IsRequest():
 			if !e.takeRequest(s) {
 				e.compact()
@@ -460,6 +466,7 @@ func (e *engine) receive() bool {
 		e.inHead++
 		busy = true
 	}
+	e.givingBack = false // what arrives from now on, the port gives back (Port.NAKed)
 	e.compact()
 	if e.ackOwed {
 		e.answer(e.resp.Ack())

@@ -18,8 +18,13 @@ import (
 // twice (QPStats.TakenBack), as a NIC builds packets only as the wire takes them.
 // The receiving engine is software that may fall behind the line for a while; its
 // buffer bounds that backlog, as a lossless port's would, and a sender the
-// scheduler held up catches up to the line rate. Over UDP the sender paces its
-// datagrams at the line rate and the kernel's socket buffers are the queue.
+// scheduler held up catches up to the line rate. A NAK counts as leaving when the
+// request it answers arrived, however late the engine got to it, and what the
+// requester sent after it reached it in that clock is taken back as well, from
+// the receiving side of the link: an RNR NAK resends what a NIC's would find in
+// flight, not what the emulator's scheduling let the requester send meanwhile.
+// Over UDP the sender paces its datagrams at the line rate and the kernel's socket
+// buffers are the queue.
 //
 // The zero value is the default link: DefaultLinkRate, DefaultLinkDelay, a queue
 // of one bandwidth-delay product plus a packet of the path MTU, and a receive

@@ -93,6 +93,9 @@ func (e *engine) takeRequest(s *roce.Segment) bool {
 		} else {
 			e.rc(func(c *rcCounters) *atomic.Uint64 { return &c.seqNAKsSent })
 			e.answer(v.Resp)
+			if !e.uc {
+				e.nakedBack(s)
+			}
 		}
 	case roce.ActAck, roce.ActAtomicAgain:
 		e.rc(func(c *rcCounters) *atomic.Uint64 { return &c.duplicates })
@@ -130,15 +133,38 @@ func (e *engine) refuse(nak *roce.Message, why string) {
 	e.toError()
 }
 
-// rnr answers the run at the expected PSN with an RNR NAK; a UC QP drops the
-// message instead.
-func (e *engine) rnr() {
+// rnr answers the run s at the expected PSN with an RNR NAK (nakedBack); a UC QP
+// drops the message instead.
+func (e *engine) rnr(s *roce.Segment) {
 	if e.uc {
 		e.refuse(nil, "no receive posted")
 		return
 	}
 	e.rc(func(c *rcCounters) *atomic.Uint64 { return &c.rnrNAKsSent })
 	e.answer(e.resp.RNR(e.qp.minRNRTimer()))
+	e.nakedBack(s)
+}
+
+// nakedBack follows an RC responder's answer to s that sends the requester back (an
+// RNR NAK, a sequence error NAK): the request runs behind s that the requester sent
+// after the NAK reached it in the link's model go back to it, those in the inbox
+// (giveBack) and those the port has yet to deliver (roce.Port.NAKed).
+func (e *engine) nakedBack(s *roce.Segment) {
+	e.port.NAKed(s)
+	e.givingBack = true
+}
+
+// giveBack gives the request run s, in the inbox behind one the responder answered
+// this pass with a NAK that sends the requester back, back to the requester if the
+// link says it was sent after that NAK reached it (roce.Port.GiveBack): the
+// responder would drop it, and the requester would count it among what it sends
+// again.
+func (e *engine) giveBack(s *roce.Segment) bool {
+	if !e.port.GiveBack(s) {
+		return false
+	}
+	e.release(s) // the requester's DMA ends here, as for a run taken
+	return true
 }
 
 // dropMessage drops the UC message in progress: what of it was placed stays, its
@@ -166,7 +192,7 @@ func (e *engine) placeRun(s *roce.Segment, v *roce.Verdict) bool {
 		return e.atomic(s, v)
 	}
 	if e.rnrFault != nil { // the retransmission of an RNR NAKed run: its fault still runs
-		e.rnr()
+		e.rnr(s)
 		e.release(s)
 		return true
 	}
@@ -200,7 +226,7 @@ func (e *engine) placeRun(s *roce.Segment, v *roce.Verdict) bool {
 		}
 		if v.Ends && v.Msg.HasImm && !e.qp.hasRecv() {
 			e.release(s)
-			e.rnr() // WRITE with immediate consumes a receive: none posted
+			e.rnr(s) // WRITE with immediate consumes a receive: none posted
 			return true
 		}
 		mr = e.msgMR
@@ -211,7 +237,7 @@ func (e *engine) placeRun(s *roce.Segment, v *roce.Verdict) bool {
 			var ok bool
 			if seq, ok = e.qp.peekRecv(&e.recvWR); !ok {
 				e.release(s)
-				e.rnr() // receiver not ready
+				e.rnr(s) // receiver not ready
 				return true
 			}
 			recv, e.recvSeq = &e.recvWR, seq
@@ -247,7 +273,7 @@ func (e *engine) placeRun(s *roce.Segment, v *roce.Verdict) bool {
 			return false
 		}
 		e.rnrFault = f
-		e.rnr()
+		e.rnr(s)
 		e.release(s)
 		return true
 	case faultLost:

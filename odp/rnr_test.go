@@ -223,11 +223,14 @@ func TestRNRRepeatedWhileFaultPending(t *testing.T) {
 // model that is what the link holds (its queue, the wire and the receiver's
 // buffer) plus what the engines hold, not the requester's whole window: a cold
 // transfer of 64 WRITEs of 64 KiB (4 MiB, 1024 packets, all in the window at once)
-// never goes back more than that. Without the model the requester sends its window
-// at once, and goes back over hundreds of packets.
+// never goes back more than that. What the requester sent after the NAK reached it
+// in the link's model comes back to it unsent (roce.Port.NAKed), so on average an
+// RNR NAK resends what a NIC's would find in flight: a bandwidth-delay product and
+// the message (about 40 per NAK before, 18-21 now). Without the model the
+// requester sends its window at once, and goes back over hundreds of packets.
 func TestGoBackBoundedByTheLink(t *testing.T) {
 	const size, count = 64 << 10, 64
-	goBack := func(t *testing.T, link LinkModel) (uint64, int) {
+	goBack := func(t *testing.T, link LinkModel) (maxBack uint64, held int, perNAK float64) {
 		a, b := pair(t, Config{Link: link})
 		if wireUDP() {
 			t.Skip("the in-process link model is under test")
@@ -247,17 +250,21 @@ func TestGoBackBoundedByTheLink(t *testing.T) {
 		require.Equal(t, WCSuccess, wc.Status, wc.Detail)
 		st := a.qp.Stats()
 		require.Positive(t, st.RNRNaksReceived)
-		return st.MaxGoBack, st.LinkMaxInFlight
+		return st.MaxGoBack, st.LinkMaxInFlight, float64(st.Retransmissions) / float64(st.RNRNaksReceived)
 	}
 	mtu := LoopbackLimits.MTU
 	packet := roce.WirePacket(mtu)
-	withLink, held := goBack(t, LinkModel{})
+	withLink, held, perNAK := goBack(t, LinkModel{})
 	limit := LinkModel{}.wire().Limit(mtu)
 	assert.LessOrEqual(t, held, limit, "the link never held more than its limit")
 	bound := 2*limit/packet + size/mtu // the link, the responder's batch, one message
 	assert.LessOrEqual(t, withLink, uint64(bound), "go-back-N behind a NAK: %d packets, the link holds %d B", withLink, limit)
-	without, _ := goBack(t, NoLink)
-	t.Logf("go-back: %d packets with the link model (bound %d, link held %d B of %d), %d without", withLink, bound, held, limit, without)
+	// What a NIC's NAK finds in flight: a bandwidth-delay product and the message.
+	bdp := float64(LinkModel{}.wire().BDP()) / float64(packet)
+	assert.LessOrEqual(t, perNAK, bdp+float64(size/mtu), "packets resent per RNR NAK (BDP %.1f packets)", bdp)
+	without, _, _ := goBack(t, NoLink)
+	t.Logf("go-back: %d packets with the link model (bound %d, link held %d B of %d), %.1f resent per RNR NAK (BDP %.1f packets), %d without",
+		withLink, bound, held, limit, perNAK, bdp, without)
 	assert.Greater(t, without, uint64(bound), "without the link model the requester goes back further")
 }
 

@@ -111,10 +111,11 @@ type QPStats struct {
 	// MaxGoBack is the most packets one go-back-N of this requester sent again:
 	// those in flight behind the NAK (or timeout) it answered.
 	MaxGoBack uint64
-	// TakenBack counts the packets a NAK took back before they went on the wire:
-	// built and not handed to the link, or still in its transmit queue. A NIC
-	// builds packets as the wire takes them; they are sent again after the NAK,
-	// and only those of them sent before count as retransmissions.
+	// TakenBack counts the packets a NAK took back as never sent: built and not
+	// handed to the link, still in its transmit queue, or sent after the NAK
+	// reached the requester in the link's model (LinkModel). A NIC builds packets
+	// as the wire takes them and goes back as the NAK arrives; they are sent again
+	// after the NAK, and only those of them sent before count as retransmissions.
 	TakenBack uint64
 	// LinkMaxInFlight is the most bytes the QP's link held at once, sent and not
 	// taken by the peer (LinkModel bounds it; 0 over UDP, whose sender paces

@@ -441,6 +441,8 @@ func (p *udpPort) Hold(bool)        {} // what arrives over UDP is a datagram of
 
 // TakeBack implements Port: the kernel has what was sent.
 func (p *udpPort) TakeBack(runs []Segment) []Segment { return runs }
+func (p *udpPort) NAKed(*Segment)                    {}
+func (p *udpPort) GiveBack(*Segment) bool            { return false }
 
 // Send implements Port: each run's packets go out with sendmmsg (with the link
 // model's GSO, segmented: Link.SetGSO), their payloads straight from the QP's

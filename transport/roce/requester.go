@@ -128,7 +128,7 @@ type RequesterStats struct {
 	// MaxGoBack is the most packets one go-back-N had to send again: those sent
 	// after the PSN it went back to (what was in flight behind a NAK).
 	MaxGoBack uint64
-	// Unsent counts the packets taken back before they went on the wire (Unsent):
+	// Unsent counts the packets taken back as never sent (Unsent):
 	// Retransmitted no longer counts those of them sent before.
 	Unsent uint64
 }
@@ -376,8 +376,8 @@ func (q *Requester) Sent(t *Transmit, now time.Time) Output {
 }
 
 // Unsent takes back a run that Sent recorded but that never went on the wire: the
-// port took it back from its transmit queue (Port.TakeBack), or the owner had not
-// handed it over yet, when a NAK sent the requester back. The cursor goes back to
+// port took it back from its transmit queue or the peer gave it back (Port.TakeBack),
+// or the owner had not handed it over yet, when a NAK sent the requester back. The cursor goes back to
 // it, and its packets are sent again as what they were: a first sending is not a
 // retransmission (the run's first Resent packets were sent before, the rest were
 // not). Runs are taken back newest first, so that the packets never sent end

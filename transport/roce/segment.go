@@ -33,6 +33,10 @@ type Segment struct {
 	// segment's own; nil when Payload is a buffer of the segment's (a datagram
 	// received, a copy) or empty.
 	Ref Ref
+	// due is when the run arrived, received from an in-process link with a rate
+	// (monotonic nanoseconds; 0: not received from one). Port.NAKed and GiveBack
+	// read it.
+	due int64
 }
 
 // One returns the single-packet segment of p.

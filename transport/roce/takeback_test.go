@@ -190,3 +190,167 @@ func TestTakeBackRacesTheReceiver(t *testing.T) {
 		require.Equal(t, uint64(count-len(back)), st.Sent)
 	}
 }
+
+// A responder that answers a run with a NAK that sends the requester back (NAKed)
+// gives back the request runs the requester sent after that NAK reached it in the
+// link's model: the NAK leaves as the run arrives, whenever the responder gets to
+// it. Those it has already received it gives back itself (GiveBack: it keeps their
+// Refs), those still on the link never reach it (Recv gives them back on their way,
+// releasing their Refs), and the requester takes them all back with the NAK, newest
+// first, as never sent. The runs that left before stay: what a NIC's NAK finds in
+// flight. Once the requester went back, nothing more is given back.
+func TestGiveBackRunsSentAfterTheNAK(t *testing.T) {
+	m := LinkModel{Rate: oneBytePerNs, Delay: time.Microsecond, Queue: 1 << 20, Buffer: 1 << 20}
+	a, b, _, _ := testPipe(t, m)
+	var released atomic.Int32
+	t0 := time.Now()
+	runs := make([]Segment, 8)
+	for i := range runs {
+		runs[i] = refRun(uint32(i), &released)
+	}
+	sendAt(t, a, t0, runs...)
+	at := func(wires float64) time.Time { return t0.Add(time.Duration(wires * testWire)) }
+
+	// The responder gets to the link late: runs 0 to 3 have arrived.
+	rx := make([]Segment, 16)
+	n, _, err := b.Recv(rx, at(4).Add(m.Delay))
+	require.NoError(t, err)
+	require.Equal(t, 4, n)
+	assert.False(t, b.GiveBack(&rx[3]), "no NAK yet: nothing goes back")
+	// It NAKs run 0: the NAK reaches the requester at 1 wire + 2 delays (2.9 wires),
+	// when run 3 had not begun to leave, runs 1 and 2 had.
+	b.NAKed(&rx[0])
+	var given []uint32
+	for i := 1; i < n; i++ {
+		if b.GiveBack(&rx[i]) {
+			given = append(given, rx[i].PSN)
+		}
+		release(&rx[i]) // the responder's to release, given back or not
+	}
+	release(&rx[0])
+	assert.Equal(t, []uint32{3}, given)
+	// Runs 4 to 7 arrive, and go back on their way in.
+	n, _, err = b.Recv(rx, at(8).Add(m.Delay))
+	require.NoError(t, err)
+	assert.Zero(t, n, "the runs sent after the NAK arrived never reach the responder")
+	assert.Equal(t, int32(8), released.Load(), "every DMA ended once")
+
+	nak := rnrNAK(0)
+	sendAt(t, b, at(8).Add(m.Delay), nak)
+	n, _, err = a.Recv(rx, at(10).Add(3*m.Delay))
+	require.NoError(t, err)
+	require.Equal(t, 1, n)
+	require.True(t, rx[0].SendsBack())
+	back := a.TakeBack(nil)
+	var psns []uint32
+	for _, s := range back {
+		psns = append(psns, s.PSN)
+		assert.Nil(t, s.Ref)
+		assert.Nil(t, s.Payload)
+	}
+	assert.Equal(t, []uint32{7, 6, 5, 4, 3}, psns, "newest first")
+	st := a.Stats()
+	assert.Equal(t, uint64(5), st.TakenBack)
+	assert.Equal(t, uint64(3), st.Sent, "runs 0 to 2 went on the wire")
+	assert.Equal(t, uint64(3), b.Stats().Received)
+	assert.Empty(t, a.TakeBack(nil), "taken back once")
+
+	// The requester went back: what it sends now arrives, and goes back no more.
+	later := at(12).Add(4 * m.Delay)
+	sendAt(t, a, later, refRun(3, &released))
+	n, _, err = b.Recv(rx, later.Add(time.Millisecond))
+	require.NoError(t, err)
+	require.Equal(t, 1, n)
+	assert.False(t, b.GiveBack(&rx[0]))
+	release(&rx[0])
+	assert.Equal(t, int32(9), released.Load())
+}
+
+// The responder giving runs back and the requester going back race on other cores:
+// every run is received and kept, or comes back to the requester (given back, or
+// taken back), exactly once, and its DMA ends once.
+func TestGiveBackRacesTheRequester(t *testing.T) {
+	m := LinkModel{Rate: oneBytePerNs, Delay: time.Microsecond, Queue: 1 << 20, Buffer: 1 << 20}
+	rng := rand.New(rand.NewPCG(3, 4))
+	givenBack, cameBack := 0, 0 // over every iteration: given back by the responder, back with TakeBack
+	for iter := 0; iter < 300; iter++ {
+		a, b, _, _ := testPipe(t, m)
+		var released atomic.Int32
+		const count = 40
+		t0 := time.Now()
+		runs := make([]Segment, count)
+		for i := range runs {
+			runs[i] = refRun(uint32(i), &released)
+		}
+		sendAt(t, a, t0, runs...)
+		late := time.Duration(rng.IntN(count * testWire)) // how late the responder is
+
+		kept := make(map[uint32]int)
+		nakSent := make(chan struct{})
+		var wg sync.WaitGroup
+		wg.Add(1)
+		go func() { // the responder
+			defer wg.Done()
+			rx := make([]Segment, 1+rng.IntN(4))
+			first := true
+			for step := 0; step < 60; step++ {
+				now := t0.Add(late + time.Duration(step)*testWire)
+				n, _, err := b.Recv(rx, now)
+				if err != nil {
+					return
+				}
+				for i := range rx[:n] {
+					switch {
+					case first:
+						first = false
+						b.NAKed(&rx[i])
+						kept[rx[i].PSN]++
+						nak := rnrNAK(rx[i].PSN)
+						if _, err := b.Send([]Segment{nak}, now); err != nil {
+							return
+						}
+						close(nakSent)
+					case !b.GiveBack(&rx[i]):
+						kept[rx[i].PSN]++
+					default:
+						givenBack++
+					}
+					release(&rx[i])
+				}
+			}
+		}()
+		<-nakSent
+		rx := make([]Segment, 1)
+		var back []Segment
+		for back == nil {
+			n, _, err := a.Recv(rx, t0.Add(time.Hour))
+			require.NoError(t, err)
+			if n == 1 {
+				require.True(t, rx[0].SendsBack())
+				back = a.TakeBack([]Segment{})
+			}
+		}
+		wg.Wait()
+		rest := make([]Segment, count)
+		n, _, err := b.Recv(rest, t0.Add(time.Hour))
+		require.NoError(t, err)
+		for i := range rest[:n] {
+			kept[rest[i].PSN]++
+			release(&rest[i])
+		}
+		for _, s := range back {
+			kept[s.PSN] += 100
+		}
+		for psn := uint32(0); psn < count; psn++ {
+			require.Contains(t, []int{1, 100}, kept[psn], "iteration %d: run %d kept or back once", iter, psn)
+		}
+		require.Equal(t, int32(count), released.Load(), "iteration %d: every DMA ended once", iter)
+		st := a.Stats()
+		require.Equal(t, uint64(len(back)), st.TakenBack)
+		require.Equal(t, uint64(count-len(back)), st.Sent)
+		cameBack += len(back)
+	}
+	t.Logf("%d runs came back, %d of them given back by the responder", cameBack, givenBack)
+	assert.Positive(t, givenBack, "the responder gave runs back")
+	assert.Greater(t, cameBack, givenBack, "runs came back from the link too")
+}

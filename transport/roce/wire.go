@@ -57,8 +57,25 @@ type Port interface {
 	// with their Refs released and no payload: they never went on the wire, and the
 	// go-back sends them again (Requester.Unsent). A NIC builds its packets as the
 	// wire takes them, so what a NAK finds in flight is what has left, not its
-	// transmit queue. Over UDP the kernel has what was sent: nothing comes back.
+	// transmit queue. The runs the peer gave back (GiveBack) come back with them.
+	// Over UDP the kernel has what was sent: nothing comes back.
 	TakeBack(runs []Segment) []Segment
+	// NAKed tells the port that this end's responder answers the request run s,
+	// received from it, with a NAK that sends the requester back: in the link's
+	// model the NAK leaves as s arrives, and reaches the requester the delay after.
+	// Until the requester takes it (TakeBack), the request runs it sent later than
+	// that, which a NIC's requester would not have sent, may be given back.
+	NAKed(s *Segment)
+	// GiveBack gives the request run s, received and not taken, back to its
+	// sender and reports whether it did: it left the sender after the NAK this
+	// end's responder last answered with (NAKed) reached it, in the link's model,
+	// and before the sender went back. The emulated responder is software that
+	// takes its runs late and answers late, so the sender goes on sending while a
+	// NIC's would have gone back; the runs it sent meanwhile return to it as never
+	// sent (TakeBack), and the responder drops them unanswered, releasing their
+	// Refs itself. False over UDP, and for a run the sender sent after it went
+	// back.
+	GiveBack(s *Segment) bool
 	// Stats returns the port's counters.
 	Stats() LinkStats
 	// Close closes this end: runs not yet received are dropped (their Refs
@@ -83,7 +100,11 @@ var ErrClosed = errors.New("roce: port closed")
 // The queue stands for the NIC's send pipeline, which builds packets as
 // the wire takes them: when a NAK sends the requester back, the request runs that
 // had not begun to leave when it arrived are taken back (Port.TakeBack), not sent
-// twice.
+// twice. A NIC's responder answers a run as it arrives; the receiving engine may
+// take it late and answer later, while its requester goes on sending, so the NAK
+// counts as leaving when the run it answers arrived (Port.NAKed), and the runs
+// that left after it reached the requester in that clock come back too, from the
+// receiver's side of the link (Port.GiveBack).
 type LinkModel struct {
 	// Rate is the line rate in bits per second (0: unlimited). Every packet takes
 	// its wire size (WireBytes) of it.
@@ -332,7 +353,17 @@ type direction struct {
 	// receiver sends nothing once it arrived until it has taken it (nakArrived).
 	fence atomic.Uint64
 
-	mu            sync.Mutex   // held while a closed direction's runs are dropped, and by TakeBack
+	// giveSince, under mu, is when the NAK the receiver last answered with (NAKed)
+	// reached the sender in the link's model (monotonic nanoseconds; 0: none since
+	// the sender went back), and givenBack the runs the receiver gave back since
+	// (GiveBack), oldest first. A run sent after the sender went back (TakeBack
+	// clears giveSince) is never given back for a NAK before: it left after that
+	// NAK's arrival, but the sender sent it knowing of the NAK.
+	giveSince int64
+	givenBack []Segment
+	giving    atomic.Bool // giveSince is set: Recv looks at each run (divert)
+
+	mu            sync.Mutex   // held while a closed direction's runs are dropped, and by TakeBack, NAKed and GiveBack
 	inflight      atomic.Int64 // bytes sent and not yet taken
 	maxInflight   atomic.Int64
 	maxQueued     atomic.Int64
@@ -620,6 +651,7 @@ func (e *pipeEnd) Recv(segs []Segment, now time.Time) (int, time.Time, error) {
 	first, tail := d.r.head.Load(), d.r.tail.Load()
 	head := first
 	n, bytes, packets := 0, 0, 0
+	diverted := false
 	var next time.Time
 	for n < len(segs) && head != tail {
 		sl := &d.r.slots[head%ringSize]
@@ -633,6 +665,11 @@ func (e *pipeEnd) Recv(segs []Segment, now time.Time) (int, time.Time, error) {
 			}
 			break
 		}
+		if d.giving.Load() && d.divert(sl) {
+			head++ // given back on its way in, or taken back just now
+			diverted = true
+			continue
+		}
 		if d.takesBack && !sl.state.CompareAndSwap(slotSent, slotTaken) {
 			head++ // taken back just now
 			continue
@@ -641,6 +678,7 @@ func (e *pipeEnd) Recv(segs []Segment, now time.Time) (int, time.Time, error) {
 			e.nakDue = sl.due
 		}
 		segs[n] = sl.seg
+		segs[n].due = sl.due
 		bytes += sl.bytes
 		packets += sl.seg.Count
 		if !d.takesBack {
@@ -652,7 +690,7 @@ func (e *pipeEnd) Recv(segs []Segment, now time.Time) (int, time.Time, error) {
 	if head != first {
 		d.r.head.Store(head)
 	}
-	if n > 0 {
+	if n > 0 || diverted {
 		d.taken.Add(uint64(packets))
 		d.inflight.Add(-int64(bytes))
 		if d.senderWaiting.CompareAndSwap(true, false) {
@@ -677,6 +715,11 @@ func (e *pipeEnd) TakeBack(runs []Segment) []Segment {
 	d.mu.Lock() // a closing peer may be dropping the ring's runs
 	defer d.mu.Unlock()
 	head, tail := d.r.head.Load(), d.r.tail.Load()
+	if g := d.giveSince; g != 0 {
+		since = min(since, g) // the peer gave back runs sent from then on
+	}
+	d.giveSince = 0
+	d.giving.Store(false)
 	kept := since // when the last run the link keeps leaves
 	bytes, packets := 0, 0
 	for i := tail; i != head; i-- {
@@ -704,13 +747,83 @@ func (e *pipeEnd) TakeBack(runs []Segment) []Segment {
 		bytes += sl.bytes
 		packets += s.Count
 	}
-	if packets > 0 {
+	given := 0
+	for i := len(d.givenBack) - 1; i >= 0; i-- { // older than the ring's, newest first
+		runs = append(runs, d.givenBack[i])
+		given += d.givenBack[i].Count
+	}
+	d.givenBack = d.givenBack[:0]
+	if packets+given > 0 {
 		d.busyUntil = kept
 		d.inflight.Add(-int64(bytes))
-		d.sent.Add(-uint64(packets))
-		d.takenBack.Add(uint64(packets))
+		d.sent.Add(-uint64(packets + given))
+		d.takenBack.Add(uint64(packets + given))
 	}
 	return runs
+}
+
+// NAKed implements Port. From now until the sender goes back, Recv gives back the
+// runs that qualify as they come (divert), and the receiver those it has (GiveBack).
+func (e *pipeEnd) NAKed(s *Segment) {
+	d := e.in
+	if !d.takesBack || d.inj != nil || s.due == 0 {
+		return // nothing waits on the link, or what it loses may lose the NAK too
+	}
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	if since := s.due + d.delay; d.giveSince == 0 || since < d.giveSince {
+		d.giveSince = since
+		d.giving.Store(true)
+	}
+}
+
+// GiveBack implements Port.
+func (e *pipeEnd) GiveBack(s *Segment) bool {
+	d := e.in
+	if !d.takesBack || s.due == 0 {
+		return false
+	}
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	if !d.givesBackLocked(s, WireBytes(s), s.due) {
+		return false
+	}
+	d.taken.Add(-uint64(s.Count)) // Recv counted it
+	return true
+}
+
+// givesBackLocked gives back the request run s of bytes on the wire that arrived at
+// due, if it left after the NAK that d.giveSince is the arrival of: its first bit
+// did (as TakeBack counts). Called with d.mu held; s's Ref stays the caller's.
+func (d *direction) givesBackLocked(s *Segment, bytes int, due int64) bool {
+	left := due - d.delay - int64(float64(bytes)/d.rate)
+	if d.giveSince == 0 || !s.Opcode.IsRequest() || left < d.giveSince || d.closed.Load() {
+		return false
+	}
+	c := *s
+	c.Payload, c.Ref, c.due = nil, nil, 0
+	d.givenBack = append(d.givenBack, c)
+	return true
+}
+
+// divert gives back, on its way into Recv, the run in sl if it qualifies
+// (givesBackLocked), and reports whether Recv skips sl: given back, or taken back by
+// the sender just now. Under d.mu, so that each run either comes in, is given
+// back, or is taken back (TakeBack holds d.mu too).
+func (d *direction) divert(sl *slot) bool {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	if sl.state.Load() == slotTakenBack {
+		return true
+	}
+	if !d.givesBackLocked(&sl.seg, sl.bytes, sl.due) {
+		return false
+	}
+	// Only TakeBack, under d.mu, takes a run back, and only this receiver takes one.
+	sl.state.Store(slotTaken)
+	release(&sl.seg)
+	d.inflight.Add(-int64(sl.bytes))
+	return true
 }
 
 // Close implements Port: what this end has not received is dropped, and both

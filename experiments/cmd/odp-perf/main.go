@@ -316,7 +316,7 @@ func bw(test string, args []string, stdout, stderr io.Writer) error {
 			if r.RNRNaks > 0 {
 				perNAK = float64(r.Retransmissions) / float64(r.RNRNaks)
 			}
-			fmt.Fprintf(stdout, "# %d network page faults (%d pages), %d RNR NAKs, %d retransmissions (%.1f packets per RNR NAK, at most %d behind one; link BDP %s, %.1f packets; most in flight %s; %d taken back before they left), %d pages prefetched\n",
+			fmt.Fprintf(stdout, "# %d network page faults (%d pages), %d RNR NAKs, %d retransmissions (%.1f packets per RNR NAK, at most %d behind one; link BDP %s, %.1f packets; most in flight %s; %d taken back as never sent), %d pages prefetched\n",
 				r.PageFaults, r.PagesFaulted, r.RNRNaks, r.Retransmissions, perNAK, r.MaxGoBack, perf.HumanBytes(r.LinkBDP),
 				float64(r.LinkBDP)/float64(roce.WirePacket(4096)), perf.HumanBytes(r.LinkMaxInFlight), r.TakenBack, r.PagesPrefetched)
 		}
