@@ -34,11 +34,14 @@
 //	  endpoints.mu     the open endpoints and their references
 //
 // The others are leaves, taken with no other lock of this package held, and taking none:
-// direction.mu (a closed pipe direction's runs dropped, a sender taking runs back),
-// udpPort.mu (a closed port's inbox dropped) and injector.mu (its generator and the
-// packet it holds back). A pipe's runs pass between its two engines without a lock:
-// each direction's ring has one producer and one consumer, and on a link with a rate
-// each slot's state says who took the run (wire.go).
+// direction.mu (a closed pipe direction's runs dropped, a sender taking runs back, a
+// receiver giving them back), udpPort.mu (a closed port's inbox dropped) and
+// injector.mu (its generator and the packet it holds back). Under direction.mu and
+// udpPort.mu the runs dropped or taken back are released: a Ref's Release may take
+// its owner's locks, never one of this package. A pipe's runs pass between its two
+// engines without a lock: each direction's ring has one producer and one consumer,
+// and on a link with a rate each slot's state says who took the run (wire.go); once
+// a NAK asks for runs back, its receiver takes each under direction.mu (divert).
 package roce
 
 import (
