@@ -170,25 +170,34 @@ func TestTakeBackRacesTheReceiver(t *testing.T) {
 		require.Equal(t, 1, n)
 		back := a.TakeBack(nil)
 		wg.Wait()
-		// What neither took arrives in the end.
-		rest := make([]Segment, count)
-		n, _, err = b.Recv(rest, t0.Add(time.Hour))
-		require.NoError(t, err)
-		for i := range rest[:n] {
-			received[rest[i].PSN]++
-			release(&rest[i])
-		}
-		for _, s := range back {
-			received[s.PSN] += 100
-		}
-		for psn := uint32(0); psn < count; psn++ {
-			require.Contains(t, []int{1, 100}, received[psn], "iteration %d: run %d received or taken back once", iter, psn)
-		}
-		require.Equal(t, int32(count), released.Load(), "iteration %d: every DMA ended once", iter)
-		st := a.Stats()
-		require.Equal(t, uint64(len(back)), st.TakenBack)
-		require.Equal(t, uint64(count-len(back)), st.Sent)
+		accountOnce(t, iter, a, b, t0.Add(time.Hour), count, received, back, &released)
 	}
+}
+
+// accountOnce has b receive what is left on the link by end (what neither end took
+// arrives in the end), then requires that each of the runs 0 to count-1 that a sent
+// was received (counted in got) or came back to a (back), once, that every DMA
+// ended once, and that a's counters say so.
+func accountOnce(t *testing.T, iter int, a, b Port, end time.Time, count int, got map[uint32]int, back []Segment,
+	released *atomic.Int32) {
+	t.Helper()
+	rest := make([]Segment, count)
+	n, _, err := b.Recv(rest, end)
+	require.NoError(t, err)
+	for i := range rest[:n] {
+		got[rest[i].PSN]++
+		release(&rest[i])
+	}
+	for _, s := range back {
+		got[s.PSN] += 100
+	}
+	for psn := uint32(0); psn < uint32(count); psn++ {
+		require.Contains(t, []int{1, 100}, got[psn], "iteration %d: run %d received or back once", iter, psn)
+	}
+	require.Equal(t, int32(count), released.Load(), "iteration %d: every DMA ended once", iter)
+	st := a.Stats()
+	require.Equal(t, uint64(len(back)), st.TakenBack)
+	require.Equal(t, uint64(count-len(back)), st.Sent)
 }
 
 // A responder that answers a run with a NAK that sends the requester back (NAKed)
@@ -331,23 +340,7 @@ func TestGiveBackRacesTheRequester(t *testing.T) {
 			}
 		}
 		wg.Wait()
-		rest := make([]Segment, count)
-		n, _, err := b.Recv(rest, t0.Add(time.Hour))
-		require.NoError(t, err)
-		for i := range rest[:n] {
-			kept[rest[i].PSN]++
-			release(&rest[i])
-		}
-		for _, s := range back {
-			kept[s.PSN] += 100
-		}
-		for psn := uint32(0); psn < count; psn++ {
-			require.Contains(t, []int{1, 100}, kept[psn], "iteration %d: run %d kept or back once", iter, psn)
-		}
-		require.Equal(t, int32(count), released.Load(), "iteration %d: every DMA ended once", iter)
-		st := a.Stats()
-		require.Equal(t, uint64(len(back)), st.TakenBack)
-		require.Equal(t, uint64(count-len(back)), st.Sent)
+		accountOnce(t, iter, a, b, t0.Add(time.Hour), count, kept, back, &released)
 		cameBack += len(back)
 	}
 	t.Logf("%d runs came back, %d of them given back by the responder", cameBack, givenBack)
