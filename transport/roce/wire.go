@@ -718,8 +718,6 @@ func (e *pipeEnd) TakeBack(runs []Segment) []Segment {
 	if g := d.giveSince; g != 0 {
 		since = min(since, g) // the peer gave back runs sent from then on
 	}
-	d.giveSince = 0
-	d.giving.Store(false)
 	kept := since // when the last run the link keeps leaves
 	bytes, packets := 0, 0
 	for i := tail; i != head; i-- {
@@ -747,6 +745,10 @@ func (e *pipeEnd) TakeBack(runs []Segment) []Segment {
 		bytes += sl.bytes
 		packets += s.Count
 	}
+	// Only now does the receiver take runs without the lock again: meanwhile it gave
+	// back, or left to the loop above, every run that left after the NAK arrived.
+	d.giveSince = 0
+	d.giving.Store(false)
 	given := 0
 	for i := len(d.givenBack) - 1; i >= 0; i-- { // older than the ring's, newest first
 		runs = append(runs, d.givenBack[i])
