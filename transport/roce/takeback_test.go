@@ -137,11 +137,7 @@ func TestTakeBackRacesTheReceiver(t *testing.T) {
 		var released atomic.Int32
 		const count = 40
 		t0 := time.Now()
-		runs := make([]Segment, count)
-		for i := range runs {
-			runs[i] = refRun(uint32(i), &released)
-		}
-		sendAt(t, a, t0, runs...)
+		sendRuns(t, a, t0, count, &released)
 		nak := rnrNAK(0)
 		arrives := t0.Add(time.Duration(rng.IntN(count*testWire + 1)))
 		sendAt(t, b, arrives.Add(-m.Delay-time.Duration(WireBytes(&nak))), nak)
@@ -172,6 +168,17 @@ func TestTakeBackRacesTheReceiver(t *testing.T) {
 		wg.Wait()
 		accountOnce(t, iter, a, b, t0.Add(time.Hour), count, received, back, &released)
 	}
+}
+
+// sendRuns sends request runs 0 to count-1 on p at t, their Refs counting into
+// released.
+func sendRuns(t *testing.T, p Port, at time.Time, count int, released *atomic.Int32) {
+	t.Helper()
+	runs := make([]Segment, count)
+	for i := range runs {
+		runs[i] = refRun(uint32(i), released)
+	}
+	sendAt(t, p, at, runs...)
 }
 
 // accountOnce has b receive what is left on the link by end (what neither end took
@@ -287,11 +294,7 @@ func TestGiveBackRacesTheRequester(t *testing.T) {
 		var released atomic.Int32
 		const count = 40
 		t0 := time.Now()
-		runs := make([]Segment, count)
-		for i := range runs {
-			runs[i] = refRun(uint32(i), &released)
-		}
-		sendAt(t, a, t0, runs...)
+		sendRuns(t, a, t0, count, &released)
 		late := time.Duration(rng.IntN(count * testWire)) // how late the responder is
 
 		kept := make(map[uint32]int)
