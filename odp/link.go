@@ -19,7 +19,7 @@ import (
 // The receiving engine is software that may fall behind the line for a while; its
 // buffer bounds that backlog, as a lossless port's would, and a sender the
 // scheduler held up catches up to the line rate. A NAK counts as leaving when the
-// request it answers arrived, however late the engine got to it, and what the
+// packet it answers arrived, however late the engine got to it, and what the
 // requester sent after it reached it in that clock is taken back as well, from
 // the receiving side of the link: an RNR NAK resends what a NIC's would find in
 // flight, not what the emulator's scheduling let the requester send meanwhile.
@@ -28,7 +28,8 @@ import (
 //
 // The zero value is the default link: DefaultLinkRate, DefaultLinkDelay, a queue
 // of one bandwidth-delay product plus a packet of the path MTU, and a receive
-// buffer of the queue's size. NoLink is no model.
+// buffer of the queue's size and at least what the line brings in 20 us. NoLink
+// is no model.
 type LinkModel struct {
 	// RateGbps is the line rate in Gb/s: 0 is DefaultLinkRate, negative unlimited.
 	RateGbps float64
@@ -39,8 +40,10 @@ type LinkModel struct {
 	// packet, unbounded when the rate is.
 	QueueBytes int
 	// BufferBytes bounds what arrived at the receiving NIC and it has not taken
-	// yet: 0 is the queue's size. A larger buffer hides more of the emulator's
-	// scheduling from the line rate, and lets more be in flight behind a NAK.
+	// yet: 0 is the queue's size, and at least what the line brings in 20 us
+	// (250 KB at 100 Gb/s), which a receiving engine the scheduler held up may
+	// fall behind by without holding the sender back. A larger buffer hides more
+	// of the emulator's scheduling from the line rate.
 	BufferBytes int
 	// GSO sends each QP's runs of equal-size packets over UDP with the kernel's
 	// segmentation offload: one datagram through the sending stack per run of up

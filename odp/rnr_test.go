@@ -226,8 +226,10 @@ func TestRNRRepeatedWhileFaultPending(t *testing.T) {
 // never goes back more than that. What the requester sent after the NAK reached it
 // in the link's model comes back to it unsent (roce.Port.NAKed), so on average an
 // RNR NAK resends what a NIC's would find in flight: a bandwidth-delay product and
-// the message (about 40 per NAK before, 17-21 now; at most 22 behind one NAK). Without the model the
-// requester sends its window at once, and goes back over hundreds of packets.
+// the message (about 40 per NAK without that clock, 17-21 with it counted from the
+// answered run's last packet, 16 counted from its first: the message itself).
+// Without the model the requester sends its window at once, and goes back over
+// hundreds of packets.
 func TestGoBackBoundedByTheLink(t *testing.T) {
 	const size, count = 64 << 10, 64
 	goBack := func(t *testing.T, link LinkModel) (maxBack uint64, held int, perNAK float64) {

@@ -70,7 +70,7 @@ func AddNIC(fs *pflag.FlagSet) *NIC {
 		gso:     fs.Bool("link-gso", false, "between two processes, send runs of equal-size packets as one UDP datagram the kernel segments (faster; a capture on the sending host shows the unsegmented datagrams, and a hardware RoCE peer refuses the segments' ICRC)"),
 	}
 	fs.Var(&l.queue, "link-queue", "bytes a sender's transmit queue holds at most (K, M suffixes; default one bandwidth-delay product plus an MTU)")
-	fs.Var(&l.buffer, "link-buffer", "bytes the receiving NIC holds that arrived and it has not taken (K, M suffixes; default the queue's size)")
+	fs.Var(&l.buffer, "link-buffer", "bytes the receiving NIC holds that arrived and it has not taken (K, M suffixes; default the queue's size, at least 20 us of the line)")
 	return l
 }
 

@@ -282,6 +282,46 @@ func TestGiveBackRunsSentAfterTheNAK(t *testing.T) {
 	assert.Equal(t, int32(9), released.Load())
 }
 
+// A NAK that answers a run of several packets leaves, in the link's model, when the
+// run's first packet arrived, not its last: the responder decides on a run at its
+// first packet. The runs sent after the NAK reached the requester in that clock go
+// back, including those that left while the NAKed run's later packets were still
+// arriving.
+func TestNAKLeavesAtTheRunsFirstPacket(t *testing.T) {
+	m := LinkModel{Rate: oneBytePerNs, Delay: time.Microsecond, Queue: 1 << 20, Buffer: 1 << 20}
+	a, b, _, _ := testPipe(t, m)
+	var released atomic.Int32
+	long := Segment{Packet: Packet{Opcode: WriteMiddle, PSN: 0, Payload: make([]byte, 4*testLim.MTU)}, Count: 4,
+		Last: WriteMiddle, Ref: countRef{&released}}
+	longWire := WireBytes(&long) // on the wire from t0 to t0+longWire ns
+	t0 := time.Now()
+	sendAt(t, a, t0, long, refRun(4, &released), refRun(5, &released), refRun(6, &released))
+	// The NAK leaves as the long run's first packet arrives and reaches the
+	// requester 2 delays after that packet left (1110 ns on the wire): 3.11 us
+	// after t0, before run 4 began to leave at 4.44 us. Counted from the run's last
+	// bit it would reach the requester at 6.44 us, after runs 4 and 5 began.
+	first := testLim.MTU + frameOverhead + ICRCSize + long.Opcode.HeaderSize()
+	require.Less(t, time.Duration(first)+2*m.Delay, time.Duration(longWire), "the NAK arrives before run 4 leaves")
+	require.Greater(t, time.Duration(longWire+testWire)+2*m.Delay, time.Duration(longWire+2*testWire),
+		"counted from the last bit, runs 4 and 5 left before it")
+
+	rx := make([]Segment, 8)
+	n, _, err := b.Recv(rx, t0.Add(time.Duration(longWire+3*testWire)+m.Delay))
+	require.NoError(t, err)
+	require.Equal(t, 4, n, "everything arrived")
+	b.NAKed(&rx[0])
+	var given []uint32
+	for i := 1; i < n; i++ {
+		if b.GiveBack(&rx[i]) {
+			given = append(given, rx[i].PSN)
+		}
+		release(&rx[i])
+	}
+	release(&rx[0])
+	assert.Equal(t, []uint32{4, 5, 6}, given, "every run sent after the NAK arrived goes back")
+	assert.Equal(t, int32(4), released.Load(), "every DMA ended once")
+}
+
 // The responder giving runs back and the requester going back race on other cores:
 // every run is received and kept, or comes back to the requester (given back, or
 // taken back), exactly once, and its DMA ends once.

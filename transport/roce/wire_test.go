@@ -82,8 +82,12 @@ func TestLinkRateAndDelay(t *testing.T) {
 // largest run opens, and Send takes exactly what Room allows.
 func TestLinkQueueBound(t *testing.T) {
 	m := LinkModel{Rate: oneBytePerNs, Queue: 3000, Buffer: 1 << 20}
-	a, _, _, _ := testPipe(t, m)
-	require.Equal(t, 1, a.MaxRun(), "two runs fit the queue")
+	a, b, err := NewPipe(testLim, PipeConfig{AB: m, BA: m, MaxRun: 1}) // runs of one packet, as the sender's below
+	require.NoError(t, err)
+	t.Cleanup(func() {
+		_ = a.Close() // closing a pipe end cannot fail
+		_ = b.Close()
+	})
 	t0 := time.Now()
 
 	_, room, opens := a.Room(t0)
@@ -120,6 +124,49 @@ func TestLinkQueueBound(t *testing.T) {
 		require.Equal(t, 1, n, "PSN %d: Room said it fits", psn)
 	}
 	assert.LessOrEqual(t, a.Stats().MaxQueued, 3000)
+}
+
+// A pipe's runs hold half its queue, at most PipeConfig.MaxRun packets and at least
+// minRun however small the queue (per-run costs would bind the link otherwise); a
+// link with faults injected sends single packets.
+func TestRunsOfAPipe(t *testing.T) {
+	packet := WirePacket(testLim.MTU)
+	for name, c := range map[string]struct {
+		cfg  PipeConfig
+		want int
+	}{
+		"no link model":           {PipeConfig{}, 64},
+		"a queue of 40 packets":   {PipeConfig{AB: LinkModel{Rate: oneBytePerNs, Queue: 40 * packet}}, 20},
+		"a queue of one packet":   {PipeConfig{AB: LinkModel{Rate: oneBytePerNs, Queue: packet}}, minRun},
+		"no delay, default queue": {PipeConfig{AB: LinkModel{Rate: 100e9}}, minRun},
+		"MaxRun below minRun":     {PipeConfig{AB: LinkModel{Rate: oneBytePerNs, Queue: packet}, MaxRun: 4}, 4},
+		"faults injected":         {PipeConfig{AB: LinkModel{Rate: oneBytePerNs, Queue: 40 * packet}, Loss: Loss{Drop: 0.5}}, 1},
+	} {
+		t.Run(name, func(t *testing.T) {
+			a, b, err := NewPipe(testLim, c.cfg)
+			require.NoError(t, err)
+			defer func() {
+				_ = a.Close() // closing a pipe end cannot fail
+				_ = b.Close()
+			}()
+			assert.Equal(t, c.want, a.MaxRun())
+			assert.Equal(t, c.want, b.MaxRun(), "both ends send runs of one size")
+		})
+	}
+}
+
+// The receive buffer is the queue's size by default, and at least what the line
+// brings in receiverLate; a Buffer given is kept.
+func TestLinkBufferDefault(t *testing.T) {
+	const mtu = 4096
+	noDelay := LinkModel{Rate: 100e9}
+	assert.Equal(t, 250_000, noDelay.buffer(mtu), "20 us at 100 Gb/s")
+	assert.Equal(t, noDelay.queue(mtu)+250_000, noDelay.Limit(mtu))
+	long := LinkModel{Rate: 100e9, Delay: 20 * time.Microsecond}
+	assert.Equal(t, long.queue(mtu), long.buffer(mtu), "a queue longer than 20 us of the line")
+	given := LinkModel{Rate: 100e9, Buffer: 5000}
+	assert.Equal(t, 5000, given.buffer(mtu))
+	assert.Zero(t, LinkModel{}.Limit(mtu), "no model, no limit")
 }
 
 // A receiver that takes nothing stops the sender at the link's limit (queue, the
