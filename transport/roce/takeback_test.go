@@ -297,9 +297,10 @@ func TestNAKLeavesAtTheRunsFirstPacket(t *testing.T) {
 	t0 := time.Now()
 	sendAt(t, a, t0, long, refRun(4, &released), refRun(5, &released), refRun(6, &released))
 	// The NAK leaves as the long run's first packet arrives and reaches the
-	// requester 2 delays after that packet left (1110 ns on the wire): 3.11 us
-	// after t0, before run 4 began to leave at 4.44 us. Counted from the run's last
-	// bit it would reach the requester at 6.44 us, after runs 4 and 5 began.
+	// requester 2 delays after that packet left (1106 ns on the wire): 3.11 us
+	// after t0, before run 4 began to leave at 4.42 us. Counted from the run's last
+	// bit it would reach the requester at 6.42 us, after runs 4 and 5 began (at
+	// 4.42 and 5.51 us).
 	first := testLim.MTU + frameOverhead + ICRCSize + long.Opcode.HeaderSize()
 	require.Less(t, time.Duration(first)+2*m.Delay, time.Duration(longWire), "the NAK arrives before run 4 leaves")
 	require.Greater(t, time.Duration(longWire+testWire)+2*m.Delay, time.Duration(longWire+2*testWire),
