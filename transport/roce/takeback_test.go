@@ -301,7 +301,8 @@ func TestNAKLeavesAtTheRunsFirstPacket(t *testing.T) {
 	// after t0, before run 4 began to leave at 4.42 us. Counted from the run's last
 	// bit it would reach the requester at 6.42 us, after runs 4 and 5 began (at
 	// 4.42 and 5.51 us).
-	first := testLim.MTU + frameOverhead + ICRCSize + long.Opcode.HeaderSize()
+	first := firstPacketBytes(&long, testLim.MTU)
+	require.Equal(t, first, WireSize(&Segment{Packet: long.Packet, Count: 1}, testLim.MTU), "one packet's size")
 	require.Less(t, time.Duration(first)+2*m.Delay, time.Duration(longWire), "the NAK arrives before run 4 leaves")
 	require.Greater(t, time.Duration(longWire+testWire)+2*m.Delay, time.Duration(longWire+2*testWire),
 		"counted from the last bit, runs 4 and 5 left before it")

@@ -233,6 +233,12 @@ func WireSize(s *Segment, n int) int {
 	return n
 }
 
+// firstPacketBytes is the size on the wire of run s's first packet at the path MTU:
+// WireSize's arithmetic for one packet.
+func firstPacketBytes(s *Segment, mtu int) int {
+	return min(len(s.Payload), mtu) + frameOverhead + ICRCSize + s.Opcode.HeaderSize()
+}
+
 // PipeConfig configures an in-process wire.
 type PipeConfig struct {
 	// AB is the link from the first end to the second, BA the other way.
@@ -268,7 +274,7 @@ func NewPipe(lim Limits, cfg PipeConfig) (Port, Port, error) {
 		if m.Rate < 0 || m.Delay < 0 || m.Queue < 0 || m.Buffer < 0 {
 			return nil, nil, fmt.Errorf("roce: link model %+v", m)
 		}
-		if q := m.queue(lim.MTU); q > 0 { // two runs fit the queue, and pipeline
+		if q := m.queue(lim.MTU); q > 0 { // two runs fit the queue, and pipeline, or minRun
 			cfg.MaxRun = min(cfg.MaxRun, max(minRun, q/2/WirePacket(lim.MTU)))
 		}
 	}
@@ -805,8 +811,7 @@ func (e *pipeEnd) NAKed(s *Segment) {
 	}
 	// s arrived with its last bit; its first packet, the rest of its time on the
 	// wire before that (a run of 16 packets of 4 KiB: 5 us at 100 Gb/s).
-	first := min(len(s.Payload), e.lim.MTU) + frameOverhead + ICRCSize + s.Opcode.HeaderSize()
-	arrived := s.due - int64(float64(max(WireBytes(s)-first, 0))/d.rate)
+	arrived := s.due - int64(float64(WireBytes(s)-firstPacketBytes(s, e.lim.MTU))/d.rate)
 	d.mu.Lock()
 	defer d.mu.Unlock()
 	if since := arrived + d.delay; d.giveSince == 0 || since < d.giveSince {

@@ -28,16 +28,23 @@ func testRun(psn uint32) Segment {
 // the wake-ups each end got.
 func testPipe(t *testing.T, m LinkModel) (a, b Port, wokenA, wokenB *atomic.Int32) {
 	t.Helper()
-	a, b, err := NewPipe(testLim, PipeConfig{AB: m, BA: m})
-	require.NoError(t, err)
+	a, b = newTestPipe(t, PipeConfig{AB: m, BA: m})
 	wokenA, wokenB = new(atomic.Int32), new(atomic.Int32)
 	a.SetWake(func() { wokenA.Add(1) })
 	b.SetWake(func() { wokenB.Add(1) })
+	return a, b, wokenA, wokenB
+}
+
+// newTestPipe returns a pipe of cfg at testLim, closed when the test ends.
+func newTestPipe(t *testing.T, cfg PipeConfig) (a, b Port) {
+	t.Helper()
+	a, b, err := NewPipe(testLim, cfg)
+	require.NoError(t, err)
 	t.Cleanup(func() {
 		_ = a.Close() // closing a pipe end cannot fail
 		_ = b.Close()
 	})
-	return a, b, wokenA, wokenB
+	return a, b
 }
 
 func TestWireSizes(t *testing.T) {
@@ -82,12 +89,7 @@ func TestLinkRateAndDelay(t *testing.T) {
 // largest run opens, and Send takes exactly what Room allows.
 func TestLinkQueueBound(t *testing.T) {
 	m := LinkModel{Rate: oneBytePerNs, Queue: 3000, Buffer: 1 << 20}
-	a, b, err := NewPipe(testLim, PipeConfig{AB: m, BA: m, MaxRun: 1}) // runs of one packet, as the sender's below
-	require.NoError(t, err)
-	t.Cleanup(func() {
-		_ = a.Close() // closing a pipe end cannot fail
-		_ = b.Close()
-	})
+	a, _ := newTestPipe(t, PipeConfig{AB: m, BA: m, MaxRun: 1}) // runs of one packet, as the sender's below
 	t0 := time.Now()
 
 	_, room, opens := a.Room(t0)
@@ -143,12 +145,7 @@ func TestRunsOfAPipe(t *testing.T) {
 		"faults injected":         {PipeConfig{AB: LinkModel{Rate: oneBytePerNs, Queue: 40 * packet}, Loss: Loss{Drop: 0.5}}, 1},
 	} {
 		t.Run(name, func(t *testing.T) {
-			a, b, err := NewPipe(testLim, c.cfg)
-			require.NoError(t, err)
-			defer func() {
-				_ = a.Close() // closing a pipe end cannot fail
-				_ = b.Close()
-			}()
+			a, b := newTestPipe(t, c.cfg)
 			assert.Equal(t, c.want, a.MaxRun())
 			assert.Equal(t, c.want, b.MaxRun(), "both ends send runs of one size")
 		})
