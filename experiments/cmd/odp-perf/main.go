@@ -21,6 +21,7 @@ import (
 	"io"
 	"net/netip"
 	"os"
+	"runtime"
 	"runtime/pprof"
 	"runtime/trace"
 	"slices"
@@ -35,6 +36,25 @@ import (
 	"github.com/odpemu/odpemu/transport/roce"
 	"github.com/spf13/pflag"
 )
+
+// serverProcs is how many Ps a --server process of test runs with on cpus CPUs,
+// unless GOMAXPROCS says: one fewer than the CPUs for a server that only answers
+// (write_bw, read_bw, atomic_bw: the emulated NIC serves the client's requests and no
+// goroutine of the application posts or polls), all of them for send_bw's, whose
+// application posts receives and polls. odpemu's libibverbs.so.1 runs perftest's
+// servers alike (verbs/emu: a process whose threads never post or poll keeps one P
+// fewer), so that perftest and odp-perf are compared in processes configured the
+// same way (odp-perf perftest). Two processes share this project's 2-CPU machines:
+// a READ server with both Ps took the CPU its client's engine and socket needed
+// (read_bw -s 1M between two processes: 900-990 MiB/s with two Ps against
+// 1,330-2,090 with one, three alternating rounds; write_bw -s 64K 870-1,500
+// against 1,050-1,420).
+func serverProcs(test string, cpus int) int {
+	if test == perf.SendBW {
+		return cpus
+	}
+	return max(1, cpus-1)
+}
 
 const usage = `usage:
   odp-perf write_bw|read_bw|send_bw|atomic_bw [flags]
@@ -146,7 +166,7 @@ func bw(test string, args []string, stdout, stderr io.Writer) error {
 	prefetch := fs.String("prefetch", "", "advise each side's whole region before traffic: sync or async (needs --odp)")
 	rnrRetry := fs.Int("rnr-retry", -1, "the client QP's rnr_retry, 0..7 (7: infinite; default 7)")
 	minRNR := fs.Int("min-rnr-timer", -1, "the server QP's min_rnr_timer, IBTA encoding 0..31 (default 12: 0.64 ms)")
-	server := fs.String("server", "", "run as the server of a two-process test: accept the client on this TCP address (host:port, e.g. :18515)")
+	server := fs.String("server", "", "run as the server of a two-process test: accept the client on this TCP address (host:port, e.g. :18515); unless GOMAXPROCS is set, a server of a test other than send_bw, which only answers, runs with one P fewer than the CPUs, as odpemu's libibverbs.so.1 runs perftest's")
 	connect := fs.String("connect", "", "run as the client of a two-process test: connect to the server at this TCP address")
 	bind := fs.String("bind", "", "local IP address of this side's RoCEv2 endpoint (server default 127.0.0.1; client default the address its route to the server leaves from, 127.0.0.2 on loopback)")
 	rocePort := fs.Uint16("roce-port", roce.UDPPort, "UDP port of this side's RoCEv2 endpoint (0: the kernel picks one); packets go to the peer's")
@@ -230,6 +250,10 @@ func bw(test string, args []string, stdout, stderr io.Writer) error {
 			return err
 		}
 		defer func() { _ = ln.Close() }() // served: nothing is left to accept
+		if os.Getenv("GOMAXPROCS") == "" {
+			// Restored when the server ends: run serves tests in this process too.
+			defer runtime.GOMAXPROCS(runtime.GOMAXPROCS(serverProcs(test, runtime.NumCPU())))
+		}
 	}
 	if !*asJSON {
 		mode := "pinned"
@@ -239,7 +263,7 @@ func bw(test string, args []string, stdout, stderr io.Writer) error {
 		where := "two emulated NICs over an in-process wire"
 		switch {
 		case ln != nil:
-			where = fmt.Sprintf("server waiting on %v (RoCEv2/UDP)", ln.Addr())
+			where = fmt.Sprintf("server waiting on %v (RoCEv2/UDP), GOMAXPROCS %d", ln.Addr(), runtime.GOMAXPROCS(0))
 		case *connect != "":
 			where = fmt.Sprintf("client of %s (RoCEv2/UDP)", *connect)
 		}

@@ -3,11 +3,15 @@ package main
 import (
 	"bytes"
 	"encoding/json"
+	"fmt"
 	"os"
 	"path/filepath"
+	"runtime"
 	"strings"
 	"testing"
+	"time"
 
+	"github.com/odpemu/odpemu/experiments/perf"
 	"github.com/spf13/pflag"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
@@ -177,4 +181,40 @@ func TestMinMemcpyRatio(t *testing.T) {
 	require.NoError(t, err)
 	_, _, err = runArgs(append(args, "--min-memcpy-ratio", "1000")...)
 	require.ErrorContains(t, err, "BW/memcpy")
+}
+
+// A --server that only answers runs with one P fewer than the CPUs, as odpemu's
+// library runs perftest's servers, a send_bw server with all of them, and the
+// process has its Ps back when the server ends.
+func TestServerProcs(t *testing.T) {
+	assert.Equal(t, 1, serverProcs(perf.WriteBW, 2))
+	assert.Equal(t, 3, serverProcs(perf.ReadBW, 4))
+	assert.Equal(t, 1, serverProcs(perf.AtomicBW, 1), "never no P")
+	assert.Equal(t, 2, serverProcs(perf.SendBW, 2))
+
+	before := runtime.GOMAXPROCS(0)
+	want := serverProcs(perf.ReadBW, runtime.NumCPU())
+	if os.Getenv("GOMAXPROCS") != "" {
+		want = before // the environment decides
+	}
+	port, err := freeTCPPort()
+	require.NoError(t, err)
+	args := []string{"read_bw", "-s", "4K", "-n", "200"}
+	served := make(chan string, 1)
+	go func() {
+		out, _, err := runArgs(append(args, "--server", "127.0.0.1:"+port)...)
+		assert.NoError(t, err)
+		served <- out
+	}()
+	for try := 0; ; try++ { // until the server listens
+		_, _, err = runArgs(append(args, "--connect", "127.0.0.1:"+port)...)
+		if err == nil || !strings.Contains(err.Error(), "connection refused") || try == 100 {
+			break
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	require.NoError(t, err)
+	out := <-served
+	assert.Contains(t, out, fmt.Sprintf("server waiting on 127.0.0.1:%s (RoCEv2/UDP), GOMAXPROCS %d\n", port, want))
+	assert.Equal(t, before, runtime.GOMAXPROCS(0), "the server gave its Ps back")
 }
