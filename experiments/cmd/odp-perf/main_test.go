@@ -101,7 +101,7 @@ func TestBadArguments(t *testing.T) {
 		{"write_bw", "--server", "127.0.0.1:0", "--timeout", "40"}, {"wire", "--reps", "0"},
 		{"write_bw", "--min-memcpy-ratio", "0.4", "--server", ":0"}, {"write_bw", "--roce-port", "70000"},
 		{"perftest", "--sizes", "4Q"}, {"perftest", "--modes", "implicit"}, {"perftest", "--tests", "cas"},
-		{"perftest", "--reps", "0"},
+		{"perftest", "--reps", "0"}, {"perftest", "--iters", "-1"},
 	} {
 		_, _, err := runArgs(args...)
 		assert.Error(t, err, "%v", args)
@@ -217,4 +217,15 @@ func TestServerProcs(t *testing.T) {
 	out := <-served
 	assert.Contains(t, out, fmt.Sprintf("server waiting on 127.0.0.1:%s (RoCEv2/UDP), GOMAXPROCS %d\n", port, want))
 	assert.Equal(t, before, runtime.GOMAXPROCS(0), "the server gave its Ps back")
+}
+
+// The comparison runs small messages long enough that its first milliseconds do not
+// decide the figure, and large ones as perftest does; --iters decides when given.
+func TestPerftestIters(t *testing.T) {
+	assert.Equal(t, 100_000, perftestIters(64))
+	assert.Equal(t, 100_000, perftestIters(8), "fetch-and-adds")
+	assert.Equal(t, 100_000, perftestIters(4096))
+	assert.Equal(t, 5000, perftestIters(65536))
+	assert.Equal(t, "100000 iterations up to 4 KiB, 5000 above", itersSaid(0))
+	assert.Equal(t, "200 iterations", itersSaid(200))
 }
