@@ -62,6 +62,7 @@ const usage = `usage:
   odp-perf compare [flags]            pinned vs ODP, cold and warm, side by side
   odp-perf wire [flags]               the RoCEv2 wire between two processes against a plain UDP stream
   odp-perf perftest [flags]           perftest on odpemu's libibverbs.so.1 against odp-perf, side by side
+  odp-perf goals [flags]              the data path's speed goals, side by side in rounds
 
 Run "odp-perf <command> --help" for the flags of a command.
 `
@@ -91,6 +92,8 @@ func run(args []string, stdout, stderr io.Writer) error {
 		return wire(args[1:], stdout, stderr)
 	case "perftest":
 		return perftest(args[1:], stdout, stderr)
+	case "goals":
+		return goalsCmd(args[1:], stdout, stderr)
 	case "wire-server": // started by wire
 		return wireServer(args[1:], stdout, stderr)
 	case "-h", "--help", "help":
@@ -473,9 +476,7 @@ func (rs rounds) quartiles(f func(round) float64) (q1, med, q3 float64) {
 	for i, r := range rs {
 		v[i] = f(r)
 	}
-	slices.Sort(v)
-	at := func(q float64) float64 { return v[int(q*float64(len(v)-1)+0.5)] }
-	return at(0.25), at(0.5), at(0.75)
+	return quartiles(v)
 }
 
 // lineRate is what the line carries of WRITEs of size bytes, in MiB/s (a READ's
