@@ -26,16 +26,21 @@ package odp
 // Where a packet's time goes, between two QPs in one process (CPU profiles of
 // odp-perf write_bw/read_bw --link-rate 0 --cpuprofile on a 2-core VM; a side's
 // share is that of the functions only it runs):
-//   - 1 MiB WRITE: the responder's engine is busy nine tenths of the time, almost
-//     all of it in the copy (dmaCopy, one memmove per run of up to 256 KiB). The
-//     memcpy floor copies each 1 MiB message in one memmove, which takes memmove's
-//     non-temporal path (1 MiB and up); a DMA stays at most 256 KiB (the fault
-//     server's waits for DMA in flight are built on it), so the NIC's copy is the
-//     cached one; the WRITE reaches about 0.85-0.9 of the floor. With the link
-//     model at 100 Gb/s that floor can be below the line: over the default
-//     regions (128 x 1 MiB) a 2-core VM copied at about 6.5 GB/s, 0.55 of the
-//     line, and the WRITE reached 0.47 of the line (0.9 of the floor); over 16
-//     MiB (tx depth 16) it reached 0.93 of the line.
+//   - 1 MiB WRITE (0.56-0.65 of the memcpy floor, odp-perf goals): the
+//     responder's engine copies 0.85-0.92 of the time (dmaCopy, one memmove per
+//     run of up to 256 KiB; timed around each copy in a build that counted it),
+//     and those copies ran at 11-15 GB/s where the floor's ran at 14-21 in the
+//     same rounds. The floor copies each 1 MiB message in one memmove on a core
+//     nothing else uses, which takes memmove's non-temporal path (1 MiB and up);
+//     a DMA stays at most 256 KiB (the fault server's waits for DMA in flight are
+//     built on it), so the NIC's copy is the cached one (about 0.9 of the
+//     non-temporal one on these VMs, timed alone), and it moves between cores
+//     with the engine (a copy loop handed its runs by another goroutine ran at
+//     0.86-0.91 of the same loop alone). Neither a non-temporal copy of the
+//     runs nor an ACK sent in the middle of a long receive pass changed the
+//     WRITE beyond the noise. With the link model at 100 Gb/s that copy is about
+//     as fast as the line over the default regions (128 x 1 MiB): the WRITE
+//     reaches 0.73-0.8 of the line; over 16 MiB (tx depth 16) it reached 0.93.
 //   - 64 KiB WRITE (about 21 GB/s, 0.47 of a memcpy of the same slots, which stay in
 //     cache): the responder's engine is busy about three quarters of the time, 0.7
 //     of its CPU in the copy (dmaCopy); the requester's engine uses a few percent.
