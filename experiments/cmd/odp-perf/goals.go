@@ -1,11 +1,14 @@
 package main
 
 import (
+	"encoding/csv"
 	"fmt"
 	"io"
 	"math"
+	"os"
 	"runtime"
 	"slices"
+	"strconv"
 	"strings"
 	"time"
 
@@ -306,6 +309,32 @@ func runGoals(runs []goalRun, rounds, depth int, update func(done, total int)) (
 	return out, nil
 }
 
+// writeGoalRuns writes each round's outcome of every run, in the order they ran.
+func writeGoalRuns(path string, runs []goalRun, rounds []goalRound) error {
+	f, err := os.Create(path)
+	if err != nil {
+		return err
+	}
+	w := csv.NewWriter(f)
+	_ = w.Write([]string{"round", "run", "test", "odp", "bytes", "iterations", "bw_mib_s", "msg_rate_mpps", "memcpy_mib_s",
+		"rnr_naks", "retransmissions", "link_bdp_bytes"})
+	ff := func(x float64) string { return strconv.FormatFloat(x, 'f', 4, 64) }
+	for i, r := range rounds {
+		for _, run := range runs {
+			o := r[run.key]
+			_ = w.Write([]string{strconv.Itoa(i + 1), run.key, run.p.Test, strconv.FormatBool(run.p.ODP), strconv.Itoa(o.r.Bytes),
+				strconv.Itoa(o.r.Iters), ff(o.r.AvgMiBps), ff(o.r.MsgRateMpps), ff(o.floor),
+				strconv.FormatUint(o.r.RNRNaks, 10), strconv.FormatUint(o.r.Retransmissions, 10), strconv.Itoa(o.r.LinkBDP)})
+		}
+	}
+	w.Flush()
+	if err := w.Error(); err != nil { // csv.Writer reports Write's errors here
+		_ = f.Close() // the write error is the one to report
+		return err
+	}
+	return f.Close()
+}
+
 // printGoals prints the table of evaluated goals.
 func printGoals(w io.Writer, lines []goalLine) {
 	fmt.Fprintf(w, " %-86s %10s  %-21s %-11s %s\n", "#goal", "median", "quartiles", "bound", "met")
@@ -340,6 +369,7 @@ func goalsCmd(args []string, stdout, stderr io.Writer) error {
 	scale := fs.Float64("scale", 1, "iterations of every run, as a fraction of the default (a few tenths of a second a run)")
 	depth := fs.IntP("tx-depth", "t", 128, "work requests in flight")
 	quiet := fs.BoolP("quiet", "q", false, "no progress output")
+	csvPath := fs.String("csv", "", "also write every run's figures, round by round, to this CSV file")
 	nic := cmdflag.AddNIC(fs)
 	if err := fs.Parse(args); err != nil {
 		return err
@@ -370,6 +400,11 @@ func goalsCmd(args []string, stdout, stderr io.Writer) error {
 		*rounds, len(runs), time.Since(start).Round(time.Second))
 	fmt.Fprintf(stdout, "# profile %s: %s; the operations, memcpy and warm ODP goals with the link's rate unlimited\n", profile, profile.Describe())
 	printGoals(stdout, evalGoals(goals, results))
+	if *csvPath != "" {
+		if err := writeGoalRuns(*csvPath, runs, results); err != nil {
+			return err
+		}
+	}
 	if profile.Link.Gbps() <= 0 {
 		fmt.Fprintln(stdout, "# no line goals: the link's rate is unlimited")
 	}

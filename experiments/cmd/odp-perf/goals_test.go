@@ -1,7 +1,11 @@
 package main
 
 import (
+	"bytes"
+	"encoding/csv"
 	"math"
+	"os"
+	"path/filepath"
 	"strconv"
 	"strings"
 	"testing"
@@ -95,9 +99,10 @@ func TestGoalSet(t *testing.T) {
 // The command runs every configuration and prints one line per goal, whose median
 // lies within its quartiles and whose verdict follows from it.
 func TestGoalsCommand(t *testing.T) {
-	out, _, err := runArgs("goals", "--quiet", "--rounds", "2", "--scale", "0.002", "--tx-depth", "4")
+	csvPath := filepath.Join(t.TempDir(), "goals.csv")
+	out, _, err := runArgs("goals", "--quiet", "--rounds", "2", "--scale", "0.002", "--tx-depth", "4", "--csv", csvPath)
 	require.NoError(t, err)
-	_, goals := goalSet(goalConfig{profile: odp.ProfileEmulator, depth: 4, scale: 1})
+	runs, goals := goalSet(goalConfig{profile: odp.ProfileEmulator, depth: 4, scale: 1})
 	lines := strings.Split(strings.TrimSpace(out), "\n")
 	require.True(t, strings.HasPrefix(lines[0], "# odp-perf goals: 2 round(s) of "), lines[0])
 	require.True(t, strings.HasPrefix(lines[2], " #goal"), lines[2])
@@ -133,6 +138,20 @@ func TestGoalsCommand(t *testing.T) {
 		assert.Equal(t, map[bool]string{true: "yes", false: "no"}[met], f[4], row)
 	}
 	assert.Contains(t, out, "odp-perf wire")
+
+	// The CSV: every run of every round, in the order they ran, each with its figures.
+	b, err := os.ReadFile(csvPath)
+	require.NoError(t, err)
+	recs, err := csv.NewReader(bytes.NewReader(b)).ReadAll()
+	require.NoError(t, err)
+	require.Len(t, recs, 1+2*len(runs), "a header and a row per run and round")
+	for i, rec := range recs[1:] {
+		assert.Equal(t, strconv.Itoa(i/len(runs)+1), rec[0])
+		assert.Equal(t, runs[i%len(runs)].key, rec[1])
+		bw, err := strconv.ParseFloat(rec[6], 64)
+		require.NoError(t, err)
+		assert.Positive(t, bw, "%v", rec)
+	}
 
 	_, _, err = runArgs("goals", "--rounds", "0")
 	assert.Error(t, err)
