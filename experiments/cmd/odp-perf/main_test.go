@@ -199,23 +199,30 @@ func TestServerProcs(t *testing.T) {
 	}
 	port, err := freeTCPPort()
 	require.NoError(t, err)
+	// RoCEv2 endpoints at addresses of this test's own: the packages' tests run in
+	// parallel, and others bind port 4791 at 127.0.0.1 and 127.0.0.2.
 	args := []string{"read_bw", "-s", "4K", "-n", "200"}
-	served := make(chan string, 1)
+	type served struct {
+		out string
+		err error
+	}
+	done := make(chan served, 1) // the goroutine reports; only the test asserts
 	go func() {
-		out, _, err := runArgs(append(args, "--server", "127.0.0.1:"+port)...)
-		assert.NoError(t, err)
-		served <- out
+		out, _, err := runArgs(append(args, "--server", "127.0.0.17:"+port, "--bind", "127.0.0.17")...)
+		done <- served{out, err}
 	}()
 	for try := 0; ; try++ { // until the server listens
-		_, _, err = runArgs(append(args, "--connect", "127.0.0.1:"+port)...)
+		_, _, err = runArgs(append(args, "--connect", "127.0.0.17:"+port, "--bind", "127.0.0.18")...)
 		if err == nil || !strings.Contains(err.Error(), "connection refused") || try == 100 {
 			break
 		}
 		time.Sleep(20 * time.Millisecond)
 	}
 	require.NoError(t, err)
-	out := <-served
-	assert.Contains(t, out, fmt.Sprintf("server waiting on 127.0.0.1:%s (RoCEv2/UDP), GOMAXPROCS %d\n", port, want))
+	srv := <-done
+	require.NoError(t, srv.err)
+	out := srv.out
+	assert.Contains(t, out, fmt.Sprintf("server waiting on 127.0.0.17:%s (RoCEv2/UDP), GOMAXPROCS %d\n", port, want))
 	assert.Equal(t, before, runtime.GOMAXPROCS(0), "the server gave its Ps back")
 }
 
