@@ -1,11 +1,9 @@
 package main
 
 import (
-	"encoding/csv"
 	"fmt"
 	"io"
 	"math"
-	"os"
 	"runtime"
 	"slices"
 	"strconv"
@@ -140,8 +138,14 @@ const (
 	goalInvalidateSize = 64 << 10
 )
 
+// goalOps are the operations the goals compare, WRITE first.
+var goalOps = []struct{ test, name string }{{perf.WriteBW, "WRITE"}, {perf.ReadBW, "READ"}, {perf.SendBW, "SEND"}}
+
 // goalSet returns the runs and the goals computed from them.
-func goalSet(c goalConfig) ([]goalRun, []goal) {
+func goalSet(c goalConfig) ([]goalRun, []goal) { return goalRuns(c), goalList(c) }
+
+// goalRuns returns the configurations a round runs, in order.
+func goalRuns(c goalConfig) []goalRun {
 	unlimited := c.profile
 	unlimited.Link.RateGbps = -1
 	var runs []goalRun
@@ -156,14 +160,13 @@ func goalSet(c goalConfig) ([]goalRun, []goal) {
 		}
 		runs = append(runs, goalRun{key: key, p: p, floor: floor})
 	}
-	ops := []struct{ test, name string }{{perf.WriteBW, "WRITE"}, {perf.ReadBW, "READ"}, {perf.SendBW, "SEND"}}
-	for _, op := range ops {
+	for _, op := range goalOps {
 		for _, s := range goalSizes {
 			add(runKey(op.test, "pinned", s), perf.Params{Test: op.test, Size: s, Profile: unlimited},
 				op.test == perf.WriteBW && s >= 64<<10)
 		}
 	}
-	for _, op := range ops[:2] {
+	for _, op := range goalOps[:2] {
 		for _, s := range warmSizes {
 			if !slices.Contains(goalSizes, s) {
 				add(runKey(op.test, "pinned", s), perf.Params{Test: op.test, Size: s, Profile: unlimited}, false)
@@ -171,8 +174,7 @@ func goalSet(c goalConfig) ([]goalRun, []goal) {
 			add(runKey(op.test, "odp", s), perf.Params{Test: op.test, ODP: true, Size: s, Profile: unlimited}, false)
 		}
 	}
-	line := c.profile.Link.Gbps() > 0
-	if line {
+	if c.profile.Link.Gbps() > 0 {
 		for _, s := range goalSizes[2:] {
 			add(runKey("line", "pinned", s), perf.Params{Test: perf.WriteBW, Size: s, Profile: c.profile}, false)
 		}
@@ -192,7 +194,11 @@ func goalSet(c goalConfig) ([]goalRun, []goal) {
 		p.InvalidateRate = goalInvalidateRate
 		add("inval/"+pol.name, p, false)
 	}
+	return runs
+}
 
+// goalList returns the goals, each reading the runs goalRuns makes by their keys.
+func goalList(c goalConfig) []goal {
 	var goals []goal
 	result := func(r goalRound, key string) perf.Result { return r[key].r }
 	ratio := func(a, b float64) float64 {
@@ -212,21 +218,21 @@ func goalSet(c goalConfig) ([]goalRun, []goal) {
 			value: func(r goalRound) float64 { return result(r, w4k).AvgMiBps }},
 		goal{what: "pinned WRITE 64 B, Mpps", target: 3,
 			value: func(r goalRound) float64 { return result(r, w64).MsgRateMpps }})
-	for _, op := range ops[1:] {
+	for _, op := range goalOps[1:] {
 		for _, s := range goalSizes {
 			a, b := runKey(op.test, "pinned", s), runKey(perf.WriteBW, "pinned", s)
 			goals = append(goals, goal{what: fmt.Sprintf("pinned %s / WRITE %s, messages/s", op.name, sizeName(s)), target: 0.8,
 				value: func(r goalRound) float64 { return ratio(result(r, a).MsgRateMpps, result(r, b).MsgRateMpps) }})
 		}
 	}
-	for _, op := range ops[:2] {
+	for _, op := range goalOps[:2] {
 		for _, s := range warmSizes {
 			a, b := runKey(op.test, "odp", s), runKey(op.test, "pinned", s)
 			goals = append(goals, goal{what: fmt.Sprintf("warm ODP / pinned %s %s, BW", op.name, sizeName(s)), target: 0.97,
 				value: func(r goalRound) float64 { return ratio(result(r, a).AvgMiBps, result(r, b).AvgMiBps) }})
 		}
 	}
-	if line {
+	if c.profile.Link.Gbps() > 0 {
 		for _, s := range goalSizes[2:] {
 			key, rate := runKey("line", "pinned", s), lineRate(c.profile.Link.Gbps(), s)
 			goals = append(goals, goal{what: fmt.Sprintf("pinned WRITE %s over the link, BW / line", sizeName(s)), target: 0.9,
@@ -263,7 +269,7 @@ func goalSet(c goalConfig) ([]goalRun, []goal) {
 				}
 				return float64(x.Retransmissions) / float64(x.RNRNaks)
 			}})
-	return runs, goals
+	return goals
 }
 
 // runKey names a run: its test (or group), registration and message size.
@@ -311,28 +317,17 @@ func runGoals(runs []goalRun, rounds, depth int, update func(done, total int)) (
 
 // writeGoalRuns writes each round's outcome of every run, in the order they ran.
 func writeGoalRuns(path string, runs []goalRun, rounds []goalRound) error {
-	f, err := os.Create(path)
-	if err != nil {
-		return err
-	}
-	w := csv.NewWriter(f)
-	_ = w.Write([]string{"round", "run", "test", "odp", "bytes", "iterations", "bw_mib_s", "msg_rate_mpps", "memcpy_mib_s",
-		"rnr_naks", "retransmissions", "link_bdp_bytes"})
-	ff := func(x float64) string { return strconv.FormatFloat(x, 'f', 4, 64) }
+	recs := [][]string{{"round", "run", "test", "odp", "bytes", "iterations", "bw_mib_s", "msg_rate_mpps", "memcpy_mib_s",
+		"rnr_naks", "retransmissions", "link_bdp_bytes"}}
 	for i, r := range rounds {
 		for _, run := range runs {
 			o := r[run.key]
-			_ = w.Write([]string{strconv.Itoa(i + 1), run.key, run.p.Test, strconv.FormatBool(run.p.ODP), strconv.Itoa(o.r.Bytes),
+			recs = append(recs, []string{strconv.Itoa(i + 1), run.key, run.p.Test, strconv.FormatBool(run.p.ODP), strconv.Itoa(o.r.Bytes),
 				strconv.Itoa(o.r.Iters), ff(o.r.AvgMiBps), ff(o.r.MsgRateMpps), ff(o.floor),
 				strconv.FormatUint(o.r.RNRNaks, 10), strconv.FormatUint(o.r.Retransmissions, 10), strconv.Itoa(o.r.LinkBDP)})
 		}
 	}
-	w.Flush()
-	if err := w.Error(); err != nil { // csv.Writer reports Write's errors here
-		_ = f.Close() // the write error is the one to report
-		return err
-	}
-	return f.Close()
+	return writeRecords(path, recs)
 }
 
 // printGoals prints the table of evaluated goals.

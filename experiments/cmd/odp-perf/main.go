@@ -546,20 +546,25 @@ func sizeList(flag, list string) ([]int, error) {
 }
 
 func writeCSV(path, test string, rows []perf.Row) error {
+	recs := [][]string{{"test", "bytes", "pinned_cold_mib_s", "odp_cold_mib_s", "ratio_cold", "pinned_warm_mib_s", "odp_warm_mib_s",
+		"ratio_warm", "ratio_warm_q1", "ratio_warm_q3", "cold_faults"}}
+	for _, r := range rows {
+		recs = append(recs, []string{test, strconv.Itoa(r.Bytes), ff(r.PinnedCold), ff(r.ODPCold), ff(r.RatioCold), ff(r.PinnedWarm),
+			ff(r.ODPWarm), ff(r.RatioWarm), ff(r.WarmQ1), ff(r.WarmQ3), strconv.FormatUint(r.ColdFaults, 10)})
+	}
+	return writeRecords(path, recs)
+}
+
+// ff writes a CSV figure with four decimals.
+func ff(x float64) string { return strconv.FormatFloat(x, 'f', 4, 64) }
+
+// writeRecords writes recs to a new CSV file at path.
+func writeRecords(path string, recs [][]string) error {
 	f, err := os.Create(path)
 	if err != nil {
 		return err
 	}
-	w := csv.NewWriter(f)
-	_ = w.Write([]string{"test", "bytes", "pinned_cold_mib_s", "odp_cold_mib_s", "ratio_cold", "pinned_warm_mib_s", "odp_warm_mib_s",
-		"ratio_warm", "ratio_warm_q1", "ratio_warm_q3", "cold_faults"})
-	for _, r := range rows {
-		ff := func(x float64) string { return strconv.FormatFloat(x, 'f', 4, 64) }
-		_ = w.Write([]string{test, strconv.Itoa(r.Bytes), ff(r.PinnedCold), ff(r.ODPCold), ff(r.RatioCold), ff(r.PinnedWarm),
-			ff(r.ODPWarm), ff(r.RatioWarm), ff(r.WarmQ1), ff(r.WarmQ3), strconv.FormatUint(r.ColdFaults, 10)})
-	}
-	w.Flush()
-	if err := w.Error(); err != nil { // csv.Writer reports Write's errors here
+	if err := csv.NewWriter(f).WriteAll(recs); err != nil {
 		_ = f.Close() // the write error is the one to report
 		return err
 	}
