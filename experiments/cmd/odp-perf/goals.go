@@ -200,7 +200,6 @@ func goalRuns(c goalConfig) []goalRun {
 // goalList returns the goals, each reading the runs goalRuns makes by their keys.
 func goalList(c goalConfig) []goal {
 	var goals []goal
-	result := func(r goalRound, key string) perf.Result { return r[key].r }
 	ratio := func(a, b float64) float64 {
 		if b == 0 {
 			return math.NaN()
@@ -215,46 +214,45 @@ func goalList(c goalConfig) []goal {
 	w4k, w64 := runKey(perf.WriteBW, "pinned", 4<<10), runKey(perf.WriteBW, "pinned", 64)
 	goals = append(goals, memcpy(1<<20, 0.8), memcpy(64<<10, 0.5),
 		goal{what: "pinned WRITE 4 KiB, MiB/s", target: 3 << 10,
-			value: func(r goalRound) float64 { return result(r, w4k).AvgMiBps }},
+			value: func(r goalRound) float64 { return r[w4k].r.AvgMiBps }},
 		goal{what: "pinned WRITE 64 B, Mpps", target: 3,
-			value: func(r goalRound) float64 { return result(r, w64).MsgRateMpps }})
+			value: func(r goalRound) float64 { return r[w64].r.MsgRateMpps }})
 	for _, op := range goalOps[1:] {
 		for _, s := range goalSizes {
 			a, b := runKey(op.test, "pinned", s), runKey(perf.WriteBW, "pinned", s)
 			goals = append(goals, goal{what: fmt.Sprintf("pinned %s / WRITE %s, messages/s", op.name, sizeName(s)), target: 0.8,
-				value: func(r goalRound) float64 { return ratio(result(r, a).MsgRateMpps, result(r, b).MsgRateMpps) }})
+				value: func(r goalRound) float64 { return ratio(r[a].r.MsgRateMpps, r[b].r.MsgRateMpps) }})
 		}
 	}
 	for _, op := range goalOps[:2] {
 		for _, s := range warmSizes {
 			a, b := runKey(op.test, "odp", s), runKey(op.test, "pinned", s)
 			goals = append(goals, goal{what: fmt.Sprintf("warm ODP / pinned %s %s, BW", op.name, sizeName(s)), target: 0.97,
-				value: func(r goalRound) float64 { return ratio(result(r, a).AvgMiBps, result(r, b).AvgMiBps) }})
+				value: func(r goalRound) float64 { return ratio(r[a].r.AvgMiBps, r[b].r.AvgMiBps) }})
 		}
 	}
 	if c.profile.Link.Gbps() > 0 {
 		for _, s := range goalSizes[2:] {
 			key, rate := runKey("line", "pinned", s), lineRate(c.profile.Link.Gbps(), s)
 			goals = append(goals, goal{what: fmt.Sprintf("pinned WRITE %s over the link, BW / line", sizeName(s)), target: 0.9,
-				value: func(r goalRound) float64 { return result(r, key).AvgMiBps / rate }})
+				value: func(r goalRound) float64 { return r[key].r.AvgMiBps / rate }})
 		}
 	}
 	for _, s := range goalSizes[1:] {
 		key, msg := runKey("cold", "odp", s), float64(roce.Packets(s, 4096))
 		goals = append(goals, goal{what: fmt.Sprintf("cold ODP WRITE %s, packets resent per RNR NAK / (BDP in packets + a message)", sizeName(s)),
 			target: 1, atMost: true, value: func(r goalRound) float64 {
-				x := result(r, key)
-				if x.RNRNaks == 0 {
+				perNAK, ok := resentPerNAK(r[key].r)
+				if !ok {
 					return math.NaN()
 				}
 				// A packet partly in the bandwidth-delay product is in flight.
-				bdp := math.Ceil(float64(x.LinkBDP) / float64(roce.WirePacket(4096)))
-				return float64(x.Retransmissions) / float64(x.RNRNaks) / (bdp + msg)
+				return perNAK / (math.Ceil(bdpPackets(r[key].r)) + msg)
 			}})
 	}
 	inval := func(pol string) func(goalRound) float64 {
 		return func(r goalRound) float64 {
-			return ratio(result(r, "inval/"+pol).AvgMiBps, result(r, "noinval/"+pol).AvgMiBps)
+			return ratio(r["inval/"+pol].r.AvgMiBps, r["noinval/"+pol].r.AvgMiBps)
 		}
 	}
 	invalWhat := fmt.Sprintf("warm ODP WRITE %s, BW with %d invalidations/s / without", sizeName(goalInvalidateSize), goalInvalidateRate)
@@ -263,11 +261,10 @@ func goalList(c goalConfig) []goal {
 		goal{what: invalWhat + ", responder RNR NAKs", report: true, value: inval("rnr")},
 		goal{what: fmt.Sprintf("warm ODP WRITE %s with %d invalidations/s, responder RNR NAKs: packets resent per NAK", sizeName(goalInvalidateSize), goalInvalidateRate),
 			report: true, value: func(r goalRound) float64 {
-				x := result(r, "inval/rnr")
-				if x.RNRNaks == 0 {
-					return math.NaN()
+				if perNAK, ok := resentPerNAK(r["inval/rnr"].r); ok {
+					return perNAK
 				}
-				return float64(x.Retransmissions) / float64(x.RNRNaks)
+				return math.NaN()
 			}})
 	return goals
 }
@@ -342,11 +339,11 @@ func printGoals(w io.Writer, lines []goalLine) {
 			}
 			bound = fmt.Sprintf("%s %s", op, figure(l.target))
 		}
-		if l.rounds == 0 {
-			fmt.Fprintf(w, " %-86s %10s  %-21s %-11s %s\n", l.what, "-", "-", bound, l.met())
-			continue
+		med, q := "-", "-" // no round gave a figure
+		if l.rounds > 0 {
+			med, q = figure(l.med), figure(l.q1)+".."+figure(l.q3)
 		}
-		fmt.Fprintf(w, " %-86s %10s  %-21s %-11s %s\n", l.what, figure(l.med), figure(l.q1)+".."+figure(l.q3), bound, l.met())
+		fmt.Fprintf(w, " %-86s %10s  %-21s %-11s %s\n", l.what, med, q, bound, l.met())
 	}
 }
 

@@ -339,13 +339,10 @@ func bw(test string, args []string, stdout, stderr io.Writer) error {
 			fmt.Fprintln(stdout)
 		}
 		if *odpFlag || r.RNRNaks > 0 {
-			perNAK := 0.0
-			if r.RNRNaks > 0 {
-				perNAK = float64(r.Retransmissions) / float64(r.RNRNaks)
-			}
+			perNAK, _ := resentPerNAK(r) // 0 without an RNR NAK
 			fmt.Fprintf(stdout, "# %d network page faults (%d pages), %d RNR NAKs, %d retransmissions (%.1f packets per RNR NAK, at most %d behind one; link BDP %s, %.1f packets; most in flight %s; %d taken back as never sent), %d pages prefetched\n",
 				r.PageFaults, r.PagesFaulted, r.RNRNaks, r.Retransmissions, perNAK, r.MaxGoBack, perf.HumanBytes(r.LinkBDP),
-				float64(r.LinkBDP)/float64(roce.WirePacket(4096)), perf.HumanBytes(r.LinkMaxInFlight), r.TakenBack, r.PagesPrefetched)
+				bdpPackets(r), perf.HumanBytes(r.LinkMaxInFlight), r.TakenBack, r.PagesPrefetched)
 		}
 		if budget > 0 {
 			fmt.Fprintf(stdout, "# budget %s: max resident %s of %s registered, %d evictions, %d restores\n",
@@ -484,6 +481,19 @@ func (rs rounds) quartiles(f func(round) float64) (q1, med, q3 float64) {
 func lineRate(gbps float64, size int) float64 {
 	return roce.WriteGoodput(gbps*1e9, size, 4096) / (1 << 20)
 }
+
+// resentPerNAK is how many packets the client sent again per RNR NAK it took, and
+// whether it took any (0, false if not).
+func resentPerNAK(r perf.Result) (float64, bool) {
+	if r.RNRNaks == 0 {
+		return 0, false
+	}
+	return float64(r.Retransmissions) / float64(r.RNRNaks), true
+}
+
+// bdpPackets is the client's link's bandwidth-delay product in packets of the
+// default MTU on the wire.
+func bdpPackets(r perf.Result) float64 { return float64(r.LinkBDP) / float64(roce.WirePacket(4096)) }
 
 // printRounds prints the row of a size: the medians of the rounds' figures and
 // ratios, and with several rounds their quartiles on a comment line.
