@@ -4,6 +4,7 @@ import (
 	"fmt"
 	"io"
 	"math"
+	"os"
 	"runtime"
 	"slices"
 	"strconv"
@@ -362,6 +363,7 @@ func goalsCmd(args []string, stdout, stderr io.Writer) error {
 	depth := fs.IntP("tx-depth", "t", 128, "work requests in flight")
 	quiet := fs.BoolP("quiet", "q", false, "no progress output")
 	csvPath := fs.String("csv", "", "also write every run's figures, round by round, to this CSV file")
+	procs := fs.Int("procs", 0, "Ps (GOMAXPROCS) the runs take; default, unless GOMAXPROCS is set: 1 (the engines and the application take turns, fastest on one P)")
 	nic := cmdflag.AddNIC(fs)
 	if err := fs.Parse(args); err != nil {
 		return err
@@ -369,9 +371,10 @@ func goalsCmd(args []string, stdout, stderr io.Writer) error {
 	if fs.NArg() > 0 {
 		return fmt.Errorf("unexpected argument %q", fs.Arg(0))
 	}
-	if *rounds < 1 || *depth < 1 || !(*scale > 0) {
-		return fmt.Errorf("--rounds, --tx-depth and --scale must be positive")
+	if *rounds < 1 || *depth < 1 || !(*scale > 0) || *procs < 0 {
+		return fmt.Errorf("--rounds, --tx-depth and --scale must be positive, --procs not negative")
 	}
+	defer setProcs(runProcs(*procs, "", false, false, os.Getenv("GOMAXPROCS") != "", runtime.NumCPU()))()
 	profile, err := nic.Profile()
 	if err != nil {
 		return err
@@ -388,8 +391,8 @@ func goalsCmd(args []string, stdout, stderr io.Writer) error {
 	if err != nil {
 		return err
 	}
-	fmt.Fprintf(stdout, "# odp-perf goals: %d round(s) of %d runs in one process (%s); a goal's figure comes from one round's runs, its median and quartiles from the rounds\n",
-		*rounds, len(runs), time.Since(start).Round(time.Second))
+	fmt.Fprintf(stdout, "# odp-perf goals: %d round(s) of %d runs in one process at GOMAXPROCS %d (%s); a goal's figure comes from one round's runs, its median and quartiles from the rounds\n",
+		*rounds, len(runs), runtime.GOMAXPROCS(0), time.Since(start).Round(time.Second))
 	fmt.Fprintf(stdout, "# profile %s: %s; the operations, memcpy and warm ODP goals with the link's rate unlimited\n", profile, profile.Describe())
 	printGoals(stdout, evalGoals(goals, results))
 	if *csvPath != "" {

@@ -56,6 +56,47 @@ func serverProcs(test string, cpus int) int {
 	return max(1, cpus-1)
 }
 
+// inProcessProcs is how many Ps a measurement in one process runs with unless
+// --procs or GOMAXPROCS says. The two emulated NICs' engines and the application
+// take turns (the odp package's doc): their work is one chain, and on this project's
+// 2-CPU machines a second P made it slower at every size, not faster: a goroutine
+// that another wakes goes to the waker's P, the idle P's thread is woken (a futex)
+// to look for it and sleeps again, and goroutines that do move take their cache
+// lines to the other core. odp-perf goals with one P and with two, two pairs one
+// after the other (medians of 5 rounds): 64 B WRITEs 3.39 and 3.45 Mpps against 2.27
+// and 2.90, SEND / WRITE at 4 KiB 0.83 and 0.88 against 0.77 and 0.66, a 1 MiB WRITE
+// over the 100 Gb/s link 0.97 of the line against 0.86; 1 MiB WRITE / memcpy 0.84
+// against 0.63 in one pair, 0.73 against 0.74 in the other.
+const inProcessProcs = 1
+
+// runProcs returns how many Ps a run of test runs with, or 0 to leave the runtime's
+// as they are: --procs when given (flag > 0); else, when GOMAXPROCS is not set in
+// the environment, inProcessProcs in one process and serverProcs for a server. A
+// client of two processes keeps every CPU, as odpemu's libibverbs.so.1 gives a
+// program that posts: its application posts and polls while the engine and the
+// socket need a P (verbs/emu).
+func runProcs(flag int, test string, server, client, envSet bool, cpus int) int {
+	switch {
+	case flag > 0:
+		return flag
+	case envSet, client:
+		return 0
+	case server:
+		return serverProcs(test, cpus)
+	}
+	return inProcessProcs
+}
+
+// setProcs sets the runtime's Ps to n for a run, unless n is 0, and returns what
+// gives them back.
+func setProcs(n int) (restore func()) {
+	if n <= 0 {
+		return func() {}
+	}
+	was := runtime.GOMAXPROCS(n)
+	return func() { runtime.GOMAXPROCS(was) }
+}
+
 const usage = `usage:
   odp-perf write_bw|read_bw|send_bw|atomic_bw [flags]
                                       one perftest-style measurement
@@ -169,7 +210,8 @@ func bw(test string, args []string, stdout, stderr io.Writer) error {
 	prefetch := fs.String("prefetch", "", "advise each side's whole region before traffic: sync or async (needs --odp)")
 	rnrRetry := fs.Int("rnr-retry", -1, "the client QP's rnr_retry, 0..7 (7: infinite; default 7)")
 	minRNR := fs.Int("min-rnr-timer", -1, "the server QP's min_rnr_timer, IBTA encoding 0..31 (default 12: 0.64 ms)")
-	server := fs.String("server", "", "run as the server of a two-process test: accept the client on this TCP address (host:port, e.g. :18515); unless GOMAXPROCS is set, a server of a test other than send_bw, which only answers, runs with one P fewer than the CPUs, as odpemu's libibverbs.so.1 runs perftest's")
+	server := fs.String("server", "", "run as the server of a two-process test: accept the client on this TCP address (host:port, e.g. :18515); unless --procs or GOMAXPROCS is set, a server of a test other than send_bw, which only answers, runs with one P fewer than the CPUs, as odpemu's libibverbs.so.1 runs perftest's")
+	procs := fs.Int("procs", 0, "Ps (GOMAXPROCS) the run takes; default, unless GOMAXPROCS is set: 1 in one process (the engines and the application take turns, fastest on one P), --server's rule for a server, every CPU for a client")
 	connect := fs.String("connect", "", "run as the client of a two-process test: connect to the server at this TCP address")
 	bind := fs.String("bind", "", "local IP address of this side's RoCEv2 endpoint (server default 127.0.0.1; client default the address its route to the server leaves from, 127.0.0.2 on loopback)")
 	rocePort := fs.Uint16("roce-port", roce.UDPPort, "UDP port of this side's RoCEv2 endpoint (0: the kernel picks one); packets go to the peer's")
@@ -213,8 +255,8 @@ func bw(test string, args []string, stdout, stderr io.Writer) error {
 	if fs.NArg() > 0 {
 		return fmt.Errorf("unexpected argument %q", fs.Arg(0))
 	}
-	if *iters < 1 || *depth < 1 || *cqMod < 1 || msg < 1 || *fa < 0 || *reps < 1 {
-		return fmt.Errorf("--iters, --tx-depth, --cq-mod, --reps and --size must be positive")
+	if *iters < 1 || *depth < 1 || *cqMod < 1 || msg < 1 || *fa < 0 || *reps < 1 || *procs < 0 {
+		return fmt.Errorf("--iters, --tx-depth, --cq-mod, --reps and --size must be positive, --procs not negative")
 	}
 	if (*reps > 1 || *minMemcpy != 0) && (*server != "" || *connect != "") {
 		return fmt.Errorf("--reps and --min-memcpy-ratio are for runs in one process")
@@ -253,22 +295,20 @@ func bw(test string, args []string, stdout, stderr io.Writer) error {
 			return err
 		}
 		defer func() { _ = ln.Close() }() // served: nothing is left to accept
-		if os.Getenv("GOMAXPROCS") == "" {
-			// Restored when the server ends: run serves tests in this process too.
-			defer runtime.GOMAXPROCS(runtime.GOMAXPROCS(serverProcs(test, runtime.NumCPU())))
-		}
 	}
+	// Restored when the run ends: run serves tests in this process too.
+	defer setProcs(runProcs(*procs, test, ln != nil, *connect != "", os.Getenv("GOMAXPROCS") != "", runtime.NumCPU()))()
 	if !*asJSON {
 		mode := "pinned"
 		if *odpFlag {
 			mode = "ODP"
 		}
-		where := "two emulated NICs over an in-process wire"
+		where := fmt.Sprintf("two emulated NICs over an in-process wire, GOMAXPROCS %d", runtime.GOMAXPROCS(0))
 		switch {
 		case ln != nil:
 			where = fmt.Sprintf("server waiting on %v (RoCEv2/UDP), GOMAXPROCS %d", ln.Addr(), runtime.GOMAXPROCS(0))
 		case *connect != "":
-			where = fmt.Sprintf("client of %s (RoCEv2/UDP)", *connect)
+			where = fmt.Sprintf("client of %s (RoCEv2/UDP), GOMAXPROCS %d", *connect, runtime.GOMAXPROCS(0))
 		}
 		if *loss > 0 {
 			where += fmt.Sprintf(", dropping %.3g%% of the packets it sends", 100**loss)

@@ -226,6 +226,48 @@ func TestServerProcs(t *testing.T) {
 	assert.Equal(t, before, runtime.GOMAXPROCS(0), "the server gave its Ps back")
 }
 
+// A run's Ps: --procs decides; else GOMAXPROCS in the environment leaves them; else
+// one in one process, the server's rule for a server, and a client keeps them all.
+func TestRunProcs(t *testing.T) {
+	assert.Equal(t, 3, runProcs(3, perf.WriteBW, false, false, true, 2), "--procs over the environment")
+	assert.Equal(t, 2, runProcs(2, perf.ReadBW, true, false, false, 2), "--procs over the server's rule")
+	assert.Equal(t, 0, runProcs(0, perf.WriteBW, false, false, true, 2), "the environment decides")
+	assert.Equal(t, 0, runProcs(0, perf.ReadBW, true, false, true, 4), "the environment decides a server's too")
+	assert.Equal(t, inProcessProcs, runProcs(0, perf.ReadBW, false, false, false, 8))
+	assert.Equal(t, 1, inProcessProcs)
+	assert.Equal(t, 3, runProcs(0, perf.ReadBW, true, false, false, 4), "a server that only answers")
+	assert.Equal(t, 4, runProcs(0, perf.SendBW, true, false, false, 4), "send_bw's server posts and polls")
+	assert.Equal(t, 0, runProcs(0, perf.WriteBW, false, true, false, 4), "a client keeps every CPU")
+}
+
+// A run in one process takes the Ps it says in its header, and the process has its
+// own back when it ends; a goals run likewise.
+func TestInProcessProcs(t *testing.T) {
+	before := runtime.GOMAXPROCS(0)
+	want := inProcessProcs
+	if os.Getenv("GOMAXPROCS") != "" {
+		want = before // the environment decides
+	}
+	args := []string{"write_bw", "-s", "4K", "-n", "200", "--link-rate", "0"}
+	out, _, err := runArgs(args...)
+	require.NoError(t, err)
+	assert.Contains(t, out, fmt.Sprintf("two emulated NICs over an in-process wire, GOMAXPROCS %d\n", want))
+	assert.Equal(t, before, runtime.GOMAXPROCS(0), "the run gave the Ps back")
+
+	out, _, err = runArgs(append(args, "--procs", "3")...)
+	require.NoError(t, err)
+	assert.Contains(t, out, "two emulated NICs over an in-process wire, GOMAXPROCS 3\n")
+	assert.Equal(t, before, runtime.GOMAXPROCS(0), "the run gave the Ps back")
+
+	out, _, err = runArgs("goals", "--quiet", "--rounds", "1", "--scale", "0.001", "--tx-depth", "4", "--procs", "2")
+	require.NoError(t, err)
+	assert.Contains(t, out, " runs in one process at GOMAXPROCS 2 (")
+	assert.Equal(t, before, runtime.GOMAXPROCS(0), "the goals gave the Ps back")
+
+	_, _, err = runArgs(append(args, "--procs", "-1")...)
+	assert.ErrorContains(t, err, "--procs not negative")
+}
+
 // The comparison runs small messages long enough that its first milliseconds do not
 // decide the figure, and large ones as perftest does; --iters decides when given.
 func TestPerftestIters(t *testing.T) {
