@@ -24,8 +24,8 @@ package odp
 // the wait is over (hold).
 //
 // Where a packet's time goes, between two QPs in one process (CPU profiles of
-// odp-perf write_bw/read_bw --link-rate 0 --cpuprofile on a 2-core VM; a side's
-// share is that of the functions only it runs):
+// odp-perf write_bw/read_bw --link-rate 0 --cpuprofile on a 2-core VM, with two Ps
+// unless said; a side's share is that of the functions only it runs):
 //   - 1 MiB WRITE (0.56-0.65 of the memcpy floor, odp-perf goals): the
 //     responder's engine copies 0.85-0.92 of the time (dmaCopy, one memmove per
 //     run of up to 256 KiB; timed around each copy in a build that counted it),
@@ -94,6 +94,33 @@ package odp
 //     application's poll of an empty CQ takes none. It reaches 0.92-0.96 of
 //     WRITE's message rate at 64 B and 0.70-0.87 at 4 KiB, by run; a quarter of a
 //     SEND's samples were in QP.mu and the CQ's lock before.
+//   - One P or two: the engines and the application take turns, so what they do
+//     is one chain, and on a 2-CPU VM it ran faster on one P than on two at every
+//     size up to 64 KiB, and at 1 MiB faster or as fast (odp-perf's runs in one
+//     process take one, --procs). With two, a
+//     goroutine that another wakes goes to the waker's P, and the runtime wakes the
+//     idle P's thread (a futex) to look for work that it may not steal for
+//     microseconds; it sleeps again. A sixth of a 64 B READ's samples at two Ps
+//     were those wake-ups (runtime.wakep, futex), against a few percent of a
+//     WRITE's; what does move takes its cache lines to the other core. odp-perf
+//     goals with one P and with two, one after the other, two pairs (medians of
+//     5 rounds): 64 B WRITEs 3.39 and 3.45 Mpps against 2.27 and 2.90; 4 KiB
+//     10.5 GiB/s against 7.8 and 8.7; 64 KiB WRITE / memcpy 0.66-0.68 against
+//     0.52-0.55; READ / WRITE 0.58-0.60 at 64 B, 0.67-0.70 at 4 KiB, 0.91-0.92
+//     at 64 KiB (0.55-0.57, 0.54-0.60, 0.77-0.80); SEND / WRITE at 4 KiB
+//     0.83-0.88 (0.66-0.77); the 1 MiB WRITE over the 100 Gb/s link 0.97 of the
+//     line (0.86). That last is the receiver: in a build that timed the link's
+//     idle spells, runs of 3,000 1 MiB WRITEs at two Ps left the line idle for
+//     87-148 ms of their 340-410, and in the two that told the causes apart all
+//     but 3-5 ms of it with the sender held back by the receiver's buffer, full
+//     because the responder's copies (11-15 GB/s, above) had fallen behind the
+//     line's 12.5 for a while.
+//     READ / WRITE stays under 0.8 at 64 B and 4 KiB with one P as well: each
+//     READ's work on both engines lies on its chain (above), 480 ns of CPU per
+//     64 B READ against 290 per WRITE at one P. One P costs what a core does: a
+//     Go program with several QP pairs, or whose goroutines fault on ODP memory
+//     (a goroutine in a CPU fault holds its P until the fault is resolved), gives
+//     the runtime more.
 
 import (
 	"errors"
