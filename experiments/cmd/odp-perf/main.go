@@ -58,15 +58,15 @@ func serverProcs(test string, cpus int) int {
 
 // inProcessProcs is how many Ps a measurement in one process runs with unless
 // --procs or GOMAXPROCS says. The two emulated NICs' engines and the application
-// take turns (the odp package's doc): their work is one chain, and on this project's
-// 2-CPU machines a second P made it slower at every size, not faster: a goroutine
-// that another wakes goes to the waker's P, the idle P's thread is woken (a futex)
-// to look for it and sleeps again, and goroutines that do move take their cache
-// lines to the other core. odp-perf goals with one P and with two, two pairs one
-// after the other (medians of 5 rounds): 64 B WRITEs 3.39 and 3.45 Mpps against 2.27
-// and 2.90, SEND / WRITE at 4 KiB 0.83 and 0.88 against 0.77 and 0.66, a 1 MiB WRITE
-// over the 100 Gb/s link 0.97 of the line against 0.86; 1 MiB WRITE / memcpy 0.84
-// against 0.63 in one pair, 0.73 against 0.74 in the other.
+// take turns (the odp package's doc): their work is one chain, and on this
+// project's 2-CPU machines a second P made it slower up to 64 KiB and no faster at
+// 1 MiB: a goroutine that another wakes goes to the waker's P, the idle P's thread
+// is woken (a futex) to look for it and sleeps again, and goroutines that do move
+// take their cache lines to the other core. odp-perf goals with one P and with two,
+// two pairs one after the other (medians of 5 rounds): 64 B WRITEs 3.39 and 3.45
+// Mpps against 2.27 and 2.90, SEND / WRITE at 4 KiB 0.83 and 0.88 against 0.77 and
+// 0.66, a 1 MiB WRITE over the 100 Gb/s link 0.97 of the line against 0.86; 1 MiB
+// WRITE / memcpy 0.84 against 0.63 in one pair, 0.73 against 0.74 in the other.
 const inProcessProcs = 1
 
 // runProcs returns how many Ps a run of test runs with, or 0 to leave the runtime's
