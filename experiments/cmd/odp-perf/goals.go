@@ -4,7 +4,6 @@ import (
 	"fmt"
 	"io"
 	"math"
-	"os"
 	"runtime"
 	"slices"
 	"strconv"
@@ -243,12 +242,13 @@ func goalList(c goalConfig) []goal {
 		key, msg := runKey("cold", "odp", s), float64(roce.Packets(s, 4096))
 		goals = append(goals, goal{what: fmt.Sprintf("cold ODP WRITE %s, packets resent per RNR NAK / (BDP in packets + a message)", sizeName(s)),
 			target: 1, atMost: true, value: func(r goalRound) float64 {
-				perNAK, ok := resentPerNAK(r[key].r)
+				x := r[key].r
+				perNAK, ok := resentPerNAK(x)
 				if !ok {
 					return math.NaN()
 				}
 				// A packet partly in the bandwidth-delay product is in flight.
-				return perNAK / (math.Ceil(bdpPackets(r[key].r)) + msg)
+				return perNAK / (math.Ceil(bdpPackets(x)) + msg)
 			}})
 	}
 	inval := func(pol string) func(goalRound) float64 {
@@ -374,7 +374,7 @@ func goalsCmd(args []string, stdout, stderr io.Writer) error {
 	if *rounds < 1 || *depth < 1 || !(*scale > 0) || *procs < 0 {
 		return fmt.Errorf("--rounds, --tx-depth and --scale must be positive, --procs not negative")
 	}
-	defer setProcs(runProcs(*procs, "", false, false, os.Getenv("GOMAXPROCS") != "", runtime.NumCPU()))()
+	defer setProcs(*procs, "", false, false)()
 	profile, err := nic.Profile()
 	if err != nil {
 		return err

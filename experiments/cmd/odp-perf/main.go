@@ -87,9 +87,10 @@ func runProcs(flag int, test string, server, client, envSet bool, cpus int) int 
 	return inProcessProcs
 }
 
-// setProcs sets the runtime's Ps to n for a run, unless n is 0, and returns what
-// gives them back.
-func setProcs(n int) (restore func()) {
+// setProcs sets the runtime's Ps for a run as runProcs decides, from --procs (flag),
+// the environment and the CPUs, and returns what gives them back.
+func setProcs(flag int, test string, server, client bool) (restore func()) {
+	n := runProcs(flag, test, server, client, os.Getenv("GOMAXPROCS") != "", runtime.NumCPU())
 	if n <= 0 {
 		return func() {}
 	}
@@ -297,19 +298,20 @@ func bw(test string, args []string, stdout, stderr io.Writer) error {
 		defer func() { _ = ln.Close() }() // served: nothing is left to accept
 	}
 	// Restored when the run ends: run serves tests in this process too.
-	defer setProcs(runProcs(*procs, test, ln != nil, *connect != "", os.Getenv("GOMAXPROCS") != "", runtime.NumCPU()))()
+	defer setProcs(*procs, test, ln != nil, *connect != "")()
 	if !*asJSON {
 		mode := "pinned"
 		if *odpFlag {
 			mode = "ODP"
 		}
-		where := fmt.Sprintf("two emulated NICs over an in-process wire, GOMAXPROCS %d", runtime.GOMAXPROCS(0))
+		where := "two emulated NICs over an in-process wire"
 		switch {
 		case ln != nil:
-			where = fmt.Sprintf("server waiting on %v (RoCEv2/UDP), GOMAXPROCS %d", ln.Addr(), runtime.GOMAXPROCS(0))
+			where = fmt.Sprintf("server waiting on %v (RoCEv2/UDP)", ln.Addr())
 		case *connect != "":
-			where = fmt.Sprintf("client of %s (RoCEv2/UDP), GOMAXPROCS %d", *connect, runtime.GOMAXPROCS(0))
+			where = fmt.Sprintf("client of %s (RoCEv2/UDP)", *connect)
 		}
+		where += fmt.Sprintf(", GOMAXPROCS %d", runtime.GOMAXPROCS(0))
 		if *loss > 0 {
 			where += fmt.Sprintf(", dropping %.3g%% of the packets it sends", 100**loss)
 		}
