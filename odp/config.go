@@ -74,8 +74,13 @@ type Config struct {
 	// ImplicitChild is the size of an implicit ODP MR's children (see Profile): 0
 	// is DefaultImplicitChild.
 	ImplicitChild int64
-	// A Profile sets FaultModel, Link, ResponderFaults, RegModel, PrefetchLimit and
-	// ImplicitChild together (Profile.Apply).
+	// RdAtomic is how many READs and atomics a QP may have outstanding as a
+	// requester and keep as a responder (the device's max_qp_init_rd_atom and
+	// max_qp_rd_atom), 1..MaxRdAtomicLimit, and what a new QP takes (QPAttr's
+	// MaxRdAtomic and MaxDestRdAtomic): 0 is DefaultRdAtomic, mlx5's 16.
+	RdAtomic int
+	// A Profile sets FaultModel, Link, ResponderFaults, RegModel, PrefetchLimit,
+	// ImplicitChild and RdAtomic together (Profile.Apply).
 }
 
 // requirements lists what the running kernel must offer for cfg: userfaultfd with the

@@ -274,7 +274,7 @@ func (d *Device) QueryDevice() DeviceAttr {
 	return DeviceAttr{
 		Name: d.cfg.Name, PageSize: PageSize, MaxMRSize: maxMRSize, MaxMsgSize: maxMsg, MaxQPWR: maxQPWR,
 		MaxSGE: maxSGE, MaxInlineData: maxInline, MaxCQE: maxCQE, AtomicCap: AtomicGlob,
-		MaxQPRdAtom: MaxRdAtomicLimit, MaxQPInitRdAtom: MaxRdAtomicLimit, MaxSRQWR: maxQPWR, MaxSRQSGE: maxSGE,
+		MaxQPRdAtom: d.cfg.RdAtomic, MaxQPInitRdAtom: d.cfg.RdAtomic, MaxSRQWR: maxQPWR, MaxSRQSGE: maxSGE,
 		ODP:             d.odpCaps(),
 		ResponderFaults: d.cfg.ResponderFaults,
 	}

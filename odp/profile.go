@@ -39,6 +39,9 @@ type Profile struct {
 	// child creates it, at the cost of a registration (RegModel.Reg). 0 is
 	// DefaultImplicitChild (mlx5's 1 GiB).
 	ImplicitChild int64
+	// RdAtomic is the READs and atomics a QP may have outstanding and keep
+	// (Config.RdAtomic): 0 is DefaultRdAtomic (mlx5's 16).
+	RdAtomic int
 }
 
 // RegModel is what the NIC's firmware adds to registering and deregistering memory:
@@ -111,10 +114,10 @@ var (
 	// fault before it answers, in its own work queue, and never RNR NAKs for it
 	// (rxe_odp.c); each packet faults its own pages (no prefetch); no firmware.
 	ProfileRXE = Profile{Name: "rxe", Fault: FaultModel{Name: "rxe"}, ResponderFaults: FaultStall, PrefetchLimit: -1,
-		ImplicitChild: 2 << 20,
+		ImplicitChild: 2 << 20, RdAtomic: MaxRdAtomicLimit,
 		Source: "rxe_odp.c (Linux 6.15): faults resolved synchronously by the responder, no RNR NAK, per packet; " +
 			"its fault cost is the kernel's (the emulator's own here); no firmware; implicit children of 2 MiB as the 2026 RFC has them " +
-			"(rxe itself refuses implicit ODP); odp's default link, not rxe's CPU-bound rate"}
+			"(rxe itself refuses implicit ODP); 128 READs and atomics outstanding (rxe_param.h); odp's default link, not rxe's CPU-bound rate"}
 )
 
 // Profiles returns the presets, the default (ProfileEmulator) first.
@@ -139,11 +142,12 @@ func LookupProfile(name string) (Profile, error) {
 }
 
 // Apply returns c with the profile's fault model, link, responder fault policy,
-// registration model, prefetch limit and implicit child size; the rest of c is
-// kept.
+// registration model, prefetch limit, implicit child size and READs outstanding;
+// the rest of c is kept.
 func (p Profile) Apply(c Config) Config {
 	c.FaultModel, c.Link, c.ResponderFaults = p.Fault, p.Link, p.ResponderFaults
 	c.RegModel, c.PrefetchLimit, c.ImplicitChild = p.Reg, p.PrefetchLimit, p.ImplicitChild
+	c.RdAtomic = p.RdAtomic
 	return c
 }
 
@@ -157,7 +161,7 @@ func (p Profile) String() string {
 
 // Describe says what the profile sets, one clause each: "fault connectx4 (219.873µs
 // per fault + 127ns per page), link ..., responder faults rnr, mkeys reg 50µs, dereg
-// 40µs, prefetch 4 MiB, implicit children 1 GiB".
+// 40µs, prefetch 4 MiB, implicit children 1 GiB, READs outstanding 16".
 func (p Profile) Describe() string {
 	c := p.Apply(Config{}).normalized()
 	prefetch := "none past the faulting packets"
@@ -168,8 +172,8 @@ func (p Profile) Describe() string {
 	if p.Fault.PerFault == 0 && p.Fault.PerPage == 0 {
 		fault = "the emulator's own cost"
 	}
-	return fmt.Sprintf("fault %v (%s), link %v, responder faults %v, mkeys %v, prefetch %s, implicit children %s",
-		p.Fault, fault, p.Link, p.ResponderFaults, p.Reg, prefetch, bytesize.Format(c.ImplicitChild))
+	return fmt.Sprintf("fault %v (%s), link %v, responder faults %v, mkeys %v, prefetch %s, implicit children %s, READs outstanding %d",
+		p.Fault, fault, p.Link, p.ResponderFaults, p.Reg, prefetch, bytesize.Format(c.ImplicitChild), c.RdAtomic)
 }
 
 // checkProfile checks the profile's settings in c.
@@ -180,11 +184,15 @@ func (c Config) checkProfile() error {
 	if k := c.ImplicitChild; k != 0 && (k < int64(pagefault.PageSize) || k&(k-1) != 0 || k > maxMRSize) {
 		return wrap(ErrInvalidArgument, "ImplicitChild %d: want a power of two from a page to %d", k, int64(maxMRSize))
 	}
+	if c.RdAtomic < 0 || c.RdAtomic > MaxRdAtomicLimit {
+		return wrap(ErrInvalidArgument, "RdAtomic %d: want 1..%d (0: %d)", c.RdAtomic, MaxRdAtomicLimit, DefaultRdAtomic)
+	}
 	return nil
 }
 
 // normalized returns c with the profile settings' defaults resolved: PrefetchLimit
-// (0: DefaultPrefetchLimit, negative: 0) and ImplicitChild (0: DefaultImplicitChild).
+// (0: DefaultPrefetchLimit, negative: 0), ImplicitChild (0: DefaultImplicitChild)
+// and RdAtomic (0: DefaultRdAtomic).
 func (c Config) normalized() Config {
 	switch {
 	case c.PrefetchLimit == 0:
@@ -194,6 +202,9 @@ func (c Config) normalized() Config {
 	}
 	if c.ImplicitChild == 0 {
 		c.ImplicitChild = DefaultImplicitChild
+	}
+	if c.RdAtomic == 0 {
+		c.RdAtomic = DefaultRdAtomic
 	}
 	return c
 }

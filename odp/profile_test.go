@@ -30,6 +30,7 @@ func TestProfilePresets(t *testing.T) {
 		assert.Equal(t, p.Link, c.Link)
 		assert.Equal(t, p.ResponderFaults, c.ResponderFaults)
 		assert.Equal(t, p.Reg, c.RegModel)
+		assert.Equal(t, p.RdAtomic, c.RdAtomic)
 		require.NoError(t, c.checkProfile(), p.Name)
 	}
 	def, err := LookupProfile("")
@@ -49,13 +50,16 @@ func TestProfilePresets(t *testing.T) {
 	n := ProfileConnectX4.Apply(Config{}).normalized()
 	assert.EqualValues(t, 4<<20, n.PrefetchLimit, "mlx5's MAX_PREFETCH_LEN")
 	assert.EqualValues(t, 1<<30, n.ImplicitChild, "mlx5's implicit children")
+	assert.Equal(t, 16, n.RdAtomic, "mlx5's max_qp_rd_atom")
+	assert.Equal(t, 128, ProfileRXE.Apply(Config{}).normalized().RdAtomic, "rxe's RXE_MAX_QP_RD_ATOM")
+	assert.Contains(t, ProfileRXE.Describe(), "READs outstanding 128")
 	assert.Zero(t, ProfileRXE.Apply(Config{}).normalized().PrefetchLimit, "rxe faults per packet")
 	assert.True(t, strings.HasPrefix(ProfileConnectX4.Describe(), "fault connectx4"), ProfileConnectX4.Describe())
 }
 
 func TestProfileRefusesNonsense(t *testing.T) {
 	for _, c := range []Config{{RegModel: RegModel{Reg: -1}}, {RegModel: RegModel{Dereg: 2 * time.Second}},
-		{ImplicitChild: 3 << 20}, {ImplicitChild: 512}, {ImplicitChild: 1 << 50}} {
+		{ImplicitChild: 3 << 20}, {ImplicitChild: 512}, {ImplicitChild: 1 << 50}, {RdAtomic: -1}, {RdAtomic: 129}} {
 		_, err := Open(c)
 		assert.True(t, errors.Is(err, ErrInvalidArgument), "%+v: %v", c, err)
 	}

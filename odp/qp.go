@@ -68,7 +68,7 @@ func (pd *PD) CreateQP(cfg QPConfig) (*QP, error) {
 			return nil, wrap(ErrInvalidArgument, "destroyed CQ")
 		}
 	}
-	qp := &QP{pd: &pd.domain, dev: &d.nic, qpn: nextQPN(), cfg: cfg, attr: DefaultQPAttr, done: make(chan struct{}),
+	qp := &QP{pd: &pd.domain, dev: &d.nic, qpn: nextQPN(), cfg: cfg, attr: qpAttr(d.cfg.RdAtomic), done: make(chan struct{}),
 		psn: rand.Uint32() & (1<<24 - 1)}
 	if cfg.SRQ != nil {
 		if err := cfg.SRQ.attachLocked(); err != nil {
@@ -465,9 +465,9 @@ func (qp *QP) ModifyAttr(attr QPAttr, mask QPAttrMask) error {
 		return wrap(ErrInvalidArgument, "timer encodings are 0..31")
 	case mask&AttrRNRRetry != 0 && attr.RNRRetry > 7, mask&AttrRetryCnt != 0 && attr.RetryCnt > 7:
 		return wrap(ErrInvalidArgument, "retry counts are 0..7")
-	case mask&AttrMaxRdAtomic != 0 && attr.MaxRdAtomic > MaxRdAtomicLimit,
-		mask&AttrMaxDestRdAtomic != 0 && attr.MaxDestRdAtomic > MaxRdAtomicLimit:
-		return wrap(ErrInvalidArgument, "READs and atomics outstanding are 0..%d", MaxRdAtomicLimit)
+	case mask&AttrMaxRdAtomic != 0 && int(attr.MaxRdAtomic) > qp.dev.cfg.RdAtomic,
+		mask&AttrMaxDestRdAtomic != 0 && int(attr.MaxDestRdAtomic) > qp.dev.cfg.RdAtomic:
+		return wrap(ErrInvalidArgument, "READs and atomics outstanding are 0..%d", qp.dev.cfg.RdAtomic)
 	}
 	// The session's retry settings change after QP.mu is left (the lock order),
 	// under attrMu, so that concurrent changes reach it in the order they were made.

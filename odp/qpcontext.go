@@ -467,7 +467,7 @@ func (qp *QP) reset() error {
 	qp.udA.Store(nil)
 	qp.qkey.Store(0)
 	qp.setStateLocked(StateReset)
-	qp.attr = DefaultQPAttr
+	qp.attr = qpAttr(qp.dev.cfg.RdAtomic)
 	qp.access.Store(uint32(DefaultQPAttr.Access))
 	qp.attrGen.Add(1)
 	qp.rq.flushLocked(func(uint64) {})

@@ -103,20 +103,27 @@ type QPAttr struct {
 	// most (max_rd_atomic, the initiator depth); one more waits until one
 	// completes. As mlx5 and rxe program it, the depth is MaxRdAtomic rounded up to
 	// a power of two, and 0 counts as 1 (mlx5 writes its log2 into the QP context:
-	// 0 and 1 are both 2^0). At most MaxRdAtomicLimit.
+	// 0 and 1 are both 2^0). At most the device's Config.RdAtomic, which a new
+	// QP takes.
 	MaxRdAtomic uint8
 	// MaxDestRdAtomic is how many of the peer's latest READs and atomics the
 	// responder keeps to answer their duplicates (max_dest_rd_atomic, the responder
 	// resources), rounded up as MaxRdAtomic is; older ones are dropped, so a peer
 	// with more outstanding may find a retransmitted one gone. Taken when the QP's
-	// engine starts (RTR), as the verbs set it then; at most MaxRdAtomicLimit.
+	// engine starts (RTR), as the verbs set it then; at most the device's
+	// Config.RdAtomic, which a new QP takes.
 	MaxDestRdAtomic uint8
 }
 
-// MaxRdAtomicLimit is the most READs and atomics a QP may have outstanding as a
-// requester or keep as a responder (the device's max_qp_init_rd_atom and
-// max_qp_rd_atom, as on mlx5 ConnectX-4 to 6).
-const MaxRdAtomicLimit = 16
+// The READs and atomics a QP may have outstanding as a requester or keep as a
+// responder (the device's max_qp_init_rd_atom and max_qp_rd_atom, Config.RdAtomic).
+const (
+	// DefaultRdAtomic is mlx5's, ConnectX-4 to 6: 16.
+	DefaultRdAtomic = 16
+	// MaxRdAtomicLimit is the most a device may be given: rxe's, 128
+	// (RXE_MAX_QP_RD_ATOM and RXE_MAX_QP_INIT_RD_ATOM, rxe_param.h).
+	MaxRdAtomicLimit = 128
+)
 
 // rdAtomicDepth is the depth a max_rd_atomic or max_dest_rd_atomic setting gives, as
 // mlx5 and rxe round it: the next power of two, 0 counting as 1.
@@ -152,10 +159,20 @@ const (
 // shorter timeouts.
 //
 // A new QP accepts every remote operation its MRs allow; a verbs program restricts
-// that with qp_access_flags when it moves the QP to INIT.
+// that with qp_access_flags when it moves the QP to INIT. Its READs and atomics
+// outstanding are DefaultRdAtomic here, and its device's Config.RdAtomic on a device
+// with another (qpAttr).
 var DefaultQPAttr = QPAttr{MinRNRTimer: 12, RNRRetry: 7, Timeout: 18, RetryCnt: 7,
 	Access:      AccessRemoteWrite | AccessRemoteRead | AccessRemoteAtomic,
-	MaxRdAtomic: MaxRdAtomicLimit, MaxDestRdAtomic: MaxRdAtomicLimit}
+	MaxRdAtomic: DefaultRdAtomic, MaxDestRdAtomic: DefaultRdAtomic}
+
+// qpAttr is a new (or reset) QP's attributes on a device whose QPs have rdAtomic
+// READs and atomics outstanding at most: DefaultQPAttr with that depth.
+func qpAttr(rdAtomic int) QPAttr {
+	a := DefaultQPAttr
+	a.MaxRdAtomic, a.MaxDestRdAtomic = uint8(rdAtomic), uint8(rdAtomic)
+	return a
+}
 
 // RNRTimer decodes an RNR timer value (IBTA encoding, 0..31).
 func RNRTimer(enc uint8) time.Duration { return roce.RNRTimer(enc) }

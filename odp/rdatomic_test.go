@@ -82,7 +82,7 @@ func TestMaxRdAtomicBoundsOutstandingReads(t *testing.T) {
 		set        uint8
 		depth      int
 		useDefault bool
-	}{{set: 0, depth: 1}, {set: 1, depth: 1}, {set: 3, depth: 4}, {useDefault: true, depth: MaxRdAtomicLimit}} {
+	}{{set: 0, depth: 1}, {set: 1, depth: 1}, {set: 3, depth: 4}, {useDefault: true, depth: DefaultRdAtomic}} {
 		t.Run(fmt.Sprintf("max_rd_atomic=%d,default=%v", c.set, c.useDefault), func(t *testing.T) {
 			a, b := pair(t, Config{Link: LinkModel{Delay: delay}})
 			if !c.useDefault {
@@ -115,19 +115,35 @@ func TestMaxRdAtomicBoundsOutstandingReads(t *testing.T) {
 	}
 }
 
-// A depth beyond the device's (max_qp_init_rd_atom, max_qp_rd_atom) is refused.
+// A depth beyond the device's (max_qp_init_rd_atom, max_qp_rd_atom) is refused: 16
+// by default (mlx5's), Config.RdAtomic's on a device given another (128 in the rxe
+// profile, rxe's), which its new QPs take.
 func TestMaxRdAtomicLimit(t *testing.T) {
+	for _, c := range []struct {
+		cfg   Config
+		limit int
+	}{{Config{}, DefaultRdAtomic}, {ProfileRXE.Apply(Config{}), MaxRdAtomicLimit}, {Config{RdAtomic: 4}, 4}} {
+		t.Run(fmt.Sprint(c.limit), func(t *testing.T) {
+			n := newNode(t, c.cfg)
+			assert.Equal(t, c.limit, n.dev.QueryDevice().MaxQPInitRdAtom)
+			assert.Equal(t, c.limit, n.dev.QueryDevice().MaxQPRdAtom)
+			assert.EqualValues(t, c.limit, n.qp.Attr().MaxRdAtomic, "a new QP takes the device's depth")
+			assert.EqualValues(t, c.limit, n.qp.Attr().MaxDestRdAtomic)
+			if c.limit < 255 {
+				assert.ErrorIs(t, n.qp.ModifyAttr(QPAttr{MaxRdAtomic: uint8(c.limit + 1)}, AttrMaxRdAtomic), ErrInvalidArgument)
+				assert.ErrorIs(t, n.qp.ModifyAttr(QPAttr{MaxDestRdAtomic: uint8(c.limit + 1)}, AttrMaxDestRdAtomic),
+					ErrInvalidArgument)
+			}
+			require.NoError(t, n.qp.ModifyAttr(QPAttr{MaxRdAtomic: uint8(c.limit), MaxDestRdAtomic: uint8(c.limit)},
+				AttrMaxRdAtomic|AttrMaxDestRdAtomic))
+		})
+	}
 	n := newNode(t, Config{})
-	assert.Equal(t, MaxRdAtomicLimit, n.dev.QueryDevice().MaxQPInitRdAtom)
-	assert.Equal(t, MaxRdAtomicLimit, n.dev.QueryDevice().MaxQPRdAtom)
-	assert.ErrorIs(t, n.qp.ModifyAttr(QPAttr{MaxRdAtomic: MaxRdAtomicLimit + 1}, AttrMaxRdAtomic), ErrInvalidArgument)
-	assert.ErrorIs(t, n.qp.ModifyAttr(QPAttr{MaxDestRdAtomic: MaxRdAtomicLimit + 1}, AttrMaxDestRdAtomic),
-		ErrInvalidArgument)
 	require.NoError(t, n.qp.ModifyAttr(QPAttr{MaxRdAtomic: 2, MaxDestRdAtomic: 5}, AttrMaxRdAtomic|AttrMaxDestRdAtomic))
 	got := n.qp.Attr()
 	assert.EqualValues(t, 2, got.MaxRdAtomic)
 	assert.EqualValues(t, 5, got.MaxDestRdAtomic)
-	for set, depth := range map[uint8]int{0: 1, 1: 1, 2: 2, 3: 4, 5: 8, 9: 16, 16: 16} {
+	for set, depth := range map[uint8]int{0: 1, 1: 1, 2: 2, 3: 4, 5: 8, 9: 16, 16: 16, 100: 128, 128: 128} {
 		assert.Equal(t, depth, rdAtomicDepth(set), "max_rd_atomic %d", set)
 	}
 }

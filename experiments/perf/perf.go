@@ -63,6 +63,10 @@ type Params struct {
 	// Timeout is the QPs' local ACK timeout in the IBTA encoding (nil: the QP's
 	// default).
 	Timeout *uint8
+	// Outs is how many READs and atomics the client has outstanding at most (its
+	// max_rd_atomic) and the server keeps (its max_dest_rd_atomic), as perftest's
+	// --outs; 0 is the device's most (odp.Config.RdAtomic), as perftest's default.
+	Outs int
 	// HotFloor makes the wire comparison's UDP stream send every packet from one
 	// buffer and receive into one, instead of moving the WRITEs' bytes (UDPStream).
 	HotFloor bool
@@ -162,6 +166,9 @@ func (p *Params) defaults() error {
 	}
 	if (p.RNRRetry != nil && *p.RNRRetry > 7) || (p.MinRNRTimer != nil && *p.MinRNRTimer > 31) {
 		return fmt.Errorf("perf: --rnr-retry is 0..7 and --min-rnr-timer 0..31")
+	}
+	if p.Outs < 0 || p.Outs > odp.MaxRdAtomicLimit {
+		return fmt.Errorf("perf: --outs is 1..%d (0: the device's most)", odp.MaxRdAtomicLimit)
 	}
 	if p.Size < 1 || p.Size > 1<<30 || p.Iters < 1 || p.Depth < 1 || p.Depth > 4096 || p.MRSize < p.Size {
 		return fmt.Errorf("perf: bad parameters size=%d iters=%d depth=%d mr-size=%d", p.Size, p.Iters, p.Depth, p.MRSize)
@@ -480,9 +487,9 @@ func (s *side) addr(off uint64) uint64 {
 	return uint64(uintptr(unsafe.Pointer(unsafe.SliceData(s.buf)))) + off
 }
 
-// configure sets the side's QP attributes from p (the client's rnr_retry, the
-// server's min_rnr_timer, the local ACK timeout if given) and prefetches its region
-// as p.Prefetch says.
+// configure sets the side's QP attributes from p (the client's rnr_retry and
+// max_rd_atomic, the server's min_rnr_timer and max_dest_rd_atomic, the local ACK
+// timeout, if given) and prefetches its region as p.Prefetch says.
 func (s *side) configure(p Params, server bool) error {
 	var attr odp.QPAttr
 	var mask odp.QPAttrMask
@@ -494,6 +501,12 @@ func (s *side) configure(p Params, server bool) error {
 	}
 	if p.Timeout != nil {
 		attr.Timeout, mask = *p.Timeout, mask|odp.AttrTimeout
+	}
+	switch {
+	case p.Outs > 0 && server:
+		attr.MaxDestRdAtomic, mask = uint8(p.Outs), mask|odp.AttrMaxDestRdAtomic
+	case p.Outs > 0:
+		attr.MaxRdAtomic, mask = uint8(p.Outs), mask|odp.AttrMaxRdAtomic
 	}
 	if mask != 0 {
 		if err := s.qp.ModifyAttr(attr, mask); err != nil {

@@ -99,10 +99,12 @@ func quartiles(v []float64) (q1, med, q3 float64) {
 }
 
 // goalSizes are the message sizes the goals compare operations at; warmSizes
-// those of warm ODP against pinned.
+// those of warm ODP against pinned; deepReadSizes those READ / WRITE is reported at
+// with rxe's depth as well.
 var (
-	goalSizes = []int{64, 4 << 10, 64 << 10, 1 << 20}
-	warmSizes = []int{64, 4 << 10, 64 << 10, 1 << 20, 8 << 20}
+	goalSizes     = []int{64, 4 << 10, 64 << 10, 1 << 20}
+	warmSizes     = []int{64, 4 << 10, 64 << 10, 1 << 20, 8 << 20}
+	deepReadSizes = []int{64, 4 << 10}
 )
 
 // goalIters is how many iterations a run of size-byte messages makes at scale 1:
@@ -166,6 +168,13 @@ func goalRuns(c goalConfig) []goalRun {
 				op.test == perf.WriteBW && s >= 64<<10)
 		}
 	}
+	// READs with as many outstanding as rxe allows (the goal's have mlx5's 16),
+	// reported beside them: what the depth leaves of READ's gap to WRITE.
+	deep := unlimited
+	deep.RdAtomic = odp.MaxRdAtomicLimit
+	for _, s := range deepReadSizes {
+		add(runKey("deepread", "pinned", s), perf.Params{Test: perf.ReadBW, Size: s, Profile: deep}, false)
+	}
 	for _, op := range goalOps[:2] {
 		for _, s := range warmSizes {
 			if !slices.Contains(goalSizes, s) {
@@ -223,6 +232,11 @@ func goalList(c goalConfig) []goal {
 			goals = append(goals, goal{what: fmt.Sprintf("pinned %s / WRITE %s, messages/s", op.name, sizeName(s)), target: 0.8,
 				value: func(r goalRound) float64 { return ratio(r[a].r.MsgRateMpps, r[b].r.MsgRateMpps) }})
 		}
+	}
+	for _, s := range deepReadSizes {
+		a, b := runKey("deepread", "pinned", s), runKey(perf.WriteBW, "pinned", s)
+		goals = append(goals, goal{what: fmt.Sprintf("pinned READ / WRITE %s, messages/s, %d READs outstanding (rxe's most)", sizeName(s), odp.MaxRdAtomicLimit),
+			report: true, value: func(r goalRound) float64 { return ratio(r[a].r.MsgRateMpps, r[b].r.MsgRateMpps) }})
 	}
 	for _, op := range goalOps[:2] {
 		for _, s := range warmSizes {

@@ -79,6 +79,19 @@ func TestBWVerbsFlags(t *testing.T) {
 	}
 }
 
+// --outs sets the client's READs outstanding, up to the device's most: 16 by
+// default (mlx5's), 128 with the rxe profile (rxe's).
+func TestBWOuts(t *testing.T) {
+	_, _, err := runArgs("read_bw", "--outs", "32", "--size", "64", "--iters", "200")
+	assert.ErrorContains(t, err, "READs and atomics outstanding are 0..16")
+	_, _, err = runArgs("read_bw", "--outs", "32", "--profile", "rxe", "--size", "64", "--iters", "200")
+	assert.NoError(t, err)
+	_, _, err = runArgs("read_bw", "--outs", "4", "--size", "64", "--iters", "200")
+	assert.NoError(t, err)
+	_, _, err = runArgs("read_bw", "--outs", "129", "--profile", "rxe", "--size", "64", "--iters", "10")
+	assert.ErrorContains(t, err, "--outs is 1..128")
+}
+
 func TestCompareWritesCSV(t *testing.T) {
 	csvPath := filepath.Join(t.TempDir(), "c.csv")
 	out, _, err := runArgs("compare", "--quiet", "--iters", "100", "--reps", "1", "--warm-pairs", "2", "--warm-iters", "50",
