@@ -73,9 +73,15 @@ package odp
 //     application keeps up to the tx depth posted, so it is off the chain), each
 //     READ's work on both engines lies on it, and so do two wake-ups per turn,
 //     each about 0.5 us in the waker (the channel send, a futex) and as much in
-//     the scheduler of the woken. A build that let 128 be outstanding ran 64 B READs at 1.9-2.2
-//     Mpps against 1.1-1.4 with 16 (four alternating pairs; a depth no mlx5
-//     device offers, so not a setting). Yielding instead of parking while READs
+//     the scheduler of the woken. With two Ps, 128 outstanding ran 64 B READs at
+//     1.9-2.2 Mpps against 1.1-1.4 with 16 (four alternating pairs). 128 is rxe's
+//     most (Config.RdAtomic, the rxe profile; mlx5's 16 is the default). With one
+//     P, 64 B READs with 16, 32, 64 and 128 outstanding ran at 2.0, 2.3-2.4, 2.7
+//     and 2.6-2.7 Mpps (two runs of 3 rounds each): about 340 ns per READ and 2.5
+//     us per turn, which 16 READs share. So READ / WRITE at 64 B stays near 0.6
+//     with 16 outstanding, and with 128 it is 0.76-0.79 (odp-perf goals reports
+//     both, medians of two runs); at 0.8 with 16, a turn could cost no more than
+//     the two goroutine hand-offs in it. Yielding instead of parking while READs
 //     are outstanding made 64 B READs 28% slower (the yielding engine takes the P
 //     its peer needs). Taking turns is the cheaper way on a 2-core VM: with one
 //     P, 64 B READs run at 2.1 Mpps against 1.75 with two (WRITEs 3.5 against
@@ -94,6 +100,12 @@ package odp
 //     application's poll of an empty CQ takes none. It reaches 0.92-0.96 of
 //     WRITE's message rate at 64 B and 0.70-0.87 at 4 KiB, by run; a quarter of a
 //     SEND's samples were in QP.mu and the CQ's lock before.
+//   - Parking: an engine with nothing to do blocks on its kick channel alone. The
+//     ACK timer, whose deadline moves with every ACK, wakes it through a callback
+//     timer (armTimer) that is reset only when it is not armed as early already;
+//     a Go timer in park's select had the runtime add it to and take it off the
+//     timer heap, under the timers' lock, at every park: park was 11% of a 64 B
+//     READ's samples at one P, 5% after.
 //   - One P or two: the engines and the application take turns, so what they do
 //     is one chain, and on a 2-CPU VM it ran faster on one P than on two at every
 //     size up to 64 KiB, and at 1 MiB faster or as fast (odp-perf's runs in one
@@ -159,9 +171,14 @@ type engine struct {
 	quit     chan struct{}
 	stopOnce sync.Once
 	exited   chan struct{}
-	timer    *time.Timer
-	alarm    time.Time // a precise wake-up is armed for then
-	attrGen  uint64    // the QP's ModifyAttr count the requester's settings reflect
+	// timer wakes the engine at timerAt for a deadline that may be late (the ACK
+	// timer): armed only when none is armed for as early, so that a pass that
+	// leaves the deadline where it was costs the timer nothing; one armed too early
+	// wakes the engine, which arms it again.
+	timer   *time.Timer
+	timerAt time.Time
+	alarm   time.Time // a precise wake-up is armed for then
+	attrGen uint64    // the QP's ModifyAttr count the requester's settings reflect
 
 	now time.Time
 
@@ -330,14 +347,16 @@ func (e *engine) run() {
 	// is an access error, not a crash (dmaRun).
 	debug.SetPanicOnFault(true)
 	for {
+		// woken is cleared before quit is looked at: stop closes quit and then
+		// wakes, so either this look sees quit closed or park finds woken set.
+		if e.woken.Load() {
+			e.woken.Store(false)
+		}
 		select {
 		case <-e.quit:
 			e.teardown()
 			return
 		default:
-		}
-		if e.woken.Load() {
-			e.woken.Store(false)
 		}
 		e.now = time.Now()
 		e.refresh()
@@ -421,13 +440,13 @@ func (e *engine) park() {
 		soonest(t, true)
 	}
 	if deadline.IsZero() {
-		select {
-		case <-e.kick:
-		case <-e.quit:
-		}
+		<-e.kick // stop closes quit and then wakes
 		return
 	}
-	d := time.Until(deadline)
+	d := deadline.Sub(e.now)
+	if d > 0 && d < spinFor {
+		d = time.Until(deadline)
+	}
 	switch {
 	case d <= 0:
 	case d < spinFor:
@@ -438,22 +457,26 @@ func (e *engine) park() {
 	case precise:
 		// Go's timers wake a millisecond late here: clock sleeps precisely.
 		armAlarm(&e.alarm, deadline, e.quit, e.wake)
-		select {
-		case <-e.kick:
-		case <-e.quit:
-		}
+		<-e.kick
 	default:
-		if e.timer == nil {
-			e.timer = time.NewTimer(d)
-		} else {
-			e.timer.Reset(d)
-		}
-		select {
-		case <-e.kick:
-		case <-e.timer.C:
-		case <-e.quit:
-		}
-		e.timer.Stop()
+		e.armTimer(deadline)
+		<-e.kick
+	}
+}
+
+// armTimer has the engine woken at deadline or earlier, by a timer that calls wake:
+// it is reset only when it is not armed for deadline or earlier yet. Called by the
+// engine's goroutine, which owns timer and timerAt.
+func (e *engine) armTimer(deadline time.Time) {
+	if !e.timerAt.IsZero() && e.timerAt.After(e.now) && !deadline.Before(e.timerAt) {
+		return // it fires at timerAt, no later than deadline: the engine arms it again then
+	}
+	e.timerAt = deadline
+	d := deadline.Sub(e.now)
+	if e.timer == nil {
+		e.timer = time.AfterFunc(d, e.wake)
+	} else {
+		e.timer.Reset(d)
 	}
 }
 
