@@ -76,8 +76,9 @@ type Config struct {
 	ImplicitChild int64
 	// RdAtomic is how many READs and atomics a QP may have outstanding as a
 	// requester and keep as a responder (the device's max_qp_init_rd_atom and
-	// max_qp_rd_atom), 1..MaxRdAtomicLimit, and what a new QP takes (QPAttr's
-	// MaxRdAtomic and MaxDestRdAtomic): 0 is DefaultRdAtomic, mlx5's 16.
+	// max_qp_rd_atom), a power of two up to MaxRdAtomicLimit, and what a new QP
+	// takes (QPAttr's MaxRdAtomic and MaxDestRdAtomic): 0 is DefaultRdAtomic,
+	// mlx5's 16.
 	RdAtomic int
 	// A Profile sets FaultModel, Link, ResponderFaults, RegModel, PrefetchLimit,
 	// ImplicitChild and RdAtomic together (Profile.Apply).

@@ -184,8 +184,9 @@ func (c Config) checkProfile() error {
 	if k := c.ImplicitChild; k != 0 && (k < int64(pagefault.PageSize) || k&(k-1) != 0 || k > maxMRSize) {
 		return wrap(ErrInvalidArgument, "ImplicitChild %d: want a power of two from a page to %d", k, int64(maxMRSize))
 	}
-	if c.RdAtomic < 0 || c.RdAtomic > MaxRdAtomicLimit {
-		return wrap(ErrInvalidArgument, "RdAtomic %d: want 1..%d (0: %d)", c.RdAtomic, MaxRdAtomicLimit, DefaultRdAtomic)
+	if k := c.RdAtomic; k < 0 || k > MaxRdAtomicLimit || k&(k-1) != 0 {
+		// A QP's depth is a power of two (rdAtomicDepth): so is a device's most.
+		return wrap(ErrInvalidArgument, "RdAtomic %d: want a power of two from 1 to %d (0: %d)", k, MaxRdAtomicLimit, DefaultRdAtomic)
 	}
 	return nil
 }

@@ -59,7 +59,7 @@ func TestProfilePresets(t *testing.T) {
 
 func TestProfileRefusesNonsense(t *testing.T) {
 	for _, c := range []Config{{RegModel: RegModel{Reg: -1}}, {RegModel: RegModel{Dereg: 2 * time.Second}},
-		{ImplicitChild: 3 << 20}, {ImplicitChild: 512}, {ImplicitChild: 1 << 50}, {RdAtomic: -1}, {RdAtomic: 129}} {
+		{ImplicitChild: 3 << 20}, {ImplicitChild: 512}, {ImplicitChild: 1 << 50}, {RdAtomic: -1}, {RdAtomic: 129}, {RdAtomic: 100}} {
 		_, err := Open(c)
 		assert.True(t, errors.Is(err, ErrInvalidArgument), "%+v: %v", c, err)
 	}
