@@ -14,8 +14,9 @@ import (
 // with one fault latency picked by hand: what a network page fault costs
 // (FaultModel), the link (LinkModel), what a responder does on a fault
 // (ResponderFaults), what the firmware's memory keys cost (RegModel), how far a
-// responder's fault reaches past the faulting packets (PrefetchLimit), and the
-// size of an implicit ODP MR's children (ImplicitChild).
+// responder's fault reaches past the faulting packets (PrefetchLimit), the size
+// of an implicit ODP MR's children (ImplicitChild), and how many READs and atomics
+// a QP may have outstanding (RdAtomic).
 //
 // Apply sets them on a Config. The zero value is the emulator's own costs with
 // odp's defaults, as ProfileEmulator. The presets (Profiles) say in Source where

@@ -63,7 +63,7 @@ func AddNIC(fs *pflag.FlagSet) *NIC {
 	}
 	l := &NIC{
 		fs:      fs,
-		profile: fs.String("profile", odp.ProfileEmulator.Name, "the emulated NICs' profile: "+strings.Join(names, ", ")+" (its fault latency, link, fault policy, memory key costs, prefetch limit, implicit children; the flags below replace its settings)"),
+		profile: fs.String("profile", odp.ProfileEmulator.Name, "the emulated NICs' profile: "+strings.Join(names, ", ")+" (its fault latency, link, fault policy, memory key costs, prefetch limit, implicit children, READs outstanding; the flags below replace its settings)"),
 		rate:    fs.Float64("link-rate", odp.DefaultLinkRate, "line rate of each NIC's link in Gb/s (0: unlimited)"),
 		delay:   fs.Duration("link-delay", odp.DefaultLinkDelay, "one-way delay of each link (0: none)"),
 		faults:  fs.String("responder-faults", "rnr", "what a responder does on a network page fault: rnr (answer RNR NAK, mlx5) or stall (wait, rxe)"),
