@@ -39,11 +39,6 @@ import (
 	"golang.org/x/sys/unix"
 )
 
-// spinBelow is the shortest wait handed to the sleeper: shorter waits yield until
-// their deadline, since a sleeper's wake-up (a system call and a goroutine's
-// scheduling) costs about as much.
-const spinBelow = 30 * time.Microsecond
-
 // ahead is how long before its deadline a wait is woken: the netpoller's wake-up of
 // the sleeper and the sleeper's of the waiter take tens of microseconds on a VM, and
 // the waiter yields until its deadline itself. On this project's 2-CPU VMs, whose
@@ -52,19 +47,21 @@ const spinBelow = 30 * time.Microsecond
 // ahead, 0.2 us and 4-9 with 100; waits of 1 ms 40-55 and 70 late with 40, 0.3-14 and
 // 15-42 with 100. The emulated ConnectX-4 fault (220 us, odp-exp's validate, three
 // repetitions) took 233-360 us with 40, 229-231 with 100. A wait yields through its
-// last 100 us, which goroutines with work to do take from it.
+// last 100 us, which goroutines with work to do take from it. A wait no longer than
+// ahead is not handed to the sleeper, which would wake it at once: it yields
+// throughout.
 const ahead = 100 * time.Microsecond
 
 // linger is how long the sleeper stays after its last wait before it ends.
 const linger = 50 * time.Millisecond
 
 // SleepUntil waits until deadline and reports true, or returns false as soon as
-// stop is closed. A wait of more than spinBelow and ahead parks the goroutine, holding
-// no P, until the sleeper or its Go timer wakes it ahead of its deadline, and yields
+// stop is closed. A wait of more than ahead parks the goroutine, holding no P, until
+// the sleeper or its Go timer wakes it ahead of its deadline, and yields
 // through the rest; a shorter one yields in a loop. A nil stop never closes. It
 // never returns true before the deadline.
 func SleepUntil(deadline time.Time, stop <-chan struct{}) bool {
-	if d := time.Until(deadline); d > max(spinBelow, ahead) {
+	if d := time.Until(deadline); d > ahead {
 		w := the.add(deadline)
 		backstop := time.NewTimer(d - ahead) // see the package doc
 		select {
