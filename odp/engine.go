@@ -384,7 +384,7 @@ func (e *engine) run() {
 // one only when none sleeps until before this deadline (the last one may have fired
 // while the engine ran). Called by the engine's goroutine, which owns *alarm.
 func armAlarm(alarm *time.Time, deadline time.Time, quit <-chan struct{}, wake func()) {
-	if alarm.After(time.Now()) && !deadline.Before(*alarm) {
+	if armedFor(*alarm, deadline, time.Now()) {
 		return
 	}
 	*alarm = deadline
@@ -464,12 +464,19 @@ func (e *engine) park() {
 	}
 }
 
+// armedFor reports whether a wake-up armed for at, which has not come by now, comes
+// no later than deadline: armAlarm and armTimer arm nothing new then. A zero at is
+// never armed.
+func armedFor(at, deadline, now time.Time) bool {
+	return at.After(now) && !deadline.Before(at)
+}
+
 // armTimer has the engine woken at deadline or earlier, by a timer that calls wake:
 // it is reset only when it is not armed for deadline or earlier yet. Called by the
 // engine's goroutine, which owns timer and timerAt.
 func (e *engine) armTimer(deadline time.Time) {
-	if !e.timerAt.IsZero() && e.timerAt.After(e.now) && !deadline.Before(e.timerAt) {
-		return // it fires at timerAt, no later than deadline: the engine arms it again then
+	if armedFor(e.timerAt, deadline, e.now) {
+		return // the engine arms it again when it fires
 	}
 	e.timerAt = deadline
 	d := deadline.Sub(e.now)
