@@ -162,25 +162,32 @@ func goalRuns(c goalConfig) []goalRun {
 		}
 		runs = append(runs, goalRun{key: key, p: p, floor: floor})
 	}
-	for _, op := range goalOps {
-		for _, s := range goalSizes {
-			add(runKey(op.test, "pinned", s), perf.Params{Test: op.test, Size: s, Profile: unlimited},
-				op.test == perf.WriteBW && s >= 64<<10)
-		}
-	}
 	// READs with as many outstanding as rxe allows (the goal's have mlx5's 16),
 	// reported beside them: what the depth leaves of READ's gap to WRITE.
 	deep := unlimited
 	deep.RdAtomic = odp.MaxRdAtomicLimit
-	for _, s := range deepReadSizes {
-		add(runKey("deepread", "pinned", s), perf.Params{Test: perf.ReadBW, Size: s, Profile: deep}, false)
-	}
-	for _, op := range goalOps[:2] {
-		for _, s := range warmSizes {
-			if !slices.Contains(goalSizes, s) {
-				add(runKey(op.test, "pinned", s), perf.Params{Test: op.test, Size: s, Profile: unlimited}, false)
-			}
-			add(runKey(op.test, "odp", s), perf.Params{Test: op.test, ODP: true, Size: s, Profile: unlimited}, false)
+	// Size by size, the runs a ratio compares next to each other (TestGoalNeighbours):
+	// pinned SEND, warm ODP WRITE, pinned WRITE, pinned READ, warm ODP READ, then
+	// READ with rxe's depth. runGoals runs every other round backwards, so that
+	// each of two runs compared runs first as often as the other.
+	for _, s := range warmSizes {
+		goal := slices.Contains(goalSizes, s)
+		pinned := func(test string) {
+			add(runKey(test, "pinned", s), perf.Params{Test: test, Size: s, Profile: unlimited},
+				goal && test == perf.WriteBW && s >= 64<<10)
+		}
+		warm := func(test string) {
+			add(runKey(test, "odp", s), perf.Params{Test: test, ODP: true, Size: s, Profile: unlimited}, false)
+		}
+		if goal {
+			pinned(perf.SendBW)
+		}
+		warm(perf.WriteBW)
+		pinned(perf.WriteBW)
+		pinned(perf.ReadBW)
+		warm(perf.ReadBW)
+		if slices.Contains(deepReadSizes, s) {
+			add(runKey("deepread", "pinned", s), perf.Params{Test: perf.ReadBW, Size: s, Profile: deep}, false)
 		}
 	}
 	if c.profile.Link.Gbps() > 0 {
@@ -298,14 +305,26 @@ func sizeName(n int) string {
 	return fmt.Sprintf("%d B", n)
 }
 
-// runGoals runs every configuration once per round, in order, and each run of a
-// floor goal is followed by its memcpy floor.
+// roundOrder is the order round i (from 0) runs runs in: as listed in even
+// rounds, backwards in odd ones, so that of two runs a ratio compares each runs
+// first as often as the other (within one, and as the rounds go on).
+func roundOrder(runs []goalRun, i int) []goalRun {
+	if i%2 == 0 {
+		return runs
+	}
+	r := slices.Clone(runs)
+	slices.Reverse(r)
+	return r
+}
+
+// runGoals runs every configuration once per round, in roundOrder, and each run of
+// a floor goal is followed by its memcpy floor.
 func runGoals(runs []goalRun, rounds, depth int, update func(done, total int)) ([]goalRound, error) {
 	out := make([]goalRound, 0, rounds)
 	total := rounds * len(runs)
 	for i := 0; i < rounds; i++ {
 		r := make(goalRound, len(runs))
-		for j, run := range runs {
+		for j, run := range roundOrder(runs, i) {
 			runtime.GC() // no run pays for the garbage of the one before
 			res, err := perf.Run(run.p)
 			if err != nil {
@@ -332,7 +351,7 @@ func writeGoalRuns(path string, runs []goalRun, rounds []goalRound) error {
 	recs := [][]string{{"round", "run", "test", "odp", "bytes", "iterations", "bw_mib_s", "msg_rate_mpps", "memcpy_mib_s",
 		"rnr_naks", "retransmissions", "link_bdp_bytes"}}
 	for i, r := range rounds {
-		for _, run := range runs {
+		for _, run := range roundOrder(runs, i) {
 			o := r[run.key]
 			recs = append(recs, []string{strconv.Itoa(i + 1), run.key, run.p.Test, strconv.FormatBool(run.p.ODP), strconv.Itoa(o.r.Bytes),
 				strconv.Itoa(o.r.Iters), ff(o.r.AvgMiBps), ff(o.r.MsgRateMpps), ff(o.floor),

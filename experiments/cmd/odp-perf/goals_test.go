@@ -139,15 +139,20 @@ func TestGoalsCommand(t *testing.T) {
 	}
 	assert.Contains(t, out, "odp-perf wire")
 
-	// The CSV: every run of every round, in the order they ran, each with its figures.
+	// The CSV: every run of every round, in the order they ran (the second round
+	// backwards), each with its figures.
 	b, err := os.ReadFile(csvPath)
 	require.NoError(t, err)
 	recs, err := csv.NewReader(bytes.NewReader(b)).ReadAll()
 	require.NoError(t, err)
 	require.Len(t, recs, 1+2*len(runs), "a header and a row per run and round")
 	for i, rec := range recs[1:] {
-		assert.Equal(t, strconv.Itoa(i/len(runs)+1), rec[0])
-		assert.Equal(t, runs[i%len(runs)].key, rec[1])
+		round, j := i/len(runs), i%len(runs)
+		if round == 1 {
+			j = len(runs) - 1 - j
+		}
+		assert.Equal(t, strconv.Itoa(round+1), rec[0])
+		assert.Equal(t, runs[j].key, rec[1])
 		bw, err := strconv.ParseFloat(rec[6], 64)
 		require.NoError(t, err)
 		assert.Positive(t, bw, "%v", rec)
@@ -157,4 +162,44 @@ func TestGoalsCommand(t *testing.T) {
 	assert.Error(t, err)
 	_, _, err = runArgs("goals", "--scale", "-1")
 	assert.Error(t, err)
+}
+
+// The runs a ratio compares run next to each other in a round: a warm ODP run
+// beside its pinned one, READ beside WRITE, SEND and READ with rxe's depth within
+// a run or two of the WRITE of their size; and every other round runs backwards.
+func TestGoalNeighbours(t *testing.T) {
+	runs, _ := goalSet(goalConfig{profile: odp.ProfileEmulator, depth: 4, scale: 1})
+	at := map[string]int{}
+	for i, r := range runs {
+		at[r.key] = i
+	}
+	apart := func(a, b string) int {
+		i, ok1 := at[a]
+		j, ok2 := at[b]
+		require.True(t, ok1 && ok2, "%s, %s", a, b)
+		return max(i-j, j-i)
+	}
+	for _, s := range warmSizes {
+		for _, test := range []string{perf.WriteBW, perf.ReadBW} {
+			assert.Equal(t, 1, apart(runKey(test, "odp", s), runKey(test, "pinned", s)), "warm ODP %s %d", test, s)
+		}
+	}
+	for _, s := range goalSizes {
+		w := runKey(perf.WriteBW, "pinned", s)
+		assert.Equal(t, 1, apart(runKey(perf.ReadBW, "pinned", s), w), "READ / WRITE %d", s)
+		assert.LessOrEqual(t, apart(runKey(perf.SendBW, "pinned", s), w), 2, "SEND / WRITE %d", s)
+	}
+	for _, s := range deepReadSizes {
+		assert.LessOrEqual(t, apart(runKey("deepread", "pinned", s), runKey(perf.WriteBW, "pinned", s)), 3, "deep READ %d", s)
+	}
+	assert.Equal(t, apart("noinval/rnr", "inval/rnr"), 1)
+	assert.Equal(t, runs, roundOrder(runs, 0))
+	assert.Equal(t, runs, roundOrder(runs, 2))
+	first := runs[0].key
+	back := roundOrder(runs, 1)
+	assert.Equal(t, first, runs[0].key, "a round run backwards leaves the list as it was")
+	require.Len(t, back, len(runs))
+	for i := range runs {
+		assert.Equal(t, runs[len(runs)-1-i].key, back[i].key)
+	}
 }
