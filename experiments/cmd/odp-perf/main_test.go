@@ -3,6 +3,7 @@ package main
 import (
 	"bytes"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"os"
 	"path/filepath"
@@ -290,4 +291,21 @@ func TestPerftestIters(t *testing.T) {
 	assert.Equal(t, 5000, perftestIters(65536))
 	assert.Equal(t, "100000 iterations up to 4 KiB, 5000 above", itersSaid(0))
 	assert.Equal(t, "200 iterations", itersSaid(200))
+}
+
+// The comparison's two runs take turns at running first, round by round, and an
+// error stops the round.
+func TestInTurn(t *testing.T) {
+	var order []string
+	run := func(name string, err error) func() error {
+		return func() error { order = append(order, name); return err }
+	}
+	for r := range 3 {
+		require.NoError(t, inTurn(r, run("perftest", nil), run("odp-perf", nil)))
+	}
+	assert.Equal(t, []string{"perftest", "odp-perf", "odp-perf", "perftest", "perftest", "odp-perf"}, order)
+	order = nil
+	bad := errors.New("no perftest")
+	assert.ErrorIs(t, inTurn(1, run("perftest", bad), run("odp-perf", bad)), bad)
+	assert.Equal(t, []string{"odp-perf"}, order, "the first error ends the round")
 }

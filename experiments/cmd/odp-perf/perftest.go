@@ -30,7 +30,7 @@ func perftest(args []string, stdout, stderr io.Writer) error {
 	sizeList := fs.StringSlice("sizes", []string{"64", "4K", "64K", "1M"}, "message sizes (K, M suffixes)")
 	modes := fs.StringSlice("modes", []string{"pinned", "odp"}, "registrations: pinned, odp (--odp) or both")
 	iters := fs.IntP("iters", "n", 0, "iterations per run (default: 100,000 for messages up to 4 KiB and fetch-and-adds, 5,000 above, as perftest's)")
-	reps := fs.Int("reps", 3, "rounds: each runs perftest, then odp-perf")
+	reps := fs.Int("reps", 3, "rounds: each runs perftest and odp-perf, perftest first in odd rounds and second in even ones")
 	gso := fs.Bool("link-gso", false, "both sides send with UDP segmentation offload (ODPEMU_GSO=1 for perftest, --link-gso for odp-perf)")
 	lib := fs.String("lib", "", "a directory holding odpemu's built libibverbs.so.1 (default: build it into a temporary directory; needs the odpemu module's sources)")
 	if err := fs.Parse(args); err != nil {
@@ -98,12 +98,11 @@ func perftest(args []string, stdout, stderr io.Writer) error {
 					n = perftestIters(size)
 				}
 				for r := 0; r < *reps; r++ {
-					a, err := perftestRun(*lib, t, size, n, mode == "odp", *gso)
-					if err != nil {
-						return err
-					}
-					b, err := odpPerfRun(self, t, size, n, mode == "odp", *gso)
-					if err != nil {
+					var a, b float64
+					if err := inTurn(r,
+						func() (err error) { a, err = perftestRun(*lib, t, size, n, mode == "odp", *gso); return err },
+						func() (err error) { b, err = odpPerfRun(self, t, size, n, mode == "odp", *gso); return err },
+					); err != nil {
 						return err
 					}
 					pt, op = append(pt, a), append(op, b)
@@ -115,6 +114,20 @@ func perftest(args []string, stdout, stderr io.Writer) error {
 		}
 	}
 	return nil
+}
+
+// inTurn runs round r's two runs, first a and then b in even rounds (from 0), b
+// and then a in odd ones, so that each runs first as often as the other (a run may
+// start while the last one's processes are still going away); it stops at the
+// first error.
+func inTurn(r int, a, b func() error) error {
+	if r%2 == 1 {
+		a, b = b, a
+	}
+	if err := a(); err != nil {
+		return err
+	}
+	return b()
 }
 
 // perftestIters is the comparison's iterations for messages of size bytes by
