@@ -66,7 +66,7 @@ func validateAnchors(x *X) []anchor {
 		{name: "cx4-fault", what: "4 KiB minor network page fault, ConnectX-4", source: "Lesokhin et al., ASPLOS'17", cite: "lesokhin2017pagefault",
 			published: 220, text: "220", unit: "µs per fault", kind: kindCalibrated,
 			note: "the connectx4 profile's fault model takes this latency; measured: the requester's fault time per fault, " +
-				"the emulator's own work included",
+				"the emulator's own work included (the median of five transfers')",
 			measure: func(x *X, rep int) (float64, error) { return faultTime(x, odp.FaultModelConnectX4, region) }},
 		{name: "nprdma-fault", what: "minor page fault handled in software, commodity NIC", source: "NP-RDMA (arXiv 2310.11062)", cite: "shen2023nprdma",
 			published: 5.7, text: "3.5-5.7", unit: "µs per fault", kind: kindCalibrated,
@@ -149,16 +149,27 @@ func runValidate(x *X) error {
 // transfer of region bytes in 4 KiB WRITEs, one page a fault, under model, in µs:
 // minor faults, as both sources measured them (the application wrote the pages;
 // the registration maps none of them).
+//
+// It is the median of oneShotRuns transfers' times per fault: a transfer of the
+// quick size's 256 faults lasts about 60 ms, and on a 2-core VM one now and then
+// took 250-360 us a fault where the others took 224-236 (in odp-exp's validate, the
+// ConnectX-4 fault's repetitions that came after the RNR timer anchor: three of six
+// in two runs; with the median of five, nine of nine took 227-232), enough to fail
+// the claim that the model's 220 us is delivered within 10%.
 func faultTime(x *X, model odp.FaultModel, region int) (float64, error) {
-	r, err := perf.OneShot(x.nic(perf.Params{ODP: true, Size: 4096, FaultAround: 1, FaultModel: model}), region,
-		perf.OneShotOptions{NoSnapshot: true})
-	if err != nil {
-		return 0, err
+	per := make([]float64, 0, oneShotRuns)
+	for range oneShotRuns {
+		r, err := perf.OneShot(x.nic(perf.Params{ODP: true, Size: 4096, FaultAround: 1, FaultModel: model}), region,
+			perf.OneShotOptions{NoSnapshot: true})
+		if err != nil {
+			return 0, err
+		}
+		if r.Source.PageFaults == 0 {
+			return 0, errors.New("no network page fault")
+		}
+		per = append(per, float64(r.Source.FaultTime.Nanoseconds())/float64(r.Source.PageFaults)/1e3)
 	}
-	if r.Source.PageFaults == 0 {
-		return 0, errors.New("no network page fault")
-	}
-	return float64(r.Source.FaultTime.Nanoseconds()) / float64(r.Source.PageFaults) / 1e3, nil
+	return stats.Median(per), nil
 }
 
 // steadyRatio is the median of ODP over pinned WRITE bandwidth of alternating
