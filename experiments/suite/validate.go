@@ -157,10 +157,10 @@ func runValidate(x *X) error {
 // in two runs; with the median of five, nine of nine took 227-232), enough to fail
 // the claim that the model's 220 us is delivered within 10%.
 func faultTime(x *X, model odp.FaultModel, region int) (float64, error) {
+	p := x.nic(perf.Params{ODP: true, Size: 4096, FaultAround: 1, FaultModel: model})
 	per := make([]float64, 0, oneShotRuns)
 	for range oneShotRuns {
-		r, err := perf.OneShot(x.nic(perf.Params{ODP: true, Size: 4096, FaultAround: 1, FaultModel: model}), region,
-			perf.OneShotOptions{NoSnapshot: true})
+		r, err := perf.OneShot(p, region, perf.OneShotOptions{NoSnapshot: true})
 		if err != nil {
 			return 0, err
 		}
