@@ -8,6 +8,7 @@ import (
 	"os"
 	"path/filepath"
 	"runtime"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -186,6 +187,23 @@ func TestPerftestFootprint(t *testing.T) {
 	assert.Equal(t, page, perftestFootprint(page))
 	assert.Equal(t, 1<<20, perftestFootprint(1<<20))
 	assert.Equal(t, 1, regionSlots(perftestFootprint(1<<20), 1<<20, 128), "every 1 MiB message in one slot, as perftest's")
+}
+
+// odp-perf's side of the perftest comparison: perftest's messages, iterations and
+// registration, --procs only when asked for, and flags odp-perf's own tests take.
+func TestOdpPerfArgs(t *testing.T) {
+	args := odpPerfArgs("write", 4096, 200, true, false, 0)
+	assert.Equal(t, []string{"write_bw", "-s", "4096", "-n", "200", "-Q", "100", "--warm", "--mr-size",
+		strconv.Itoa(perftestFootprint(4096)), "--odp"}, args)
+	assert.NotContains(t, args, "--procs", "odp-perf's own rule gives the Ps")
+	args = odpPerfArgs("send", 64, 200, false, true, 1)
+	assert.NotContains(t, args, "--odp")
+	assert.Equal(t, []string{"--link-gso", "--procs", "1"}, args[len(args)-3:])
+	out, _, err := runArgs(args...) // in one process: the flags parse and the test runs
+	require.NoError(t, err)
+	assert.Regexp(t, `(?m)^ 64 +200 `, out)
+	assert.Contains(t, procsSaid(1), "1 P(s)")
+	assert.Contains(t, procsSaid(0), "the library gives")
 }
 
 // The speed guard CI runs: a run below --min-memcpy-ratio fails, naming the ratio.

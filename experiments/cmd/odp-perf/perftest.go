@@ -32,6 +32,7 @@ func perftest(args []string, stdout, stderr io.Writer) error {
 	iters := fs.IntP("iters", "n", 0, "iterations per run (default: 100,000 for messages up to 4 KiB and fetch-and-adds, 5,000 above, as perftest's)")
 	reps := fs.Int("reps", 3, "rounds: each runs perftest and odp-perf, perftest first in odd rounds and second in even ones")
 	gso := fs.Bool("link-gso", false, "both sides send with UDP segmentation offload (ODPEMU_GSO=1 for perftest, --link-gso for odp-perf)")
+	procs := fs.Int("procs", 0, "Ps (GOMAXPROCS) of each odp-perf process (0: as the library gives perftest's: a server of a test other than send_bw one fewer than the CPUs, the others one per CPU); --procs 1 runs odp-perf as it runs fastest between two processes here")
 	lib := fs.String("lib", "", "a directory holding odpemu's built libibverbs.so.1 (default: build it into a temporary directory; needs the odpemu module's sources)")
 	if err := fs.Parse(args); err != nil {
 		return err
@@ -57,8 +58,8 @@ func perftest(args []string, stdout, stderr io.Writer) error {
 			return fmt.Errorf("needs perftest (Debian: perftest): %w", err)
 		}
 	}
-	if *reps < 1 || *iters < 0 {
-		return errors.New("--reps must be positive, --iters 0 (by size) or positive")
+	if *reps < 1 || *iters < 0 || *procs < 0 {
+		return errors.New("--reps must be positive, --iters and --procs 0 (the default) or positive")
 	}
 	self, err := os.Executable()
 	if err != nil {
@@ -83,7 +84,7 @@ func perftest(args []string, stdout, stderr io.Writer) error {
 	if *gso {
 		wire = "RoCEv2 with UDP segmentation offload"
 	}
-	fmt.Fprintf(stdout, "# perftest on odpemu's libibverbs.so.1 against odp-perf, two processes each (127.0.0.1, 127.0.0.2) over %s, %s, tx depth 128, a completion every 100, buffers written before the run; MiB/s, medians of %d rounds (ratio: of the rounds' ratios)\n", wire, itersSaid(*iters), *reps)
+	fmt.Fprintf(stdout, "# perftest on odpemu's libibverbs.so.1 against odp-perf, two processes each (127.0.0.1, 127.0.0.2) over %s, %s, tx depth 128, a completion every 100, buffers written before the run, %s; MiB/s, medians of %d rounds (ratio: of the rounds' ratios)\n", wire, itersSaid(*iters), procsSaid(*procs), *reps)
 	fmt.Fprintf(stdout, "%-6s %8s %-7s %12s %12s %8s\n", "test", "bytes", "reg", "perftest", "odp-perf", "ratio")
 	for _, t := range *tests {
 		tsizes, tmodes := sizes, *modes
@@ -101,7 +102,10 @@ func perftest(args []string, stdout, stderr io.Writer) error {
 					var a, b float64
 					if err := inTurn(r,
 						func() (err error) { a, err = perftestRun(*lib, t, size, n, mode == "odp", *gso); return err },
-						func() (err error) { b, err = odpPerfRun(self, t, size, n, mode == "odp", *gso); return err },
+						func() (err error) {
+							b, err = odpPerfRun(self, odpPerfArgs(t, size, n, mode == "odp", *gso, *procs))
+							return err
+						},
 					); err != nil {
 						return err
 					}
@@ -198,13 +202,11 @@ func perftestRun(lib, test string, size, iters int, odp, gso bool) (float64, err
 // peak, BW average, ...
 var odpPerfRow = regexp.MustCompile(`(?m)^\s*\d+\s+\d+\s+[\d.]+\s+([\d.]+)\s`)
 
-// odpPerfRun runs this program's <test>_bw as a server and a client process and
-// returns the client's average bandwidth.
-func odpPerfRun(self, test string, size, iters int, odp, gso bool) (float64, error) {
-	port, err := freeTCPPort()
-	if err != nil {
-		return 0, err
-	}
+// odpPerfArgs are the flags of odp-perf's side of the comparison: its <test>_bw
+// with the same messages, iterations and registration as perftest's, and procs Ps
+// in each process (0: odp-perf's own rule, which gives them as the library gives
+// perftest's).
+func odpPerfArgs(test string, size, iters int, odp, gso bool, procs int) []string {
 	// --warm: perftest writes its buffers before it registers them, so that no page
 	// faults in the timed run.
 	//
@@ -219,6 +221,27 @@ func odpPerfRun(self, test string, size, iters int, odp, gso bool) (float64, err
 	}
 	if gso {
 		args = append(args, "--link-gso")
+	}
+	if procs > 0 {
+		args = append(args, "--procs", strconv.Itoa(procs))
+	}
+	return args
+}
+
+// procsSaid says how many Ps odp-perf's processes have, for the header.
+func procsSaid(procs int) string {
+	if procs > 0 {
+		return fmt.Sprintf("odp-perf with %d P(s) in each process", procs)
+	}
+	return "odp-perf with the Ps the library gives perftest"
+}
+
+// odpPerfRun runs this program with args (odpPerfArgs) as a server and a client
+// process and returns the client's average bandwidth.
+func odpPerfRun(self string, args []string) (float64, error) {
+	port, err := freeTCPPort()
+	if err != nil {
+		return 0, err
 	}
 	srvOut, stop, err := startServer(exec.Command(self, append(args, "--server", "127.0.0.1:"+port)...))
 	if err != nil {
