@@ -38,8 +38,9 @@ func main() {} // a c-shared library's main is never run
 // project's 2-CPU machines it moved 10-25% more at 64 B than with two. With one P
 // fewer while a thread posted, the engines had none while it ran C: an engine that
 // a post woke waited about 250 us for a P, and perftest's typical 64 B latency
-// between two processes was about 200-240 us, now 52-114 us (README). GOMAXPROCS in
-// the environment still decides.
+// between two processes was about 200-240 us, now 52-114 us (README). While the
+// threads wait for their completions in Go rather than in C, the runtime has one P
+// fewer again (procs.go). GOMAXPROCS in the environment still decides.
 func init() {
 	if os.Getenv("GOMAXPROCS") == "" {
 		runtime.GOMAXPROCS(max(1, runtime.NumCPU()-1))
@@ -47,13 +48,15 @@ func init() {
 }
 
 // dataPath gives the runtime one P per CPU once a thread posts or polls through the
-// library (see init). The first call raises it; the rest cost an atomic load.
+// library (see init), and starts adaptProcs. The first call raises it; the rest cost
+// an atomic load.
 func dataPath() {
 	if raised.Load() || !raised.CompareAndSwap(false, true) {
 		return
 	}
 	if os.Getenv("GOMAXPROCS") == "" {
 		runtime.GOMAXPROCS(runtime.NumCPU())
+		go adaptProcs(runtime.NumCPU())
 	}
 }
 

@@ -224,13 +224,23 @@ func (c *completionQueue) wait(d time.Duration) bool {
 // odpemu_wait_cq blocks the calling thread in Go until the CQ's armed doorbell rings
 // or ns nanoseconds have passed (backend.h).
 //
+// odpemu_wait_in_c counts a thread that begins to wait in C (backend.h).
+//
+//export odpemu_wait_in_c
+func odpemu_wait_in_c() C.int {
+	cWaits.Add(1)
+	return 0
+}
+
 //export odpemu_wait_cq
 func odpemu_wait_cq(h C.odpemu_handle, ns C.int64_t) C.int {
 	c, ok := lookup[*completionQueue](h)
 	if !ok || ns < 0 {
 		return C.int(syscall.EINVAL)
 	}
+	t := time.Now()
 	c.wait(time.Duration(ns))
+	waitedNanos.Add(int64(time.Since(t)))
 	return 0
 }
 

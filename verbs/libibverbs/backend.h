@@ -119,6 +119,11 @@ struct odpemu_connect {
  * monitor takes the P back, 20 us to milliseconds later; the engine that its post
  * woke waits for a P meanwhile if none is free. A thread blocked in Go gives its P up
  * at once.
+ *
+ * odpemu_wait_in_c tells the Go half that a thread waits in C for a completion for
+ * long, holding its P (its poll loop found the CQ empty for 50 us and sleeps, or it
+ * reads a completion channel): the runtime then keeps a P per CPU
+ * (verbs/emu/procs.go). It returns 0.
  */
 
 /* The Go half's entry points, looked up by name with dlsym. */
@@ -140,6 +145,7 @@ struct odpemu_connect {
 	X(int, odpemu_resize_cq, (odpemu_handle cq, int depth))                                   \
 	X(int, odpemu_poll_cq, (odpemu_handle cq, int n, struct odpemu_wc *wcs))                  \
 	X(int, odpemu_wait_cq, (odpemu_handle cq, int64_t ns))                                    \
+	X(int, odpemu_wait_in_c, (void))                                                          \
 	X(int, odpemu_req_notify_cq, (odpemu_handle cq, int fd, uint64_t event))                  \
 	X(int, odpemu_create_qp, (odpemu_handle pd, odpemu_handle send_cq, odpemu_handle recv_cq, \
 				  odpemu_handle srq, uint32_t type, struct odpemu_qp_caps *caps,      \

@@ -79,6 +79,7 @@ EXPORT int ibv_destroy_comp_channel(struct ibv_comp_channel *channel)
 EXPORT int ibv_get_cq_event(struct ibv_comp_channel *channel, struct ibv_cq **cq, void **cq_context)
 {
 	uint64_t ev;
+	be.odpemu_wait_in_c();
 	ssize_t n = read(channel->fd, &ev, sizeof ev);
 	if (n != (ssize_t)sizeof ev)
 		return -1; /* errno says why (EAGAIN on a non-blocking channel) */
@@ -210,11 +211,14 @@ EXPORT int ibv_dereg_mr(struct ibv_mr *mr)
  * SPIN_NS, sleeps on the doorbell, at most SLEEP_NS a poll, until a completion rings
  * it. A loop counts as one while the same thread polls the same CQ again within
  * LOOP_NS; a program that polls now and then, or polls two CQs in turn, never sleeps.
+ * A loop that sleeps tells the Go half (odpemu_wait_in_c), which then gives the
+ * runtime a P per CPU (verbs/emu/procs.go): the sleeper holds one.
  *
  * A thread that has WAIT_IN_FLIGHT or more sends in flight (posted since one of its
  * polls last found a completion), a signaled one among them, and finds that send's
- * CQ empty waits in Go instead, once, until the CQ's doorbell rings or SLEEP_NS
- * passes (odpemu_wait_cq): while a C thread runs C it keeps the Go runtime's P it
+ * CQ empty waits in Go instead, until the CQ's doorbell rings or SLEEP_NS passes
+ * (odpemu_wait_cq), and again at each empty poll until a poll of that CQ finds a
+ * completion (100 READs of 4 KiB between two processes take longer than SLEEP_NS): while a C thread runs C it keeps the Go runtime's P it
  * last entered Go with, which the engines and the port then lack until the runtime's
  * monitor takes it back (backend.h); a thread blocked in Go gives it up at once. With
  * that many in flight the completion is the NIC's work away, and the thread has
@@ -228,6 +232,7 @@ enum { SPIN_NS = 50000, SLEEP_NS = 1000000, LOOP_NS = 10000, WAIT_IN_FLIGHT = 16
 static __thread struct {
 	struct emu_cq *cq;
 	uint64_t start, last; /* the loop's first and last empty poll */
+	int told;	      /* odpemu_wait_in_c was called for the loop */
 } empty_loop;
 
 /* The send CQ of a QP this thread posted a signaled send to since it last waited, and
@@ -258,7 +263,6 @@ static uint64_t now_ns(void)
 static void wait_empty(struct emu_cq *c)
 {
 	if (expected == c && in_flight >= WAIT_IN_FLIGHT) {
-		expected = NULL;
 		if (be.odpemu_wait_cq(c->h, SLEEP_NS) == 0) {
 			empty_loop.cq = NULL; /* a loop starts afresh */
 			return;
@@ -268,11 +272,16 @@ static void wait_empty(struct emu_cq *c)
 	if (empty_loop.cq != c || now - empty_loop.last > LOOP_NS) {
 		empty_loop.cq = c;
 		empty_loop.start = now;
+		empty_loop.told = 0;
 	}
 	empty_loop.last = now;
 	if (now - empty_loop.start < SPIN_NS) {
 		sched_yield();
 		return;
+	}
+	if (!empty_loop.told) {
+		empty_loop.told = 1;
+		be.odpemu_wait_in_c(); /* a long wait in C, holding a P */
 	}
 	uint32_t empty = 0; /* 2: a poller sleeps (backend.h) */
 	if (__atomic_compare_exchange_n(&c->bell, &empty, 2, 0, __ATOMIC_ACQ_REL, __ATOMIC_ACQUIRE)) {
@@ -331,8 +340,11 @@ int emu_poll_cq(struct ibv_cq *cq, int num_entries, struct ibv_wc *wc)
 	}
 	__atomic_store_n(&c->idle, (uint32_t)drained, __ATOMIC_RELEASE);
 	pthread_mutex_unlock(&c->lock);
-	if (done)
+	if (done) {
 		in_flight = 0;
+		if (expected == c)
+			expected = NULL; /* until the next signaled send */
+	}
 	return done;
 }
 
