@@ -71,21 +71,28 @@ const inProcessProcs = 1
 
 // runProcs returns how many Ps a run of test runs with, or 0 to leave the runtime's
 // as they are: --procs when given (flag > 0); else, when GOMAXPROCS is not set in
-// the environment, inProcessProcs in one process and serverProcs for a server. A
-// client of two processes keeps every CPU, as odpemu's libibverbs.so.1 gives a
-// program that posts: its application posts and polls while the engine and the
-// socket need a P (verbs/emu).
+// the environment, inProcessProcs in one process, serverProcs for a server and
+// clientProcs for a client.
 func runProcs(flag int, test string, server, client, envSet bool, cpus int) int {
 	switch {
 	case flag > 0:
 		return flag
-	case envSet, client:
+	case envSet:
 		return 0
 	case server:
 		return serverProcs(test, cpus)
+	case client:
+		return clientProcs(cpus)
 	}
 	return inProcessProcs
 }
+
+// clientProcs is how many Ps a --connect process runs with on cpus CPUs, unless
+// --procs or GOMAXPROCS says: one fewer than the CPUs, as odpemu's libibverbs.so.1
+// gives perftest's bandwidth clients once their threads wait for completions in Go
+// (verbs/emu, procs.go), which odp-perf's application does with many requests in
+// flight.
+func clientProcs(cpus int) int { return max(1, cpus-1) }
 
 // setProcs sets the runtime's Ps for a run as runProcs decides, from --procs (flag),
 // the environment and the CPUs, and returns what gives them back.
@@ -212,7 +219,7 @@ func bw(test string, args []string, stdout, stderr io.Writer) error {
 	rnrRetry := fs.Int("rnr-retry", -1, "the client QP's rnr_retry, 0..7 (7: infinite; default 7)")
 	minRNR := fs.Int("min-rnr-timer", -1, "the server QP's min_rnr_timer, IBTA encoding 0..31 (default 12: 0.64 ms)")
 	server := fs.String("server", "", "run as the server of a two-process test: accept the client on this TCP address (host:port, e.g. :18515); unless --procs or GOMAXPROCS is set, a server of a test other than send_bw, which only answers, runs with one P fewer than the CPUs, as odpemu's libibverbs.so.1 runs perftest's")
-	procs := fs.Int("procs", 0, "Ps (GOMAXPROCS) the run takes; default, unless GOMAXPROCS is set: 1 in one process (the engines and the application take turns, fastest on one P), --server's rule for a server, every CPU for a client")
+	procs := fs.Int("procs", 0, "Ps (GOMAXPROCS) the run takes; default, unless GOMAXPROCS is set: 1 in one process (the engines and the application take turns, fastest on one P), --server's rule for a server, one fewer than the CPUs for a client, as odpemu's libibverbs.so.1 runs perftest's bandwidth clients")
 	connect := fs.String("connect", "", "run as the client of a two-process test: connect to the server at this TCP address")
 	bind := fs.String("bind", "", "local IP address of this side's RoCEv2 endpoint (server default 127.0.0.1; client default the address its route to the server leaves from, 127.0.0.2 on loopback)")
 	rocePort := fs.Uint16("roce-port", roce.UDPPort, "UDP port of this side's RoCEv2 endpoint (0: the kernel picks one); packets go to the peer's")

@@ -269,7 +269,9 @@ func TestRunProcs(t *testing.T) {
 	assert.Equal(t, 1, inProcessProcs)
 	assert.Equal(t, 3, runProcs(0, perf.ReadBW, true, false, false, 4), "a server that only answers")
 	assert.Equal(t, 4, runProcs(0, perf.SendBW, true, false, false, 4), "send_bw's server posts and polls")
-	assert.Equal(t, 0, runProcs(0, perf.WriteBW, false, true, false, 4), "a client keeps every CPU")
+	assert.Equal(t, 3, runProcs(0, perf.WriteBW, false, true, false, 4), "a client: one P fewer, as the library's")
+	assert.Equal(t, 1, runProcs(0, perf.SendBW, false, true, false, 1), "never no P")
+	assert.Equal(t, 0, runProcs(0, perf.WriteBW, false, true, true, 4), "the environment decides a client's too")
 }
 
 // A run in one process takes the Ps it says in its header, and the process has its

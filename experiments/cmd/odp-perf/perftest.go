@@ -32,7 +32,7 @@ func perftest(args []string, stdout, stderr io.Writer) error {
 	iters := fs.IntP("iters", "n", 0, "iterations per run (default: 100,000 for messages up to 4 KiB and fetch-and-adds, 5,000 above, as perftest's)")
 	reps := fs.Int("reps", 3, "rounds: each runs perftest and odp-perf, perftest first in odd rounds and second in even ones")
 	gso := fs.Bool("link-gso", false, "both sides send with UDP segmentation offload (ODPEMU_GSO=1 for perftest, --link-gso for odp-perf)")
-	procs := fs.Int("procs", 0, "Ps (GOMAXPROCS) of each odp-perf process (0: as the library gives perftest's: a server of a test other than send_bw one fewer than the CPUs, the others one per CPU); --procs 1 runs odp-perf as it runs fastest between two processes here")
+	procs := fs.Int("procs", 0, "Ps (GOMAXPROCS) of each odp-perf process (0: as the library gives perftest's: one fewer than the CPUs, but one per CPU for send_bw's server, whose threads poll in C)")
 	lib := fs.String("lib", "", "a directory holding odpemu's built libibverbs.so.1 (default: build it into a temporary directory; needs the odpemu module's sources)")
 	if err := fs.Parse(args); err != nil {
 		return err
