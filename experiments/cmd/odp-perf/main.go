@@ -27,6 +27,7 @@ import (
 	"slices"
 	"strconv"
 	"strings"
+	"sync"
 	"time"
 
 	"github.com/odpemu/odpemu/experiments/cmdflag"
@@ -95,14 +96,35 @@ func runProcs(flag int, test string, server, client, envSet bool, cpus int) int 
 func clientProcs(cpus int) int { return max(1, cpus-1) }
 
 // setProcs sets the runtime's Ps for a run as runProcs decides, from --procs (flag),
-// the environment and the CPUs, and returns what gives them back.
+// the environment and the CPUs, and returns what gives them back. Runs that overlap
+// in one process (a server and its client in a test) leave the Ps as the first found
+// them once the last ends, whichever order they end in.
 func setProcs(flag int, test string, server, client bool) (restore func()) {
 	n := runProcs(flag, test, server, client, os.Getenv("GOMAXPROCS") != "", runtime.NumCPU())
 	if n <= 0 {
 		return func() {}
 	}
-	was := runtime.GOMAXPROCS(n)
-	return func() { runtime.GOMAXPROCS(was) }
+	procs.Lock()
+	defer procs.Unlock()
+	if procs.runs == 0 {
+		procs.found = runtime.GOMAXPROCS(0)
+	}
+	procs.runs++
+	runtime.GOMAXPROCS(n)
+	return func() {
+		procs.Lock()
+		defer procs.Unlock()
+		if procs.runs--; procs.runs == 0 {
+			runtime.GOMAXPROCS(procs.found)
+		}
+	}
+}
+
+// procs counts the runs that set the Ps (setProcs) and have not given them back, and
+// keeps the Ps the first of them found.
+var procs struct {
+	sync.Mutex
+	runs, found int
 }
 
 const usage = `usage:

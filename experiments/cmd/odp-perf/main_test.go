@@ -258,6 +258,30 @@ func TestServerProcs(t *testing.T) {
 	assert.Equal(t, before, runtime.GOMAXPROCS(0), "the server gave its Ps back")
 }
 
+// Runs that set the Ps and overlap leave them as the first found them once the last
+// ends, in either order.
+func TestSetProcsOverlap(t *testing.T) {
+	if os.Getenv("GOMAXPROCS") != "" {
+		t.Skip("GOMAXPROCS is set: runs leave the Ps alone")
+	}
+	before := runtime.GOMAXPROCS(0)
+	for _, firstEndsFirst := range []bool{true, false} {
+		a := setProcs(1, perf.WriteBW, false, false)
+		require.Equal(t, 1, runtime.GOMAXPROCS(0))
+		b := setProcs(3, perf.WriteBW, false, false)
+		require.Equal(t, 3, runtime.GOMAXPROCS(0))
+		if firstEndsFirst {
+			a()
+			require.Equal(t, 3, runtime.GOMAXPROCS(0), "the second run still runs")
+			b()
+		} else {
+			b()
+			a()
+		}
+		require.Equal(t, before, runtime.GOMAXPROCS(0))
+	}
+}
+
 // A run's Ps: --procs decides; else GOMAXPROCS in the environment leaves them; else
 // one in one process, the server's rule for a server, and a client keeps them all.
 func TestRunProcs(t *testing.T) {
