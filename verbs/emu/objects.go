@@ -221,10 +221,7 @@ func (c *completionQueue) wait(d time.Duration) bool {
 	}
 }
 
-// odpemu_wait_cq blocks the calling thread in Go until the CQ's armed doorbell rings
-// or ns nanoseconds have passed (backend.h).
-//
-// odpemu_wait_in_c counts a thread that begins to wait in C (backend.h).
+// odpemu_wait_in_c counts a thread's long wait in C (backend.h, procs.go).
 //
 //export odpemu_wait_in_c
 func odpemu_wait_in_c() C.int {
@@ -232,6 +229,10 @@ func odpemu_wait_in_c() C.int {
 	return 0
 }
 
+// odpemu_wait_cq blocks the calling thread in Go until the CQ's armed doorbell rings
+// or ns nanoseconds have passed (backend.h), and adds the time it waited to
+// waitedNanos (procs.go).
+//
 //export odpemu_wait_cq
 func odpemu_wait_cq(h C.odpemu_handle, ns C.int64_t) C.int {
 	c, ok := lookup[*completionQueue](h)

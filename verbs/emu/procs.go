@@ -48,9 +48,9 @@ type procsAdapter struct {
 	last             time.Time
 }
 
-// tick ends the window at now, in which threads waited waited in Go and began
-// inC long waits in C, and returns the Ps for the next one and whether they differ from
-// the last window's.
+// tick ends the window at now, in which threads waited waited in Go and began inC
+// long waits in C, and returns the Ps for the next window and whether they differ
+// from the last window's.
 func (a *procsAdapter) tick(now time.Time, waited time.Duration, inC int64) (procs int, changed bool) {
 	window := now.Sub(a.last)
 	a.last = now

@@ -283,7 +283,8 @@ func TestSetProcsOverlap(t *testing.T) {
 }
 
 // A run's Ps: --procs decides; else GOMAXPROCS in the environment leaves them; else
-// one in one process, the server's rule for a server, and a client keeps them all.
+// one in one process, the server's rule for a server, one fewer than the CPUs for a
+// client.
 func TestRunProcs(t *testing.T) {
 	assert.Equal(t, 3, runProcs(3, perf.WriteBW, false, false, true, 2), "--procs over the environment")
 	assert.Equal(t, 2, runProcs(2, perf.ReadBW, true, false, false, 2), "--procs over the server's rule")
