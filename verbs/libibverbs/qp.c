@@ -218,14 +218,15 @@ EXPORT int ibv_dereg_mr(struct ibv_mr *mr)
  * polls last found a completion), a signaled one among them, and finds that send's
  * CQ empty waits in Go instead, until the CQ's doorbell rings or SLEEP_NS passes
  * (odpemu_wait_cq), and again at each empty poll until a poll of that CQ finds a
- * completion (100 READs of 4 KiB between two processes take longer than SLEEP_NS): while a C thread runs C it keeps the Go runtime's P it
- * last entered Go with, which the engines and the port then lack until the runtime's
- * monitor takes it back (backend.h); a thread blocked in Go gives it up at once. With
- * that many in flight the completion is the NIC's work away, and the thread has
- * nothing else to do; with a few (a latency test's one) it comes soon, and a wait in
- * Go, whose wake-up takes a thread switch, would add to it. Between two processes on
- * 2 CPUs the wait took perftest's WRITE and SEND at 64 B from 0.6 to about 0.8 of
- * odp-perf; waiting with any send in flight made ib_write_lat's mean 4x longer.
+ * completion (100 READs of 4 KiB between two processes take longer than SLEEP_NS):
+ * while a C thread runs C it keeps the Go runtime's P it last entered Go with, which
+ * the engines and the port then lack until the runtime's monitor takes it back
+ * (backend.h); a thread blocked in Go gives it up at once. With that many in flight
+ * the completion is the NIC's work away, and the thread has nothing else to do; with
+ * a few (a latency test's one) it comes soon, and a wait in Go, whose wake-up takes a
+ * thread switch, would add to it. Between two processes on 2 CPUs the wait took
+ * perftest's WRITE and SEND at 64 B from 0.6 to about 0.8 of odp-perf; waiting with
+ * any send in flight made ib_write_lat's mean 4x longer.
  */
 enum { SPIN_NS = 50000, SLEEP_NS = 1000000, LOOP_NS = 10000, WAIT_IN_FLIGHT = 16 };
 
@@ -235,8 +236,8 @@ static __thread struct {
 	int told;	      /* odpemu_wait_in_c was called for the loop */
 } empty_loop;
 
-/* The send CQ of a QP this thread posted a signaled send to since it last waited, and
- * the sends it posted since a poll last found a completion. */
+/* The send CQ of a QP this thread posted a signaled send to since a poll of that CQ
+ * last found a completion, and the sends it posted since a poll last found one. */
 static __thread struct emu_cq *expected;
 static __thread uint32_t in_flight;
 
