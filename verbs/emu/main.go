@@ -43,9 +43,13 @@ func main() {} // a c-shared library's main is never run
 // fewer again (procs.go). GOMAXPROCS in the environment still decides.
 func init() {
 	if os.Getenv("GOMAXPROCS") == "" {
-		runtime.GOMAXPROCS(max(1, runtime.NumCPU()-1))
+		runtime.GOMAXPROCS(oneFewer(runtime.NumCPU()))
 	}
 }
+
+// oneFewer is the Ps the runtime has while the program's threads need none of their
+// own, on cpus CPUs: one fewer than the CPUs, and never none.
+func oneFewer(cpus int) int { return max(1, cpus-1) }
 
 // dataPath gives the runtime one P per CPU once a thread posts or polls through the
 // library (see init), and starts adaptProcs. The first call raises it; the rest cost
@@ -55,8 +59,9 @@ func dataPath() {
 		return
 	}
 	if os.Getenv("GOMAXPROCS") == "" {
-		runtime.GOMAXPROCS(runtime.NumCPU())
-		go adaptProcs(runtime.NumCPU())
+		cpus := runtime.NumCPU()
+		runtime.GOMAXPROCS(cpus)
+		go adaptProcs(cpus)
 	}
 }
 

@@ -61,7 +61,7 @@ func (a *procsAdapter) tick(now time.Time, waited time.Duration, inC int64) (pro
 	}
 	procs = a.cpus
 	if a.run >= 2 {
-		procs = max(1, a.cpus-1)
+		procs = oneFewer(a.cpus)
 	}
 	changed, a.procs = procs != a.procs, procs
 	return procs, changed
