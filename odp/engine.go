@@ -515,8 +515,22 @@ func (e *engine) receive() bool {
 	if e.holding {
 		e.detach()
 	}
+	responded := false // a response was taken since the send queue last retired
 	for e.inHead < len(e.inbox) {
 		s := &e.inbox[e.inHead]
+		// Completions in the order of the runs that caused them, across the QP's two
+		// CQs, as a NIC writes them: the receives before a response, the requests the
+		// response completed before a request after it (the peer ACKed our SEND
+		// before its application could answer it).
+		if !e.errored {
+			if !s.Opcode.IsRequest() {
+				e.pushRecvs()
+				responded = true
+			} else if responded {
+				e.retire()
+				responded = false
+			}
+		}
 		switch {
 		case e.errored:
 			e.release(s)

@@ -431,6 +431,80 @@ func TestReadThenWriteInOrder(t *testing.T) {
 	}
 }
 
+// TestPingPongCompletionOrder: a QP's completions come in the order of the packets
+// that caused them, across its two CQs, as a NIC writes them. In a ping-pong the ACK
+// of a SEND reaches its requester before the peer's reply does (the peer's NIC sent
+// it when the SEND arrived, before the peer's application saw the receive), so once
+// the reply's receive completion is seen, the SEND's completion is already in the
+// send CQ: perftest's ib_send_lat -e polls that CQ once and trusts what it finds. Both
+// can arrive in one of the engine's receive passes, which once pushed the receive
+// completion before the SEND's.
+func TestPingPongCompletionOrder(t *testing.T) {
+	a, b := pair(t, Config{})
+	const n, size = 1000, 64
+	abuf, amr := a.region(t, 2*size, rw)
+	_, bmr := b.region(t, 2*size, rw)
+	post := func(nd *node, mr *MR, i int) {
+		require.NoError(t, nd.qp.PostRecv(RecvWR{WRID: uint64(i), SGL: sge(mr, size, size)}))
+	}
+	for i := 0; i < 16; i++ {
+		post(a, amr, i)
+		post(b, bmr, i)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	pong := make(chan error, 1)
+	go func() { // b answers each SEND as soon as it sees it
+		var wc [1]WC
+		for i := 0; i < n; i++ {
+			k, err := b.rcq.Wait(ctx, wc[:])
+			if err == nil && (k != 1 || wc[0].Status != WCSuccess) {
+				err = fmt.Errorf("ping %d: %d completions, %+v", i, k, wc[0])
+			}
+			if err == nil && i > 0 {
+				// a saw pong i-1 before it sent ping i: its ACK came first.
+				k, err = b.scq.Poll(wc[:])
+				if err == nil && (k != 1 || wc[0].WRID != uint64(i-1)) {
+					err = fmt.Errorf("ping %d came before pong %d's completion (%d, %+v)", i, i-1, k, wc[0])
+				}
+			}
+			if err == nil {
+				err = b.qp.PostRecv(RecvWR{WRID: uint64(i), SGL: sge(bmr, size, size)})
+			}
+			if err == nil {
+				err = b.qp.PostSend(SendWR{WRID: uint64(i), Opcode: OpSend, SGL: sge(bmr, 0, size), Flags: SendSignaled})
+			}
+			if err != nil {
+				pong <- err
+				cancel() // a stops waiting
+				return
+			}
+		}
+		pong <- nil
+	}()
+	var wc [1]WC
+	for i := 0; i < n; i++ {
+		abuf[0] = byte(i)
+		require.NoError(t, a.qp.PostSend(SendWR{WRID: uint64(i), Opcode: OpSend, SGL: sge(amr, 0, size), Flags: SendSignaled}))
+		k, err := a.rcq.Wait(ctx, wc[:])
+		if err != nil {
+			select {
+			case perr := <-pong:
+				require.NoError(t, perr)
+			default:
+			}
+		}
+		require.NoError(t, err, "round %d: waiting for the pong", i)
+		require.Equal(t, WCSuccess, wc[0].Status, wc[0].Detail)
+		k, err = a.scq.Poll(wc[:])
+		require.NoError(t, err)
+		require.Equal(t, 1, k, "round %d: the pong's receive completion came before the ping's own", i)
+		require.Equal(t, WC{WRID: uint64(i), Opcode: WCSend, QPNum: a.qp.QPNum()}, wc[0])
+		require.NoError(t, a.qp.PostRecv(RecvWR{WRID: uint64(i), SGL: sge(amr, size, size)}))
+	}
+	require.NoError(t, <-pong)
+}
+
 // TestSetSendPSN: a QP sends from the PSN the application chose (as ibv_modify_qp's
 // sq_psn sets it), which the peer expects; once connected it cannot change.
 func TestSetSendPSN(t *testing.T) {

@@ -382,7 +382,8 @@ func (e *engine) recvDone(wc WC) {
 
 // pushRecvs writes the receive completions recvDone queued to the receive CQ, in
 // order: at the end of every receive pass, before the ACKs of their messages go
-// out (a requester's completion never precedes its receive's), and before the
+// out (a requester's completion never precedes its receive's), before the pass
+// takes a response (whose completions come after them, receive), and before the
 // engine completes anything else into that CQ (an error after them).
 func (e *engine) pushRecvs() {
 	if len(e.recvWCs) > 0 {

@@ -89,6 +89,23 @@ func execDenied(argv []string) int {
 	return 127
 }
 
+// outputWithin runs cmd and returns its output; a cmd still running after d is
+// killed, and the error says so (a hung peer fails the test, not the test binary's
+// timeout).
+func outputWithin(cmd *exec.Cmd, d time.Duration) (string, error) {
+	var out bytes.Buffer
+	cmd.Stdout, cmd.Stderr = &out, &out
+	if err := cmd.Start(); err != nil {
+		return "", err
+	}
+	timer := time.AfterFunc(d, func() { _ = cmd.Process.Kill() })
+	err := cmd.Wait()
+	if !timer.Stop() {
+		err = fmt.Errorf("killed after %v: %w", d, err)
+	}
+	return out.String(), err
+}
+
 // deniedCmd is cmd run where the process may not create a userfaultfd (execDenied).
 func deniedCmd(cmd *exec.Cmd) *exec.Cmd {
 	w := exec.Command(os.Args[0], cmd.Args...)
@@ -355,7 +372,7 @@ func serverClientWrapped(t *testing.T, dir string, wrap func(*exec.Cmd) *exec.Cm
 	var cliOut string
 	for i := 0; ; i++ {
 		cli := wrap(verbsCmd(dir, []string{"ODPEMU_ADDR=127.0.0.9"}, prog, append(common, "127.0.0.1")...))
-		cliOut, clientErr = output(cli)
+		cliOut, clientErr = outputWithin(cli, 2*time.Minute)
 		if !strings.Contains(cliOut, "Couldn't connect to") && !strings.Contains(cliOut, "Unable to open file descriptor") || i == 50 {
 			break
 		}
@@ -497,6 +514,36 @@ func TestPerftest(t *testing.T) {
 	_, client, _, cerr := serverClient(t, dir, "ib_atomic_bw", "-x", "0", "-F", "-n", "10", "--odp")
 	require.Error(t, cerr)
 	require.Contains(t, client, "ODP does not support ATOMICS")
+}
+
+// TestPerftestLatency: perftest's latency tests, unmodified, between two processes,
+// polling and with completion events (-e). ib_send_lat -e takes its two CQs' events
+// from one channel (perftest 4.5) and polls the CQ it waits on once: it finds the
+// SEND's completion before the peer's answer only because the engine completes in
+// the order the packets came (odp's TestPingPongCompletionOrder).
+func TestPerftestLatency(t *testing.T) {
+	dir := library(t)
+	runs := []struct {
+		prog string
+		args []string
+	}{
+		{"ib_send_lat", nil}, {"ib_send_lat", []string{"-e"}}, {"ib_send_lat", []string{"-e", "--odp", "-s", "4096"}},
+		{"ib_write_lat", nil}, {"ib_read_lat", []string{"-e"}}, {"ib_atomic_lat", []string{"-e"}},
+	}
+	// #bytes #iterations t_min t_max t_typical t_avg t_stdev 99% 99.9%
+	row := regexp.MustCompile(`(?m)^\s*(\d+)\s+(\d+)\s+([\d.]+)\s+([\d.]+)\s+([\d.]+)(\s+[\d.]+){4}\s*$`)
+	for _, r := range runs {
+		args := append([]string{"-x", "0", "-F", "-n", "200"}, r.args...)
+		server, client, serr, cerr := serverClient(t, dir, r.prog, args...)
+		require.NoError(t, cerr, "%s %v client:\n%s\nserver:\n%s", r.prog, r.args, client, server)
+		require.NoError(t, serr, "%s %v server:\n%s\nclient:\n%s", r.prog, r.args, server, client)
+		m := row.FindStringSubmatch(client)
+		require.NotNil(t, m, "%s %v: no results row:\n%s", r.prog, r.args, client)
+		typical, err := strconv.ParseFloat(m[5], 64)
+		require.NoError(t, err)
+		require.Positive(t, typical, "%s %v: typical latency", r.prog, r.args)
+		t.Logf("%s %v: %s bytes, %s iterations, typical %s us", r.prog, r.args, m[1], m[2], m[5])
+	}
 }
 
 // TestPoll runs testdata/poll.c: ibv_poll_cq over the CQ's doorbell, a busy poller
