@@ -2,10 +2,14 @@ package odp
 
 import (
 	"bytes"
+	"fmt"
 	"os"
+	"slices"
+	"strings"
 	"testing"
 	"unsafe"
 
+	"github.com/odpemu/odpemu/pagefault"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 	"golang.org/x/sys/unix"
@@ -140,4 +144,107 @@ func TestODPRefusesWhatUserfaultfdCannotTake(t *testing.T) {
 	mr, err := n.pd.RegMR(mem, rw) // pinned: any mapping
 	require.NoError(t, err)
 	require.NoError(t, mr.Dereg())
+}
+
+// hugeMapping maps two huge pages the way an application maps them (MAP_HUGETLB),
+// unmapped at the test's end, and returns them with the huge page size; it skips the
+// test where the system reserves none (vm.nr_hugepages).
+func hugeMapping(t *testing.T) ([]byte, int) {
+	t.Helper()
+	probe, err := unix.Mmap(-1, 0, ps, unix.PROT_READ|unix.PROT_WRITE, unix.MAP_PRIVATE|unix.MAP_ANONYMOUS|unix.MAP_HUGETLB)
+	if err != nil {
+		t.Skipf("skipped: no huge page to map (vm.nr_hugepages reserves none?): %v", err)
+	}
+	lo, hi, err := pagefault.WholeMappingPages(uintptr(unsafe.Pointer(&probe[0])), uintptr(unsafe.Pointer(&probe[0]))+1)
+	require.NoError(t, err)
+	hps := int(hi - lo)
+	require.Greater(t, hps, ps, "a huge page")
+	require.NoError(t, unix.MunmapPtr(unsafe.Pointer(&probe[0]), uintptr(hps))) // whole huge pages only
+	mem, err := unix.Mmap(-1, 0, 2*hps, unix.PROT_READ|unix.PROT_WRITE, unix.MAP_PRIVATE|unix.MAP_ANONYMOUS|unix.MAP_HUGETLB)
+	if err != nil {
+		t.Skipf("skipped: fewer than two huge pages free: %v", err)
+	}
+	t.Cleanup(func() { _ = unix.Munmap(mem) })
+	return mem, hps
+}
+
+// uffdTracked reports whether the mapping holding addr is registered with a
+// userfaultfd for write-protect events (smaps' VmFlags "uw").
+func uffdTracked(t *testing.T, addr uintptr) bool {
+	t.Helper()
+	smaps, err := os.ReadFile("/proc/self/smaps")
+	require.NoError(t, err)
+	in := false
+	for _, line := range strings.Split(string(smaps), "\n") {
+		var lo, hi uintptr
+		if n, _ := fmt.Sscanf(line, "%x-%x ", &lo, &hi); n == 2 {
+			in = addr >= lo && addr < hi
+			continue
+		}
+		if flags, ok := strings.CutPrefix(line, "VmFlags:"); ok && in {
+			return slices.Contains(strings.Fields(flags), "uw")
+		}
+	}
+	t.Fatalf("%#x is in no mapping", addr)
+	return false
+}
+
+// TestODPOverHugePages: an ODP MR over the application's huge pages, beginning and
+// ending inside them (perftest's --use_hugepages --odp registers its buffer's size
+// from the start of a SHM_HUGETLB segment). userfaultfd takes whole huge pages only:
+// the registration covers the MR's huge pages, and ends with the MR. The NIC faults a
+// huge page in, the application's MADV_DONTNEED of one invalidates it, an implicit MR
+// reaches huge pages too.
+func TestODPOverHugePages(t *testing.T) {
+	mem, hps := hugeMapping(t)
+	a, b := pair(t, Config{NoSnapshot: true})
+	base := uintptr(unsafe.Pointer(&mem[0]))
+	copy(mem, "the application's own data, before the buffer")
+	buf := mem[512 : hps+100] // all of huge page 0 but its first 512 bytes, 100 bytes of page 1
+	mr, err := b.pd.RegMR(buf, rw|AccessOnDemand)
+	require.NoError(t, err, "an ODP MR over part of a huge page")
+	assert.True(t, uffdTracked(t, base))
+
+	src, smr := a.region(t, len(buf), rw)
+	for i := range src {
+		src[i] = byte(i*7 + 3)
+	}
+	require.NoError(t, a.qp.PostSend(SendWR{WRID: 1, Opcode: OpRDMAWrite, SGL: sge(smr, 0, len(buf)), Flags: SendSignaled,
+		RemoteAddr: mr.Addr(), RKey: mr.RKey()}))
+	wc := wait(t, a.scq)
+	require.Equal(t, WCSuccess, wc.Status, wc.Detail)
+	require.Equal(t, src, buf, "the NIC faulted the huge pages in and wrote them")
+	require.True(t, bytes.HasPrefix(mem, []byte("the application's own data, before the buffer")))
+	assert.Positive(t, b.dev.Stats().PageFaults)
+
+	// The application discards huge page 1: the NIC's entries there go, and a READ
+	// finds zeros where the WRITE left data.
+	inv := mr.Stats().Invalidations
+	require.NoError(t, unix.Madvise(mem[hps:], unix.MADV_DONTNEED))
+	require.NoError(t, b.dev.SyncEvents())
+	assert.Greater(t, mr.Stats().Invalidations, inv)
+	back, bmr := a.region(t, len(buf), rw)
+	require.NoError(t, a.qp.PostSend(SendWR{WRID: 2, Opcode: OpRDMARead, SGL: sge(bmr, 0, len(buf)), Flags: SendSignaled,
+		RemoteAddr: mr.Addr(), RKey: mr.RKey()}))
+	wc = wait(t, a.scq)
+	require.Equal(t, WCSuccess, wc.Status, wc.Detail)
+	cut := hps - 512
+	require.Equal(t, src[:cut], back[:cut])
+	require.Equal(t, make([]byte, 100), back[cut:], "the discarded huge page reads as zeros")
+
+	require.NoError(t, mr.Dereg())
+	assert.False(t, uffdTracked(t, base), "the registration ends with the MR")
+	assert.Empty(t, b.dev.as.foreignRegs)
+
+	// An implicit MR: a WRITE into the middle of huge page 1 registers that huge page.
+	imr, err := b.pd.RegImplicitMR(rw | AccessOnDemand)
+	require.NoError(t, err)
+	require.NoError(t, a.qp.PostSend(SendWR{WRID: 3, Opcode: OpRDMAWrite, SGL: sge(smr, 0, 3*ps), Flags: SendSignaled,
+		RemoteAddr: uint64(base) + uint64(hps) + 5*uint64(ps) + 8, RKey: imr.RKey()}))
+	wc = wait(t, a.scq)
+	require.Equal(t, WCSuccess, wc.Status, wc.Detail)
+	require.Equal(t, src[:3*ps], mem[hps+5*ps+8:hps+8*ps+8])
+	assert.True(t, uffdTracked(t, base+uintptr(hps)))
+	require.NoError(t, imr.Dereg())
+	assert.False(t, uffdTracked(t, base+uintptr(hps)), "the implicit MR's registration ends with it")
 }

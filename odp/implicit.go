@@ -143,11 +143,12 @@ func (mr *MR) reach(lo, hi int) error {
 	}
 	r := interval.Range{Start: uintptr(lo) * ps, End: uintptr(hi) * ps}
 	for _, u := range interval.Uncovered(r, mr.reached) {
-		if _, err := s.uffd.Register(u.Start, u.End-u.Start, pagefault.ModeWP); err != nil {
+		w, err := s.registerEventsLocked(u)
+		if err != nil {
 			return wrap(ErrBadAddress, "MR %#x: %#x+%d is not memory of this process that implicit ODP reaches: %v",
 				mr.key, u.Start, u.End-u.Start, err)
 		}
-		mr.reached = interval.Merge(append(mr.reached, u))
+		mr.reached = interval.Merge(append(mr.reached, w))
 	}
 	return nil
 }

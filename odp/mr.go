@@ -93,7 +93,10 @@ type MR struct {
 	file *fileMap
 	// foreign: an ODP MR over memory the application mapped itself, not Alloc's
 	// (registerRangeLocked): registered for events only, faulted in with MADV_POPULATE.
-	foreign bool
+	// foreignSpan is the range registered: the MR's pages, widened to whole huge
+	// pages where it begins or ends in a hugetlbfs mapping (registerEventsLocked).
+	foreign     bool
+	foreignSpan interval.Range
 	// dropping: an invalidation that a zap after a REMOVE asked for runs (dropLate).
 	dropping atomic.Bool
 	// reached: an implicit MR's ranges of the application's own memory, registered
@@ -337,7 +340,7 @@ func (mr *MR) dereg() error {
 	defer s.regMu.Unlock()
 	s.mu.Lock()
 	if mr.foreign {
-		s.releaseForeignLocked(mr.span(end))
+		s.releaseForeignLocked(mr.foreignSpan)
 		s.mu.Unlock()
 		return nil
 	}

@@ -71,14 +71,33 @@ func (mr *MR) registerRangeLocked(end uintptr) error {
 			return wrap(ErrInvalidArgument, "%#x+%d spans a buffer from Alloc and other memory", mr.start, mr.length)
 		}
 	}
-	if _, err := s.uffd.Register(mr.base, end-mr.base, pagefault.ModeWP); err != nil {
+	span, err := s.registerEventsLocked(span)
+	if err != nil {
 		// Not all anonymous memory this process maps (a file mapping, a hole, another
 		// address space's registration): the kernel's ib_umem_odp_get fails so too.
 		return wrap(ErrBadAddress, "ODP registration of %#x+%d: %v", mr.start, mr.length, err)
 	}
-	mr.foreign = true
+	mr.foreign, mr.foreignSpan = true, span
 	s.foreignRegs = append(s.foreignRegs, span)
 	return nil
+}
+
+// registerEventsLocked registers r, the application's own memory, with the
+// userfaultfd for events only (write-protect mode, nothing write-protected) and
+// returns the range registered: r, or r widened to whole huge pages where an end of
+// it lies in a hugetlbfs mapping (MAP_HUGETLB, SHM_HUGETLB), of which UFFDIO_REGISTER
+// takes whole pages only (EINVAL). The kernel's ODP maps any part of a huge page;
+// the pages around the MR's that the widening adds only bring events no MR's
+// notifier covers. Called with space.mu held.
+func (s *space) registerEventsLocked(r interval.Range) (interval.Range, error) {
+	_, err := s.uffd.Register(r.Start, r.End-r.Start, pagefault.ModeWP)
+	if errors.Is(err, unix.EINVAL) {
+		if lo, hi, werr := pagefault.WholeMappingPages(r.Start, r.End); werr == nil && (lo != r.Start || hi != r.End) {
+			r = interval.Range{Start: lo, End: hi}
+			_, err = s.uffd.Register(r.Start, r.End-r.Start, pagefault.ModeWP)
+		}
+	}
+	return r, err
 }
 
 // releaseForeignLocked ends a foreign ODP MR's registration: its range leaves the
@@ -311,7 +330,7 @@ func (mr *MR) unregister(end uintptr) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	if mr.foreign {
-		s.releaseForeignLocked(mr.span(end))
+		s.releaseForeignLocked(mr.foreignSpan)
 		return
 	}
 	s.odpRegs = removeRange(s.odpRegs, mr.span(end))

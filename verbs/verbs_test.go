@@ -516,6 +516,29 @@ func TestPerftest(t *testing.T) {
 	require.Contains(t, client, "ODP does not support ATOMICS")
 }
 
+// TestPerftestHugePages: perftest's --use_hugepages --odp, which registers its buffer's
+// size (no multiple of a huge page) from the start of a SHM_HUGETLB segment: the ODP
+// registration takes the huge pages the buffer touches (odp's TestODPOverHugePages).
+func TestPerftestHugePages(t *testing.T) {
+	meminfo, err := os.ReadFile("/proc/meminfo")
+	require.NoError(t, err)
+	m := regexp.MustCompile(`(?m)^HugePages_Free:\s+(\d+)`).FindSubmatch(meminfo)
+	if m == nil {
+		t.Skip("skipped: /proc/meminfo counts no huge pages (a kernel without hugetlbfs)")
+	}
+	if free, _ := strconv.Atoi(string(m[1])); free < 4 {
+		t.Skip("skipped: fewer than 4 huge pages free (vm.nr_hugepages)")
+	}
+	dir := library(t)
+	for _, prog := range []string{"ib_write_bw", "ib_read_bw", "ib_send_bw"} {
+		args := []string{"-x", "0", "-F", "-n", "200", "--use_hugepages", "--odp"}
+		server, client, serr, cerr := serverClient(t, dir, prog, args...)
+		require.NoError(t, cerr, "%s client:\n%s\nserver:\n%s", prog, client, server)
+		require.NoError(t, serr, "%s server:\n%s\nclient:\n%s", prog, server, client)
+		require.Regexp(t, `(?m)^\s*65536\s+200\s+[\d.]+\s+[\d.]+`, client, prog)
+	}
+}
+
 // TestPerftestLatency: perftest's latency tests, unmodified, between two processes,
 // polling and with completion events (-e). ib_send_lat -e takes its two CQs' events
 // from one channel (perftest 4.5) and polls the CQ it waits on once: it finds the
