@@ -91,6 +91,22 @@ type Params struct {
 	Profile odp.Profile
 	// FaultModel, when set, replaces the profile's fault model.
 	FaultModel odp.FaultModel
+	// AppThread runs the application's loops (the client's posting and polling, a
+	// send_bw server's reposting of receives) each on an OS thread of its own
+	// (runtime.LockOSThread), as a C verbs program's threads run: every hand-over
+	// between the application and the engines is then a switch between threads,
+	// where a goroutine takes turns with the engines on the threads they run on.
+	AppThread bool
+}
+
+// appThread locks the calling goroutine to its OS thread if p.AppThread says so,
+// and returns what unlocks it.
+func (p Params) appThread() func() {
+	if !p.AppThread {
+		return func() {}
+	}
+	runtime.LockOSThread()
+	return runtime.UnlockOSThread
 }
 
 // device is the configuration of a side's device; a server takes the budget.
@@ -633,6 +649,7 @@ func (s *side) loop(p Params, remote target) (Result, error) {
 	wcs := make([]odp.WC, 16)
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Minute)
 	defer cancel()
+	defer p.appThread()()
 	var start time.Time
 	var stamps []time.Time // completion times of signaled WRs
 	var marks []int        // WRs completed at each stamp
@@ -668,7 +685,7 @@ func (s *side) loop(p Params, remote target) (Result, error) {
 			}
 			posted++
 		}
-		n, err := pollWait(ctx, s.cq, wcs)
+		n, err := p.pollWait(ctx, s.cq, wcs)
 		if err != nil {
 			return Result{}, err
 		}
@@ -719,9 +736,10 @@ func (s *side) startReceiver(p Params) (*receiver, error) {
 	ctx, cancel := context.WithCancel(context.Background())
 	r := &receiver{cancel: cancel, done: make(chan error, 1)}
 	go func() {
+		defer p.appThread()()
 		wcs := make([]odp.WC, 64)
 		for {
-			n, err := pollWait(ctx, s.cq, wcs)
+			n, err := p.pollWait(ctx, s.cq, wcs)
 			if err != nil {
 				r.done <- nil // stopped (the context's error): nothing to report
 				return
@@ -745,6 +763,17 @@ func (s *side) startReceiver(p Params) (*receiver, error) {
 func (r *receiver) stop() error {
 	r.cancel()
 	return <-r.done
+}
+
+// pollWait is how the application waits for completions: the package's pollWait,
+// or, on a thread of its own (AppThread), a poll and then a wait that blocks, as
+// odpemu's verbs library makes a thread with sends in flight wait: a locked goroutine
+// that yielded would hand its P to another thread and take it back each time.
+func (p Params) pollWait(ctx context.Context, cq *odp.CQ, wcs []odp.WC) (int, error) {
+	if !p.AppThread {
+		return pollWait(ctx, cq, wcs)
+	}
+	return cq.Wait(ctx, wcs)
 }
 
 // pollWait polls cq for a short while, yielding between polls, before it waits:

@@ -224,6 +224,18 @@ func TestSendBW(t *testing.T) {
 	assert.ErrorContains(t, err, "unknown test")
 }
 
+// The application's loops on OS threads of their own (AppThread, as a C program's):
+// the engines run on other threads, at GOMAXPROCS 1 as at more, and every message
+// completes.
+func TestAppThread(t *testing.T) {
+	for _, test := range []string{WriteBW, SendBW, ReadBW} {
+		r, err := Run(Params{Test: test, Size: 4096, Iters: 1000, Depth: 32, CQMod: 16, AppThread: true})
+		require.NoError(t, err, test)
+		assert.Equal(t, 1000, r.Iters, test)
+		assert.Positive(t, r.AvgMiBps, test)
+	}
+}
+
 // atomic_bw: 8-byte fetch-and-adds on the server's region, which its MR allows (an
 // MR without REMOTE_ATOMIC would fail the first with a remote access error); on ODP
 // they fault the server's pages in as a WRITE does. No other size.

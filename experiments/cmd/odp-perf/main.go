@@ -248,6 +248,7 @@ func bw(test string, args []string, stdout, stderr io.Writer) error {
 	loss := fs.Float64("loss", 0, "probability that this side (both sides, in one process) drops a packet it sends (0..1)")
 	seed := fs.Uint64("seed", 1, "seed of the injected loss")
 	timeout := fs.Int("timeout", -1, "the QP's local ACK timeout, IBTA encoding 0..31 (4.096 us x 2^t; default 18)")
+	appThread := fs.Bool("app-thread", false, "run the application's loops (posting and polling; a send_bw server's reposting of receives) each on an OS thread of its own, as a C verbs program's threads run: every hand-over to the engines is then a switch between threads (default: goroutines, which take turns with the engines on their threads)")
 	outs := fs.Int("outs", 0, "READs and atomics the client has outstanding at most (max_rd_atomic; the server's max_dest_rd_atomic), as perftest's --outs (default: the device's most, 16, or 128 with --profile rxe)")
 	cpuProfile := fs.String("cpuprofile", "", "write a CPU profile of the runs to this file (go tool pprof)")
 	minMemcpy := fs.Float64("min-memcpy-ratio", 0, "fail unless the median BW/memcpy of each size reaches this (a speed guard for CI; in one process)")
@@ -367,7 +368,7 @@ func bw(test string, args []string, stdout, stderr io.Writer) error {
 		p := perf.Params{Test: test, ODP: *odpFlag, Size: s, Iters: *iters, Depth: *depth, CQMod: *cqMod,
 			MRSize: int(mrSize), Warm: *warm, FaultAround: *fa, InvalidateRate: *invRate, Budget: int64(budget), Random: *random,
 			Implicit: *implicit, Prefetch: *prefetch, RNRRetry: rnr, MinRNRTimer: timer,
-			Loss: *loss, Seed: *seed, Timeout: ackTimeout, Profile: profile, Outs: *outs}
+			Loss: *loss, Seed: *seed, Timeout: ackTimeout, Profile: profile, Outs: *outs, AppThread: *appThread}
 		var r perf.Result
 		switch {
 		case ln != nil:

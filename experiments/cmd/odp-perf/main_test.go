@@ -192,18 +192,20 @@ func TestPerftestFootprint(t *testing.T) {
 // odp-perf's side of the perftest comparison: perftest's messages, iterations and
 // registration, --procs only when asked for, and flags odp-perf's own tests take.
 func TestOdpPerfArgs(t *testing.T) {
-	args := odpPerfArgs("write", 4096, 200, true, false, 0)
+	args := odpPerfArgs("write", 4096, 200, true, false, 0, false)
 	assert.Equal(t, []string{"write_bw", "-s", "4096", "-n", "200", "-Q", "100", "--warm", "--mr-size",
 		strconv.Itoa(perftestFootprint(4096)), "--odp"}, args)
 	assert.NotContains(t, args, "--procs", "odp-perf's own rule gives the Ps")
-	args = odpPerfArgs("send", 64, 200, false, true, 1)
+	args = odpPerfArgs("send", 64, 200, false, true, 1, true)
 	assert.NotContains(t, args, "--odp")
-	assert.Equal(t, []string{"--link-gso", "--procs", "1"}, args[len(args)-3:])
+	assert.Equal(t, []string{"--link-gso", "--procs", "1", "--app-thread"}, args[len(args)-4:])
 	out, _, err := runArgs(args...) // in one process: the flags parse and the test runs
 	require.NoError(t, err)
 	assert.Regexp(t, `(?m)^ 64 +200 `, out)
 	assert.Contains(t, procsSaid(1), "1 P(s)")
 	assert.Contains(t, procsSaid(0), "the library gives")
+	assert.Contains(t, appSaid(true), "threads of their own")
+	assert.Contains(t, appSaid(false), "goroutines")
 }
 
 // The speed guard CI runs: a run below --min-memcpy-ratio fails, naming the ratio.

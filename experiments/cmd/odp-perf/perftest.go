@@ -22,8 +22,10 @@ import (
 // perftest measures perftest's own bandwidth tests, unmodified, on odpemu's
 // libibverbs.so.1 against odp-perf's two-process tests on the same data path (the
 // same device settings and link, RoCEv2 between 127.0.0.1 and 127.0.0.2), in rounds
-// that run the two side by side: what a verbs program pays for crossing from C into
-// the emulator.
+// that run the two side by side: what a verbs program pays for the library. By
+// default odp-perf's applications run on threads of their own (--app-thread), as
+// perftest's C threads do: a goroutine application that takes turns with the engines
+// on their thread saves the switches between threads that any C program pays.
 func perftest(args []string, stdout, stderr io.Writer) error {
 	fs := newFlagSet("perftest", stderr)
 	tests := fs.StringSlice("tests", []string{"write", "read", "send", "atomic"}, "perftest's tests to run (ib_<test>_bw; atomic: 8-byte fetch-and-adds, pinned, whatever --sizes and --modes say)")
@@ -33,6 +35,7 @@ func perftest(args []string, stdout, stderr io.Writer) error {
 	reps := fs.Int("reps", 3, "rounds: each runs perftest and odp-perf, perftest first in odd rounds and second in even ones")
 	gso := fs.Bool("link-gso", false, "both sides send with UDP segmentation offload (ODPEMU_GSO=1 for perftest, --link-gso for odp-perf)")
 	procs := fs.Int("procs", 0, "Ps (GOMAXPROCS) of each odp-perf process (0: as the library gives perftest's: one fewer than the CPUs, but one per CPU for send_bw's server, whose threads poll in C)")
+	appThread := fs.Bool("app-thread", true, "odp-perf's applications each on an OS thread of their own (--app-thread), as perftest's C threads run; false: goroutines, which take turns with the engines on their threads")
 	lib := fs.String("lib", "", "a directory holding odpemu's built libibverbs.so.1 (default: build it into a temporary directory; needs the odpemu module's sources)")
 	if err := fs.Parse(args); err != nil {
 		return err
@@ -84,7 +87,7 @@ func perftest(args []string, stdout, stderr io.Writer) error {
 	if *gso {
 		wire = "RoCEv2 with UDP segmentation offload"
 	}
-	fmt.Fprintf(stdout, "# perftest on odpemu's libibverbs.so.1 against odp-perf, two processes each (127.0.0.1, 127.0.0.2) over %s, %s, tx depth 128, a completion every 100, buffers written before the run, %s; MiB/s, medians of %d rounds (ratio: of the rounds' ratios)\n", wire, itersSaid(*iters), procsSaid(*procs), *reps)
+	fmt.Fprintf(stdout, "# perftest on odpemu's libibverbs.so.1 against odp-perf, two processes each (127.0.0.1, 127.0.0.2) over %s, %s, tx depth 128, a completion every 100, buffers written before the run, %s, %s; MiB/s, medians of %d rounds (ratio: of the rounds' ratios)\n", wire, itersSaid(*iters), procsSaid(*procs), appSaid(*appThread), *reps)
 	fmt.Fprintf(stdout, "%-6s %8s %-7s %12s %12s %8s\n", "test", "bytes", "reg", "perftest", "odp-perf", "ratio")
 	for _, t := range *tests {
 		tsizes, tmodes := sizes, *modes
@@ -103,7 +106,7 @@ func perftest(args []string, stdout, stderr io.Writer) error {
 					if err := inTurn(r,
 						func() (err error) { a, err = perftestRun(*lib, t, size, n, mode == "odp", *gso); return err },
 						func() (err error) {
-							b, err = odpPerfRun(self, odpPerfArgs(t, size, n, mode == "odp", *gso, *procs))
+							b, err = odpPerfRun(self, odpPerfArgs(t, size, n, mode == "odp", *gso, *procs, *appThread))
 							return err
 						},
 					); err != nil {
@@ -206,7 +209,7 @@ var odpPerfRow = regexp.MustCompile(`(?m)^\s*\d+\s+\d+\s+[\d.]+\s+([\d.]+)\s`)
 // with the same messages, iterations and registration as perftest's, and procs Ps
 // in each process (0: odp-perf's own rule, which gives them as the library gives
 // perftest's).
-func odpPerfArgs(test string, size, iters int, odp, gso bool, procs int) []string {
+func odpPerfArgs(test string, size, iters int, odp, gso bool, procs int, appThread bool) []string {
 	// --warm: perftest writes its buffers before it registers them, so that no page
 	// faults in the timed run.
 	//
@@ -225,7 +228,18 @@ func odpPerfArgs(test string, size, iters int, odp, gso bool, procs int) []strin
 	if procs > 0 {
 		args = append(args, "--procs", strconv.Itoa(procs))
 	}
+	if appThread {
+		args = append(args, "--app-thread")
+	}
 	return args
+}
+
+// appSaid says how odp-perf's applications run, for the header.
+func appSaid(appThread bool) string {
+	if appThread {
+		return "odp-perf's applications on threads of their own as perftest's (--app-thread)"
+	}
+	return "odp-perf's applications goroutines"
 }
 
 // procsSaid says how many Ps odp-perf's processes have, for the header.
