@@ -499,12 +499,7 @@ func TestPerftest(t *testing.T) {
 	}
 	row := regexp.MustCompile(`(?m)^\s*(\d+)\s+(\d+)\s+([\d.]+)\s+([\d.]+)\s+([\d.]+)\s*$`)
 	for _, r := range runs {
-		args := append([]string{"-x", "0", "-F"}, r.args...)
-		server, client, serr, cerr := serverClient(t, dir, r.prog, args...)
-		require.NoError(t, cerr, "%s %v client:\n%s\nserver:\n%s", r.prog, r.args, client, server)
-		require.NoError(t, serr, "%s %v server:\n%s\nclient:\n%s", r.prog, r.args, server, client)
-		m := row.FindStringSubmatch(client)
-		require.NotNil(t, m, "%s %v: no results row:\n%s", r.prog, r.args, client)
+		m := perftestRow(t, dir, row, r.prog, append([]string{"-x", "0", "-F"}, r.args...)...)
 		avg, err := strconv.ParseFloat(m[4], 64)
 		require.NoError(t, err)
 		require.Positive(t, avg, "%s %v: BW average", r.prog, r.args)
@@ -514,6 +509,18 @@ func TestPerftest(t *testing.T) {
 	_, client, _, cerr := serverClient(t, dir, "ib_atomic_bw", "-x", "0", "-F", "-n", "10", "--odp")
 	require.Error(t, cerr)
 	require.Contains(t, client, "ODP does not support ATOMICS")
+}
+
+// perftestRow runs a perftest program as a server and a client, which must both
+// succeed, and returns the client's results row as row matches it.
+func perftestRow(t *testing.T, dir string, row *regexp.Regexp, prog string, args ...string) []string {
+	t.Helper()
+	server, client, serr, cerr := serverClient(t, dir, prog, args...)
+	require.NoError(t, cerr, "%s %v client:\n%s\nserver:\n%s", prog, args, client, server)
+	require.NoError(t, serr, "%s %v server:\n%s\nclient:\n%s", prog, args, server, client)
+	m := row.FindStringSubmatch(client)
+	require.NotNil(t, m, "%s %v: no results row:\n%s", prog, args, client)
+	return m
 }
 
 // TestPerftestHugePages: perftest's --use_hugepages --odp, which registers its buffer's
@@ -530,12 +537,9 @@ func TestPerftestHugePages(t *testing.T) {
 		t.Skip("skipped: fewer than 4 huge pages free (vm.nr_hugepages)")
 	}
 	dir := library(t)
+	row := regexp.MustCompile(`(?m)^\s*65536\s+200\s+[\d.]+\s+[\d.]+`)
 	for _, prog := range []string{"ib_write_bw", "ib_read_bw", "ib_send_bw"} {
-		args := []string{"-x", "0", "-F", "-n", "200", "--use_hugepages", "--odp"}
-		server, client, serr, cerr := serverClient(t, dir, prog, args...)
-		require.NoError(t, cerr, "%s client:\n%s\nserver:\n%s", prog, client, server)
-		require.NoError(t, serr, "%s server:\n%s\nclient:\n%s", prog, server, client)
-		require.Regexp(t, `(?m)^\s*65536\s+200\s+[\d.]+\s+[\d.]+`, client, prog)
+		perftestRow(t, dir, row, prog, "-x", "0", "-F", "-n", "200", "--use_hugepages", "--odp")
 	}
 }
 
@@ -556,12 +560,7 @@ func TestPerftestLatency(t *testing.T) {
 	// #bytes #iterations t_min t_max t_typical t_avg t_stdev 99% 99.9%
 	row := regexp.MustCompile(`(?m)^\s*(\d+)\s+(\d+)\s+([\d.]+)\s+([\d.]+)\s+([\d.]+)(\s+[\d.]+){4}\s*$`)
 	for _, r := range runs {
-		args := append([]string{"-x", "0", "-F", "-n", "200"}, r.args...)
-		server, client, serr, cerr := serverClient(t, dir, r.prog, args...)
-		require.NoError(t, cerr, "%s %v client:\n%s\nserver:\n%s", r.prog, r.args, client, server)
-		require.NoError(t, serr, "%s %v server:\n%s\nclient:\n%s", r.prog, r.args, server, client)
-		m := row.FindStringSubmatch(client)
-		require.NotNil(t, m, "%s %v: no results row:\n%s", r.prog, r.args, client)
+		m := perftestRow(t, dir, row, r.prog, append([]string{"-x", "0", "-F", "-n", "200"}, r.args...)...)
 		typical, err := strconv.ParseFloat(m[5], 64)
 		require.NoError(t, err)
 		require.Positive(t, typical, "%s %v: typical latency", r.prog, r.args)
