@@ -2,8 +2,11 @@ package odp
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"net/netip"
+
+	"golang.org/x/sys/unix"
 
 	"github.com/odpemu/odpemu/transport/roce"
 )
@@ -52,7 +55,10 @@ func (c UDPConfig) openEndpoint() (*roce.Endpoint, error) {
 		c.Addr = DefaultAddr
 	}
 	ep, err := roce.OpenEndpoint(c.Addr)
-	if err != nil {
+	switch {
+	case errors.Is(err, unix.EADDRINUSE):
+		return nil, wrap(ErrAddrInUse, "%v", err)
+	case err != nil:
 		return nil, wrap(ErrInvalidArgument, "%v", err)
 	}
 	return ep, nil

@@ -29,6 +29,10 @@ var (
 	ErrMemlockLimit = &verbsError{"pinned memory would exceed RLIMIT_MEMLOCK", unix.ENOMEM}
 	// ErrCQOverrun: completions were lost because the CQ was full.
 	ErrCQOverrun = &verbsError{"completion queue overrun", unix.EOVERFLOW}
+	// ErrAddrInUse: the local address's RoCEv2 port (UDP 4791) is another socket's,
+	// another process's on the same address, say: two processes on one host need two
+	// addresses, as two hosts would have.
+	ErrAddrInUse = &verbsError{"the local address's RoCEv2 port is in use", unix.EADDRINUSE}
 )
 
 type verbsError struct {

@@ -14,6 +14,7 @@ import (
 	"github.com/odpemu/odpemu/transport/roce"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
+	"golang.org/x/sys/unix"
 )
 
 // wireUDP reports whether pair connects its nodes over UDP (ODPEMU_WIRE=udp): the
@@ -377,6 +378,21 @@ func TestHostilePeer(t *testing.T) {
 			assert.True(t, bytes.Equal(want, mem), "the MR holds what valid requests wrote, nothing else")
 		})
 	}
+}
+
+// TestAttachRoCEAddrInUse: a local address whose RoCEv2 port another socket holds
+// (another process on the same address) fails the attach with ErrAddrInUse,
+// EADDRINUSE to a verbs caller, and leaves the QP as it was.
+func TestAttachRoCEAddrInUse(t *testing.T) {
+	taken, err := net.ListenUDP("udp4", &net.UDPAddr{IP: net.IPv4(127, 0, 0, 41), Port: roce.UDPPort})
+	require.NoError(t, err)
+	defer func() { require.NoError(t, taken.Close()) }()
+	a := newNode(t, Config{})
+	err = a.qp.AttachRoCE(netip.MustParseAddrPort("127.0.0.41:4791"), netip.MustParseAddrPort("127.0.0.42:4791"),
+		Remote{QPN: 2, PSN: 1}, 1024)
+	require.ErrorIs(t, err, ErrAddrInUse)
+	assert.Equal(t, unix.EADDRINUSE, Errno(err))
+	assert.Equal(t, StateReset, a.qp.State())
 }
 
 // TestConnectRoCE connects two QPs as verbs programs do: QP numbers and PSNs exchanged
