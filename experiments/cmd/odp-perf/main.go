@@ -54,8 +54,11 @@ func serverProcs(test string, cpus int) int {
 	if test == perf.SendBW {
 		return cpus
 	}
-	return max(1, cpus-1)
+	return oneFewer(cpus)
 }
+
+// oneFewer is one P fewer than cpus, and never none.
+func oneFewer(cpus int) int { return max(1, cpus-1) }
 
 // inProcessProcs is how many Ps a measurement in one process runs with unless
 // --procs or GOMAXPROCS says. The two emulated NICs' engines and the application
@@ -93,7 +96,7 @@ func runProcs(flag int, test string, server, client, envSet bool, cpus int) int 
 // gives perftest's bandwidth clients once their threads wait for completions in Go
 // (verbs/emu, procs.go), which odp-perf's application does with many requests in
 // flight.
-func clientProcs(cpus int) int { return max(1, cpus-1) }
+func clientProcs(cpus int) int { return oneFewer(cpus) }
 
 // setProcs sets the runtime's Ps for a run as runProcs decides, from --procs (flag),
 // the environment and the CPUs, and returns what gives them back. Runs that overlap
