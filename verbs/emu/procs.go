@@ -8,10 +8,11 @@ import (
 	"time"
 )
 
-// A thread that finds its send CQ empty with many sends in flight waits in Go
-// (odpemu_wait_cq), holding no P meanwhile; one that polls or spins in C (a latency
-// test's, a receiver's with no sends in flight, one waiting for a completion channel)
-// holds the P it last entered Go with (main.go). A program whose threads spend most
+// A thread that finds its send CQ empty with many sends in flight, or its CQ empty
+// for 20 us with no send in flight (a receiver's), waits in Go (odpemu_wait_cq),
+// holding no P meanwhile; one that polls or spins in C (a latency test's with its
+// request in flight, one waiting for a completion channel) holds the P it last
+// entered Go with (main.go). A program whose threads spend most
 // of their time waiting in Go, as perftest's bandwidth clients do, leaves the engines
 // and the port every P, and they run faster with one P fewer than the CPUs, as the
 // odp package's do in one process: on this project's 2-CPU machines, with a second P
@@ -19,7 +20,7 @@ import (
 // are about to run, on the CPU the other process needs. perftest's bandwidth tests
 // between two processes moved more with this than with a P per CPU throughout in 17
 // of 18 pairs (0.89-1.56 times as much, README), and its latency tests, whose threads
-// wait in C, kept their Ps.
+// wait in C for most of each round trip, kept their Ps.
 //
 // adaptProcs, started by dataPath, looks at the threads' waits every procsWindow:
 // after two windows in a row in which they waited in Go at least half the time and

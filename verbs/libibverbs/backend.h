@@ -114,7 +114,8 @@ struct odpemu_connect {
  * odpemu_wait_cq blocks the calling thread in Go until the CQ's armed doorbell rings or
  * ns nanoseconds have passed (0, or EINVAL for a bad handle or a negative ns). The C
  * library calls it when a thread with many sends in flight, one signaled, finds that
- * send's CQ empty (qp.c). A C thread keeps the runtime's P it last entered Go with
+ * send's CQ empty, or a thread with none in flight has found its CQ empty for 20 us
+ * (qp.c). A C thread keeps the runtime's P it last entered Go with
  * while it runs C (to the scheduler, it is in a system call) until the runtime's
  * monitor takes the P back, 20 us to milliseconds later; the engine that its post
  * woke waits for a P meanwhile if none is free. A thread blocked in Go gives its P up

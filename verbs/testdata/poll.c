@@ -8,7 +8,9 @@
  *   - several threads polling one CQ at once get each completion exactly once;
  *   - a CQ armed for a completion channel and polled at the same time reports both;
  *   - a thread with many sends in flight, which waits in the emulator for its send
- *     CQ's doorbell (qp.c), gets every completion, in order.
+ *     CQ's doorbell (qp.c), gets every completion, in order;
+ *   - a thread with no send in flight whose CQ stays empty waits in the emulator, not
+ *     on the doorbell in C, and gets its completion.
  * Prints "ok" and exits 0, or says what is wrong and exits 1.
  */
 #include <errno.h>
@@ -18,6 +20,7 @@
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/syscall.h>
 #include <time.h>
 #include <unistd.h>
 
@@ -227,6 +230,89 @@ static void bursts(void)
 	}
 }
 
+/* A thread's system call while it blocks, as /proc shows it: its number and first
+ * argument (a futex's address). 0, or -1 where the file cannot be read or the thread
+ * runs. */
+static int blocked_in(pid_t tid, long *nr, unsigned long *arg0)
+{
+	char path[64];
+	snprintf(path, sizeof path, "/proc/self/task/%d/syscall", (int)tid);
+	FILE *f = fopen(path, "r");
+	if (!f)
+		return -1;
+	int n = fscanf(f, "%ld %lx", nr, arg0);
+	fclose(f);
+	return n == 2 ? 0 : -1;
+}
+
+static pid_t receiver_tid;
+
+static void *quiet_receiver(void *arg)
+{
+	(void)arg;
+	__atomic_store_n(&receiver_tid, (pid_t)syscall(SYS_gettid), __ATOMIC_RELEASE);
+	struct ibv_wc wc;
+	int n;
+	while ((n = ibv_poll_cq(rcq, 1, &wc)) == 0)
+		;
+	if (n != 1 || wc.status != IBV_WC_SUCCESS || wc.wr_id != 2000)
+		DIE("quiet receive: n %d status %d wr_id %lu", n, wc.status, (unsigned long)wc.wr_id);
+	return NULL;
+}
+
+enum { SAMPLES = 40 };
+
+/* A thread that polls its receive CQ with nothing of its own in flight waits in the
+ * emulator once the CQ has stayed empty for a while (qp.c), where the runtime's P it
+ * holds is given up, not on the CQ's doorbell in C: sampled while it waits, it is
+ * blocked on a futex, never on one inside the CQ (the doorbell is a word of the
+ * library's CQ, within a page of the ibv_cq the program holds; the Go runtime's
+ * futexes are in its own memory). */
+static void quiet_receiver_waits(void)
+{
+	post_recv(2000);
+	pthread_t t;
+	pthread_create(&t, NULL, quiet_receiver, NULL);
+	pid_t tid;
+	while (!(tid = __atomic_load_n(&receiver_tid, __ATOMIC_ACQUIRE)))
+		sched_yield();
+	int on_bell = 0, elsewhere = 0, unreadable = 0;
+	for (int i = 0; i < SAMPLES; i++) {
+		struct timespec pause = {0, 700000}; /* 0.7 ms: out of step with the 1 ms waits */
+		nanosleep(&pause, NULL);
+		long nr;
+		unsigned long addr;
+		if (blocked_in(tid, &nr, &addr)) {
+			unreadable++;
+			continue;
+		}
+		if (nr != SYS_futex)
+			continue;
+		unsigned long cq = (unsigned long)(uintptr_t)rcq;
+		if (addr + 4096 > cq && addr < cq + 4096)
+			on_bell++;
+		else
+			elsewhere++;
+	}
+	post_send(2000, IBV_WR_SEND);
+	struct ibv_wc wc;
+	int n;
+	while ((n = ibv_poll_cq(scq, 1, &wc)) == 0)
+		;
+	if (n != 1 || wc.status != IBV_WC_SUCCESS || wc.wr_id != 2000)
+		DIE("quiet send: n %d status %d", n, wc.status);
+	pthread_join(t, NULL);
+	if (unreadable == SAMPLES) {
+		fprintf(stderr, "poll: /proc/self/task/%d/syscall unreadable: where a quiet receiver waits not checked\n", (int)tid);
+		return;
+	}
+	if (on_bell)
+		DIE("a receiver with nothing in flight slept on its CQ's doorbell in C in %d of %d samples", on_bell, SAMPLES);
+	if (!elsewhere)
+		DIE("a receiver with nothing in flight was never seen waiting in %d samples", SAMPLES);
+	fprintf(stderr, "poll: a quiet receiver waited in the emulator in %d of %d samples\n", elsewhere, SAMPLES);
+}
+
 int main(void)
 {
 	ctx = open_first();
@@ -246,6 +332,7 @@ int main(void)
 	pollers();
 	channel_and_poll();
 	bursts();
+	quiet_receiver_waits();
 	if (ibv_destroy_qp(a) || ibv_destroy_qp(b) || ibv_destroy_cq(scq) || ibv_destroy_cq(rcq) ||
 	    ibv_destroy_comp_channel(channel) || ibv_dereg_mr(mr) || ibv_dealloc_pd(pd) || ibv_close_device(ctx))
 		DIE("teardown");

@@ -45,7 +45,12 @@ import (
 // application posts receives and polls. odpemu's libibverbs.so.1 runs perftest's
 // servers alike (verbs/emu: a process whose threads never post or poll keeps one P
 // fewer), so that perftest and odp-perf are compared in processes configured the
-// same way (odp-perf perftest). Two processes share this project's 2-CPU machines:
+// same way (odp-perf perftest). ib_send_bw's server, whose thread waits in Go when
+// its CQ stays empty for 20 us, has one P fewer in the library's windows in which it
+// waited half the time (a third to a half of a run at 64 B and 4 KiB here); against
+// odp-perf's send_bw server with one P fewer throughout, perftest's SEND came out at
+// 0.83-1.13 in a run of five rounds (0.87 at 64 B, 0.83-0.87 at 4 KiB), against
+// 0.90-1.15 with all. Two processes share this project's 2-CPU machines:
 // a READ server with both Ps took the CPU its client's engine and socket needed
 // (read_bw -s 1M between two processes: 900-990 MiB/s with two Ps against
 // 1,330-2,090 with one, three alternating rounds; write_bw -s 64K 870-1,500

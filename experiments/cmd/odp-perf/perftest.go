@@ -32,7 +32,7 @@ func perftest(args []string, stdout, stderr io.Writer) error {
 	sizeList := fs.StringSlice("sizes", []string{"64", "4K", "64K", "1M"}, "message sizes (K, M suffixes)")
 	modes := fs.StringSlice("modes", []string{"pinned", "odp"}, "registrations: pinned, odp (--odp) or both")
 	iters := fs.IntP("iters", "n", 0, "iterations per run (default: 100,000 for messages up to 4 KiB and fetch-and-adds, 5,000 above, as perftest's)")
-	reps := fs.Int("reps", 3, "rounds: each runs perftest and odp-perf, perftest first in odd rounds and second in even ones")
+	reps := fs.Int("reps", 5, "rounds: each runs perftest and odp-perf, perftest first in odd rounds and second in even ones")
 	gso := fs.Bool("link-gso", false, "both sides send with UDP segmentation offload (ODPEMU_GSO=1 for perftest, --link-gso for odp-perf)")
 	procs := fs.Int("procs", 0, "Ps (GOMAXPROCS) of each odp-perf process (0: as the library gives perftest's: one fewer than the CPUs, but one per CPU for send_bw's server, whose threads poll in C)")
 	appThread := fs.Bool("app-thread", true, "odp-perf's applications each on an OS thread of their own (--app-thread), as perftest's C threads run; false: goroutines, which take turns with the engines on their threads")
