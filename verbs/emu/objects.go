@@ -230,8 +230,8 @@ func odpemu_wait_in_c() C.int {
 }
 
 // odpemu_wait_cq blocks the calling thread in Go until the CQ's armed doorbell rings
-// or ns nanoseconds have passed (backend.h), and adds the time it waited to
-// waitedNanos (procs.go).
+// or ns nanoseconds have passed (ETIMEDOUT; backend.h), and adds the time it waited
+// to waitedNanos (procs.go).
 //
 //export odpemu_wait_cq
 func odpemu_wait_cq(h C.odpemu_handle, ns C.int64_t) C.int {
@@ -240,8 +240,11 @@ func odpemu_wait_cq(h C.odpemu_handle, ns C.int64_t) C.int {
 		return C.int(syscall.EINVAL)
 	}
 	t := time.Now()
-	c.wait(time.Duration(ns))
+	rang := c.wait(time.Duration(ns))
 	waitedNanos.Add(int64(time.Since(t)))
+	if !rang {
+		return C.int(syscall.ETIMEDOUT)
+	}
 	return 0
 }
 

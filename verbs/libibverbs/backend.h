@@ -112,7 +112,8 @@ struct odpemu_connect {
  * need. The C library clears the word before it polls the Go half.
  *
  * odpemu_wait_cq blocks the calling thread in Go until the CQ's armed doorbell rings or
- * ns nanoseconds have passed (0, or EINVAL for a bad handle or a negative ns). The C
+ * ns nanoseconds have passed (0 when it rang, ETIMEDOUT when the time passed first, EINVAL
+ * for a bad handle or a negative ns). The C
  * library calls it when a thread with many sends in flight, one signaled, finds that
  * send's CQ empty, or a thread with none in flight has found its CQ empty for 20 us
  * (qp.c). A C thread keeps the runtime's P it last entered Go with
