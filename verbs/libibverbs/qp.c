@@ -234,9 +234,10 @@ EXPORT int ibv_dereg_mr(struct ibv_mr *mr)
  * as it polls it and spun through every gap of the stream, then left its engine and
  * port without a P until the monitor took it back. A wait the doorbell ends ends the
  * loop (the next gap of a stream is spun through first); one whose SLEEP_NS passed
- * keeps it, so that a quiet CQ's poller waits again at once instead of spinning
- * GO_NS each time (on a loaded machine that made it take 5-30% of a CPU, against
- * 3-6%). Between two processes on 2 CPUs
+ * keeps it until a poll finds a completion, however long the thread took to come back
+ * from Go, so that a quiet CQ's poller waits again at once instead of spinning GO_NS
+ * each time: on a loaded machine, where each sched_yield switches threads, that made
+ * it take 5-40% of a CPU, against 3-6%. Between two processes on 2 CPUs
  * perftest's SEND moved 4-16% more at 64 B and 4 KiB (0.72-0.90 of odp-perf in a run
  * of five rounds, 0.90-1.15 with the wait), and ib_send_lat's typical latency did not
  * move (medians of five runs, 116 against 118 us); with the same wait for a thread
@@ -248,6 +249,7 @@ static __thread struct {
 	struct emu_cq *cq;
 	uint64_t start, last; /* the loop's first and last empty poll */
 	int told;	      /* odpemu_wait_in_c was called for the loop */
+	int quiet;	      /* its last wait in Go ran out of time (a receiver's) */
 } empty_loop;
 
 /* The send CQ of a QP this thread posted a signaled send to since a poll of that CQ
@@ -285,16 +287,19 @@ static void wait_empty(struct emu_cq *c)
 		}
 	}
 	uint64_t now = now_ns();
-	if (empty_loop.cq != c || now - empty_loop.last > LOOP_NS) {
+	/* A receiver's wait for c ran out of time, and no poll found a completion since:
+	 * its loop goes on however long the way back from the wait took. */
+	int quiet = in_flight == 0 && empty_loop.cq == c && empty_loop.quiet;
+	if (!quiet && (empty_loop.cq != c || now - empty_loop.last > LOOP_NS)) {
 		empty_loop.cq = c;
 		empty_loop.start = now;
 		empty_loop.told = 0;
+		empty_loop.quiet = 0;
 	}
 	empty_loop.last = now;
-	if (in_flight == 0 && now - empty_loop.start >= GO_NS) {
-		if (be.odpemu_wait_cq(c->h, SLEEP_NS) == ETIMEDOUT)
-			empty_loop.last = now_ns(); /* a quiet CQ: the loop's next empty poll waits again */
-		else
+	if (in_flight == 0 && (quiet || now - empty_loop.start >= GO_NS)) {
+		empty_loop.quiet = be.odpemu_wait_cq(c->h, SLEEP_NS) == ETIMEDOUT;
+		if (!empty_loop.quiet)
 			empty_loop.cq = NULL; /* it rang: a loop starts afresh */
 		return;
 	}
@@ -365,6 +370,7 @@ int emu_poll_cq(struct ibv_cq *cq, int num_entries, struct ibv_wc *wc)
 	pthread_mutex_unlock(&c->lock);
 	if (done) {
 		in_flight = 0;
+		empty_loop.quiet = 0;
 		if (expected == c)
 			expected = NULL; /* until the next signaled send */
 	}
