@@ -12,12 +12,12 @@ import (
 // for 20 us with no send in flight (a receiver's), waits in Go (odpemu_wait_cq),
 // holding no P meanwhile; one that polls or spins in C (a latency test's with its
 // request in flight, one waiting for a completion channel) holds the P it last
-// entered Go with (main.go). A program whose threads spend most
-// of their time waiting in Go, as perftest's bandwidth clients do, leaves the engines
-// and the port every P, and they run faster with one P fewer than the CPUs, as the
-// odp package's do in one process: on this project's 2-CPU machines, with a second P
-// the runtime keeps waking a thread to look for work that the first P's goroutines
-// are about to run, on the CPU the other process needs. perftest's bandwidth tests
+// entered Go with (main.go). A program whose threads spend most of their time
+// waiting in Go, as perftest's bandwidth clients do, leaves the engines and the port
+// every P, and they run faster with one P fewer than the CPUs, as the odp package's
+// do in one process: on this project's 2-CPU machines, with a second P the runtime
+// keeps waking a thread to look for work that the first P's goroutines are about to
+// run, on the CPU the other process needs. perftest's bandwidth tests
 // between two processes moved more with this than with a P per CPU throughout in 17
 // of 18 pairs (0.89-1.56 times as much, README), and its latency tests, whose threads
 // wait in C for most of each round trip, kept their Ps.

@@ -112,15 +112,14 @@ struct odpemu_connect {
  * need. The C library clears the word before it polls the Go half.
  *
  * odpemu_wait_cq blocks the calling thread in Go until the CQ's armed doorbell rings or
- * ns nanoseconds have passed (0 when it rang, ETIMEDOUT when the time passed first, EINVAL
- * for a bad handle or a negative ns). The C
- * library calls it when a thread with many sends in flight, one signaled, finds that
- * send's CQ empty, or a thread with none in flight has found its CQ empty for 20 us
- * (qp.c). A C thread keeps the runtime's P it last entered Go with
- * while it runs C (to the scheduler, it is in a system call) until the runtime's
- * monitor takes the P back, 20 us to milliseconds later; the engine that its post
- * woke waits for a P meanwhile if none is free. A thread blocked in Go gives its P up
- * at once.
+ * ns nanoseconds have passed (0 when it rang, ETIMEDOUT when the time passed first,
+ * EINVAL for a bad handle or a negative ns). The C library calls it when a thread with
+ * many sends in flight, one signaled, finds that send's CQ empty, or a thread with none
+ * in flight has found its CQ empty for 20 us (qp.c). A C thread keeps the runtime's P it
+ * last entered Go with while it runs C (to the scheduler, it is in a system call) until
+ * the runtime's monitor takes the P back, 20 us to milliseconds later; the engine that
+ * its post woke waits for a P meanwhile if none is free. A thread blocked in Go gives
+ * its P up at once.
  *
  * odpemu_wait_in_c tells the Go half that a thread waits in C for a completion for
  * long, holding its P (its poll loop found the CQ empty for 50 us and sleeps, or it

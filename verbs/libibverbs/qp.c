@@ -237,11 +237,13 @@ EXPORT int ibv_dereg_mr(struct ibv_mr *mr)
  * keeps it until a poll finds a completion, however long the thread took to come back
  * from Go, so that a quiet CQ's poller waits again at once instead of spinning GO_NS
  * each time: on a loaded machine, where each sched_yield switches threads, that made
- * it take 5-40% of a CPU, against 3-6%. Between two processes on 2 CPUs
- * perftest's SEND moved 4-16% more at 64 B and 4 KiB (0.72-0.90 of odp-perf in a run
- * of five rounds, 0.90-1.15 with the wait), and ib_send_lat's typical latency did not
- * move (medians of five runs, 116 against 118 us); with the same wait for a thread
- * with a send in flight, ib_read_lat's went from 88 to 131 us.
+ * it take up to 43% of a CPU, against 3-6%. Between two processes on 2 CPUs
+ * perftest's SEND moved 19% more at 64 B and 18% at 4 KiB (medians of five
+ * alternating runs: 11.9 against 10.0 MiB/s, 676 against 575), 0.83-1.09 of odp-perf
+ * in three runs of five rounds against 0.67-0.90 in one before; ib_send_lat's typical
+ * latency did not move (61-149 us with and without, medians of eight runs 99 and 92).
+ * With the same wait for a thread with a send in flight, ib_read_lat's went from 88
+ * to 131 us.
  */
 enum { GO_NS = 20000, SPIN_NS = 50000, SLEEP_NS = 1000000, LOOP_NS = 10000, WAIT_IN_FLIGHT = 16 };
 
