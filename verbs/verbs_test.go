@@ -571,8 +571,8 @@ func TestPerftestLatency(t *testing.T) {
 
 // TestPoll runs testdata/poll.c: ibv_poll_cq over the CQ's doorbell, a busy poller
 // sleeping on an empty CQ, several threads polling one CQ, a CQ armed for its
-// channel while it is polled, and bursts of sends whose poster waits in the emulator
-// for the doorbell.
+// channel while it is polled, bursts of sends whose poster waits in the emulator
+// for the doorbell, and a receiver with nothing in flight that waits there too.
 func TestPoll(t *testing.T) {
 	for i := 0; i < 3; i++ {
 		t.Log(strings.TrimSpace(runC(t, "poll", []string{"ODPEMU_ADDR=127.0.0.10"})))

@@ -231,8 +231,8 @@ static void bursts(void)
 }
 
 /* A thread's system call while it blocks, as /proc shows it: its number and first
- * argument (a futex's address). 0, or -1 where the file cannot be read or the thread
- * runs. */
+ * argument (a futex's address). 0; 1 while the thread runs; -1 where the file cannot
+ * be read. */
 static int blocked_in(pid_t tid, long *nr, unsigned long *arg0)
 {
 	char path[64];
@@ -242,7 +242,7 @@ static int blocked_in(pid_t tid, long *nr, unsigned long *arg0)
 		return -1;
 	int n = fscanf(f, "%ld %lx", nr, arg0);
 	fclose(f);
-	return n == 2 ? 0 : -1;
+	return n == 2 ? 0 : 1; /* "running" */
 }
 
 static pid_t receiver_tid;
@@ -282,11 +282,9 @@ static void quiet_receiver_waits(void)
 		nanosleep(&pause, NULL);
 		long nr;
 		unsigned long addr;
-		if (blocked_in(tid, &nr, &addr)) {
-			unreadable++;
-			continue;
-		}
-		if (nr != SYS_futex)
+		int b = blocked_in(tid, &nr, &addr);
+		unreadable += b < 0;
+		if (b != 0 || nr != SYS_futex)
 			continue;
 		unsigned long cq = (unsigned long)(uintptr_t)rcq;
 		if (addr + 4096 > cq && addr < cq + 4096)
