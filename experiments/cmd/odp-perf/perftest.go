@@ -34,7 +34,7 @@ func perftest(args []string, stdout, stderr io.Writer) error {
 	iters := fs.IntP("iters", "n", 0, "iterations per run (default: 100,000 for messages up to 4 KiB and fetch-and-adds, 5,000 above, as perftest's)")
 	reps := fs.Int("reps", 5, "rounds: each runs perftest and odp-perf, perftest first in odd rounds and second in even ones")
 	gso := fs.Bool("link-gso", false, "both sides send with UDP segmentation offload (ODPEMU_GSO=1 for perftest, --link-gso for odp-perf)")
-	procs := fs.Int("procs", 0, "Ps (GOMAXPROCS) of each odp-perf process (0: as the library gives perftest's: one fewer than the CPUs, but one per CPU for send_bw's server, whose threads poll in C)")
+	procs := fs.Int("procs", 0, "Ps (GOMAXPROCS) of each odp-perf process (0: one fewer than the CPUs, but one per CPU for send_bw's server, whose thread polls its receives; the library gives perftest's the same, and ib_send_bw's server one fewer while its thread waits in the emulator)")
 	appThread := fs.Bool("app-thread", true, "odp-perf's applications each on an OS thread of their own (--app-thread), as perftest's C threads run; false: goroutines, which take turns with the engines on their threads")
 	lib := fs.String("lib", "", "a directory holding odpemu's built libibverbs.so.1 (default: build it into a temporary directory; needs the odpemu module's sources)")
 	if err := fs.Parse(args); err != nil {
